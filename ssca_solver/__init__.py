@@ -1,0 +1,27 @@
+"""ssca-solver: constrained stochastic optimisation in federated settings by mini-batch SSCA.
+
+Implements Algorithms 1 and 2 of Ye & Cui, "Sample-based Federated Learning via Mini-batch SSCA"
+(see docs/math-to-code.md for the map from the paper's equations to this package).
+"""
+
+from .data import ClientData, FederatedData
+from .errors import (DataError, ModelError, ScheduleError, SSCAError, SubproblemError,
+                     UserFunctionError)
+from .functions import SampleFunction, StochasticConstraint, check_grad
+from .problem import Problem, register_method
+from .result import Communication, History, KKTReport, SSCAResult, Stage
+from .schedules import PowerStep, ScheduleWarning
+from .solve import SSCAOptions, solve_ssca
+from .surrogates import DiagonalCurvature, ProximalLinear, Statistic, SurrogateBuilder
+
+register_method("ssca", solve_ssca)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClientData", "FederatedData", "SampleFunction", "StochasticConstraint", "check_grad",
+    "Problem", "register_method", "PowerStep", "ScheduleWarning", "SSCAOptions", "solve_ssca",
+    "SSCAResult", "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder",
+    "Statistic", "ProximalLinear", "DiagonalCurvature", "SSCAError", "DataError", "ModelError",
+    "UserFunctionError", "ScheduleError", "SubproblemError", "__version__",
+]

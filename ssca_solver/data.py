@@ -1,0 +1,188 @@
+"""Federated data: the rows each client holds (paper Section II).
+
+``FederatedData`` is the modelling-layer view: the user declares which rows live where. The
+solver hands each client's rows to a client object of :mod:`ssca_solver.federated` and the
+server never sees them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .errors import DataError
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """The rows of one client: features ``X`` (N_i, ...) and optional targets ``y`` (N_i, ...)."""
+
+    X: np.ndarray
+    y: Optional[np.ndarray] = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.X.shape[0])
+
+
+def _as_client(item, index: int) -> ClientData:
+    if isinstance(item, ClientData):
+        X, y = item.X, item.y
+    elif isinstance(item, np.ndarray):
+        X, y = item, None
+    elif isinstance(item, (tuple, list)) and len(item) in (1, 2):
+        X = item[0]
+        y = item[1] if len(item) == 2 else None
+    else:
+        raise DataError(f"client {index}: expected an array X or a pair (X, y), "
+                        f"got {type(item).__name__}")
+    X = np.asarray(X)
+    if X.ndim == 0:
+        raise DataError(f"client {index}: X must have at least one dimension (rows)")
+    if X.shape[0] == 0:
+        raise DataError(f"client {index} has no rows; every client must hold at least one sample")
+    if not np.issubdtype(X.dtype, np.number):
+        raise DataError(f"client {index}: X must be numeric, got dtype {X.dtype}")
+    if y is not None:
+        y = np.asarray(y)
+        if y.ndim == 0 or y.shape[0] != X.shape[0]:
+            raise DataError(f"client {index}: X has {X.shape[0]} rows but y has "
+                            f"{y.shape[0] if y.ndim else 0}; arrays of one client must have "
+                            "the same length")
+    return ClientData(X, y)
+
+
+class FederatedData:
+    """Samples partitioned over I clients: client i holds N_i rows, sum N_i = N.
+
+    Args:
+      clients: a sequence of ``(X_i, y_i)`` pairs (or arrays ``X_i`` when there are no
+        targets), one per client, of any sizes >= 1. All clients must agree on the trailing
+        shape of X (and of y).
+
+    Examples:
+      >>> import numpy as np
+      >>> data = FederatedData([(np.ones((3, 2)), np.zeros(3)), (np.ones((5, 2)), np.ones(5))])
+      >>> data.num_clients, data.num_samples, data.client_sizes
+      (2, 8, (3, 5))
+    """
+
+    def __init__(self, clients: Sequence):
+        if isinstance(clients, (np.ndarray, ClientData)) or not hasattr(clients, "__len__"):
+            raise DataError("FederatedData expects a list of clients [(X1, y1), (X2, y2), ...]; "
+                            "use FederatedData.split(X, y, num_clients) to partition one array")
+        if len(clients) == 0:
+            raise DataError("FederatedData needs at least one client")
+        self._clients = tuple(_as_client(c, i) for i, c in enumerate(clients))
+        first = self._clients[0]
+        for i, c in enumerate(self._clients[1:], start=1):
+            if c.X.shape[1:] != first.X.shape[1:]:
+                raise DataError(f"client {i}: rows of X have shape {c.X.shape[1:]}, client 0's "
+                                f"have {first.X.shape[1:]}")
+            if (c.y is None) != (first.y is None):
+                raise DataError(f"client {i}: either every client has targets y or none has")
+            if c.y is not None and c.y.shape[1:] != first.y.shape[1:]:
+                raise DataError(f"client {i}: rows of y have shape {c.y.shape[1:]}, client 0's "
+                                f"have {first.y.shape[1:]}")
+
+    # -- constructors ---------------------------------------------------------------------------
+    @classmethod
+    def split(cls, X, y=None, num_clients: int = 10, seed=None) -> "FederatedData":
+        """Shuffle the N rows and split them into ``num_clients`` IID parts of equal size.
+
+        This is the paper's setting (Section VI: N = 60000 split over I = 10 clients). When
+        I does not divide N the sizes differ by at most one.
+        """
+        X = np.asarray(X)
+        n = X.shape[0] if X.ndim else 0
+        _check_split_args(X, y, num_clients, n)
+        perm = np.random.default_rng(seed).permutation(n)
+        parts = np.array_split(perm, num_clients)
+        return cls._from_index_sets(X, y, parts)
+
+    @classmethod
+    def dirichlet(cls, X, y, num_clients: int = 10, alpha: float = 0.5, seed=None,
+                  labels=None) -> "FederatedData":
+        """Label-skewed non-IID split: class proportions per client drawn from Dir(alpha).
+
+        For each class, the fraction of its rows sent to each client is drawn from a symmetric
+        Dirichlet(alpha); small alpha gives clients dominated by few classes, large alpha tends
+        to the IID split. Draws are repeated until every client holds at least one row.
+
+        Args:
+          labels: the class of each row when ``y`` is not a label vector (e.g. one-hot rows);
+            by default ``y`` itself (or its argmax when y is 2-D).
+        """
+        X = np.asarray(X)
+        n = X.shape[0] if X.ndim else 0
+        _check_split_args(X, y, num_clients, n)
+        if not (np.isfinite(alpha) and alpha > 0):
+            raise DataError(f"dirichlet: alpha must be > 0, got {alpha!r}")
+        if labels is None:
+            if y is None:
+                raise DataError("dirichlet: a label-skew split needs labels (y or labels=)")
+            yy = np.asarray(y)
+            labels = yy.argmax(axis=1) if yy.ndim == 2 else yy
+        labels = np.asarray(labels)
+        if labels.shape != (n,):
+            raise DataError(f"dirichlet: labels must have shape ({n},), got {labels.shape}")
+        rng = np.random.default_rng(seed)
+        classes = np.unique(labels)
+        for _ in range(1000):
+            parts = [[] for _ in range(num_clients)]
+            for k in classes:
+                idx = rng.permutation(np.flatnonzero(labels == k))
+                p = rng.dirichlet(np.full(num_clients, float(alpha)))
+                cuts = (np.cumsum(p)[:-1] * idx.size).astype(int)
+                for i, chunk in enumerate(np.split(idx, cuts)):
+                    parts[i].extend(chunk.tolist())
+            if all(parts):
+                return cls._from_index_sets(X, y, [np.sort(np.array(p)) for p in parts])
+        raise DataError(f"dirichlet: could not give every one of {num_clients} clients a row "
+                        f"with alpha={alpha}; use fewer clients or a larger alpha")
+
+    @classmethod
+    def _from_index_sets(cls, X, y, parts) -> "FederatedData":
+        y = None if y is None else np.asarray(y)
+        return cls([(X[p], None if y is None else y[p]) for p in parts])
+
+    # -- views -----------------------------------------------------------------------------------
+    @property
+    def clients(self) -> tuple[ClientData, ...]:
+        return self._clients
+
+    @property
+    def num_clients(self) -> int:
+        return len(self._clients)
+
+    @property
+    def client_sizes(self) -> tuple[int, ...]:
+        return tuple(c.num_rows for c in self._clients)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(self.client_sizes)
+
+    def pooled(self) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """All rows stacked, as a centralised reference solver would see them (tests only)."""
+        X = np.concatenate([c.X for c in self._clients])
+        y = None if self._clients[0].y is None else np.concatenate([c.y for c in self._clients])
+        return X, y
+
+    def __repr__(self) -> str:
+        return (f"FederatedData(num_clients={self.num_clients}, num_samples={self.num_samples}, "
+                f"client_sizes={self.client_sizes})")
+
+
+def _check_split_args(X, y, num_clients, n):
+    if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+        raise DataError(f"num_clients must be a positive integer, got {num_clients!r}")
+    if n == 0:
+        raise DataError("cannot split an empty data set")
+    if num_clients > n:
+        raise DataError(f"cannot split {n} rows over {num_clients} clients: a client would "
+                        "have no rows")
+    if y is not None and np.asarray(y).shape[:1] != (n,):
+        raise DataError(f"X has {n} rows but y has {np.asarray(y).shape[:1]}; they must match")

@@ -1,0 +1,169 @@
+"""Deterministic convex terms and sets, written by the user as CVXPY expressions of w.
+
+A term is a callable ``w -> cvxpy expression`` (e.g. ``lambda w: 1e-2 * cp.sum_squares(w)``);
+a domain is a callable ``w -> list of cvxpy constraints``. They enter the server's subproblem
+(Problem 2 / Problem 5) exactly, not through a surrogate (PAPER_NOTES item 5).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import cvxpy as cp
+import numpy as np
+
+from .errors import ModelError
+
+
+def _label(kind: str, i: int, fn) -> str:
+    name = getattr(fn, "__name__", type(fn).__name__)
+    return f"{kind} #{i} ({name})" if name != "<lambda>" else f"{kind} #{i}"
+
+
+class DeterministicPart:
+    """The deterministic terms (objective and regularizers) and domain constraints of a problem.
+
+    Args:
+      terms: pairs (label, callable w -> convex scalar CVXPY expression).
+      domain: callables w -> constraint or list of constraints (each must be DCP).
+      dim: size of w.
+
+    Every term is instantiated once on a probe variable at construction to check convexity, so a
+    non-convex term is reported by name before any round runs.
+    """
+
+    def __init__(self, terms: Sequence[tuple[str, Callable]], domain: Sequence[Callable],
+                 dim: int):
+        self.dim = dim
+        self._terms = tuple(terms)
+        self._domain = tuple(domain)
+        self._w = cp.Variable(dim, name="w")
+        self._exprs = [self._term_expr(label, fn, self._w) for label, fn in self._terms]
+        self._cons = []
+        for i, fn in enumerate(self._domain):
+            self._cons.extend(self._domain_cons(_label("domain", i, fn), fn, self._w))
+        self._prox = None
+
+    # -- building on any variable -----------------------------------------------------------------
+    @staticmethod
+    def _term_expr(label, fn, w):
+        try:
+            e = fn(w)
+        except Exception as exc:
+            raise ModelError(f"{label}: calling it on a CVXPY variable failed: {exc!r}") from exc
+        if isinstance(e, (int, float, np.number)):
+            e = cp.Constant(float(e))
+        if not isinstance(e, cp.Expression):
+            raise ModelError(f"{label} must return a CVXPY expression of w, got {type(e).__name__}")
+        if e.size != 1:
+            raise ModelError(f"{label} must be a scalar expression, got shape {e.shape}")
+        if not (e.is_dcp() and e.is_convex()):
+            raise ModelError(f"{label} is not convex under CVXPY's DCP rules ({e}); a deterministic "
+                             "term is kept exact in the convex subproblem, so it must be convex. "
+                             "Model a non-convex term as a SampleFunction instead.")
+        return e
+
+    @staticmethod
+    def _domain_cons(label, fn, w):
+        try:
+            cons = fn(w)
+        except Exception as exc:
+            raise ModelError(f"{label}: calling it on a CVXPY variable failed: {exc!r}") from exc
+        if isinstance(cons, cp.constraints.constraint.Constraint):
+            cons = [cons]
+        cons = list(cons)
+        for j, c in enumerate(cons):
+            if not isinstance(c, cp.constraints.constraint.Constraint):
+                raise ModelError(f"{label}: item {j} is not a CVXPY constraint "
+                                 f"({type(c).__name__})")
+            if not c.is_dcp():
+                raise ModelError(f"{label}: constraint {j} ({c}) is not convex under CVXPY's DCP "
+                                 "rules; a domain must be a convex set")
+        return cons
+
+    def instantiate(self, w: cp.Variable):
+        """The terms' sum and the domain's constraints, built on variable ``w``."""
+        exprs = [self._term_expr(label, fn, w) for label, fn in self._terms]
+        cons = []
+        for i, fn in enumerate(self._domain):
+            cons.extend(self._domain_cons(_label("domain", i, fn), fn, w))
+        return (cp.sum(cp.hstack(exprs)) if exprs else None), cons
+
+    # -- properties -----------------------------------------------------------------------------
+    @property
+    def empty(self) -> bool:
+        return not self._terms and not self._domain
+
+    @property
+    def has_domain(self) -> bool:
+        return bool(self._domain)
+
+    @property
+    def labels(self) -> list[str]:
+        return [label for label, _ in self._terms]
+
+    @property
+    def smooth(self) -> bool:
+        """True when every term is quadratic (so its gradient is its only subgradient)."""
+        return all(e.is_quadratic() for e in self._exprs)
+
+    def norm2_coefficient(self) -> Optional[float]:
+        """lambda when the terms add up to lambda |w|^2 (lambda >= 0) and there is no domain."""
+        if self._domain:
+            return None
+        if not self._exprs:
+            return 0.0
+        if not self.smooth:
+            return None
+        probe = np.random.default_rng(0).standard_normal((3, self.dim))
+        vals = np.array([self.value(p) for p in probe])
+        lam = vals[0] / float(probe[0] @ probe[0])
+        ok = np.allclose(vals, lam * np.einsum("ij,ij->i", probe, probe), rtol=1e-10, atol=1e-12)
+        return float(lam) if ok and abs(self.value(np.zeros(self.dim))) < 1e-14 else None
+
+    # -- numeric evaluation -------------------------------------------------------------------------
+    def value(self, w) -> float:
+        if not self._exprs:
+            return 0.0
+        self._w.value = np.asarray(w, dtype=float)
+        return float(sum(e.value for e in self._exprs))
+
+    def grad(self, w) -> np.ndarray:
+        """Gradient (a subgradient at kinks, as CVXPY gives it) of the terms' sum at ``w``."""
+        g = np.zeros(self.dim)
+        if not self._exprs:
+            return g
+        self._w.value = np.asarray(w, dtype=float)
+        for e in self._exprs:
+            ge = e.grad.get(self._w)
+            if ge is None:
+                raise ModelError(f"a deterministic term is not differentiable at w ({e})")
+            g += np.asarray(ge.toarray() if hasattr(ge, "toarray") else ge).ravel()
+        return g
+
+    def domain_violation(self, w) -> float:
+        """max violation of the domain constraints at ``w`` (0 when inside)."""
+        if not self._cons:
+            return 0.0
+        self._w.value = np.asarray(w, dtype=float)
+        return float(max(np.max(np.atleast_1d(c.violation())) for c in self._cons))
+
+    def prox_residual(self, w, g, solver: str = "CLARABEL") -> float:
+        """|w - prox_{R + I_D}(w - g)|, the prox-gradient stationarity residual.
+
+        R is the sum of the terms and I_D the indicator of the domain; the residual is zero
+        exactly when -g lies in the subdifferential of R + I_D at w (a KKT point when g is the
+        gradient of the stochastic part of the Lagrangian).
+        """
+        if self._prox is None:
+            u = cp.Variable(self.dim)
+            z = cp.Parameter(self.dim)
+            expr, cons = self.instantiate(u)
+            obj = 0.5 * cp.sum_squares(u - z) + (expr if expr is not None else 0)
+            self._prox = (cp.Problem(cp.Minimize(obj), cons), u, z)
+        prob, u, z = self._prox
+        z.value = np.asarray(w, dtype=float) - np.asarray(g, dtype=float)
+        prob.solve(solver=solver)
+        if u.value is None:
+            raise ModelError(f"the prox problem of the deterministic terms failed: {prob.status}")
+        return float(np.linalg.norm(np.asarray(w) - u.value))

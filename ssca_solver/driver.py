@@ -1,0 +1,121 @@
+"""Algorithms 1 and 2 as ``init``/``step`` over a small immutable state.
+
+One round (steps 3-5 of Algorithms 1 and 2):
+
+    q_i       <- client i on its mini-batch at w_t              (federated layer)
+    qhat      =  sum_i N_i / (B N) q_i                          (eqs. (Fs0bar)/(Fsmbar))
+    stats_t   =  (1 - rho_t) stats_{t-1} + rho_t qhat           (same equations, on statistics)
+    wbar, s   =  argmin of Problem 2 / Problem 5 at stats_t     (subproblem layer)
+    w_{t+1}   =  (1 - gamma_t) w_t + gamma_t wbar               (eq. (updatew))
+
+Because every builder's surrogate is affine in its statistics, averaging statistics is the same as
+averaging surrogates. Algorithm 2's penalty continuation (Theorem 2 and the paragraph after it)
+is a loop over c_1 < c_2 < ... around the same step, warm-started from the last state.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from .federated import ClientMessage, combine
+from .subproblems.base import SubproblemSolution
+
+
+class SSCAState(NamedTuple):
+    """The server's state after round ``t``.
+
+    Attributes:
+      t: rounds done so far (the paper's t - 1 for w_t).
+      w: current point w_t, shape (d,).
+      stats: recursively averaged statistics, one dict per stochastic function (objective first
+        when it is stochastic): the surrogates Fbar_m^(t) in the form of their statistics.
+    """
+
+    t: int
+    w: np.ndarray
+    stats: tuple
+
+
+class StepInfo(NamedTuple):
+    """What one round produced, for the history and for callbacks."""
+
+    t: int
+    rho: float
+    gamma: float
+    penalty: float
+    solution: SubproblemSolution
+    step_norm: float  # |wbar - w_t|: zero exactly at a fixed point of the iteration
+
+
+def init(w0: np.ndarray, builders: Sequence, tau: float, surrogate_init: str) -> SSCAState:
+    """Initial state: w_1 = w0 and Fbar^(0) as chosen by ``surrogate_init`` ("tau" or "zero").
+
+    ``"zero"`` is eq. (Fs0bar) literally (Fbar^(0) = 0); ``"tau"`` starts the curvature at
+    tau, i.e. Fbar^(0)(w) = tau |w|^2, the convention behind the closed forms of Section V
+    (PAPER_NOTES item 4).
+    """
+    w0 = np.asarray(w0, dtype=float).copy()
+    stats = tuple(b.initial_statistics(w0.size, b.tau if b.tau is not None else tau,
+                                       surrogate_init) for b in builders)
+    return SSCAState(0, w0, stats)
+
+
+def average_statistics(previous: tuple, new: tuple, rho: float) -> tuple:
+    """(1 - rho) previous + rho new, statistic by statistic (eqs. (Fs0bar)/(Fsmbar))."""
+    return tuple({k: (1.0 - rho) * p[k] + rho * n[k] for k in p} for p, n in zip(previous, new))
+
+
+def step(state: SSCAState, messages: Sequence[ClientMessage], num_samples: int, rho: float,
+         gamma: float, penalty: float, subproblem) -> tuple[SSCAState, StepInfo]:
+    """One round of Algorithm 1 (M = 0) or Algorithm 2 from the clients' messages."""
+    t = state.t + 1
+    stats = average_statistics(state.stats, combine(messages, num_samples), rho)
+    sol = subproblem.solve(stats, penalty, round=t)
+    w_next = (1.0 - gamma) * state.w + gamma * sol.w
+    info = StepInfo(t, rho, gamma, penalty, sol, float(np.linalg.norm(sol.w - state.w)))
+    return SSCAState(t, w_next, stats), info
+
+
+class Recorder:
+    """Collects per-round and every-k-round records and turns them into arrays."""
+
+    def __init__(self, num_constraints: int):
+        self.M = num_constraints
+        self.rows = {k: [] for k in ("t", "rho", "gamma", "penalty", "surrogate_value",
+                                     "step_norm")}
+        self.slack, self.dual = [], []
+        self.eval_t, self.eval_obj, self.eval_cons = [], [], []
+
+    def round(self, info: StepInfo):
+        r = self.rows
+        r["t"].append(info.t)
+        r["rho"].append(info.rho)
+        r["gamma"].append(info.gamma)
+        r["penalty"].append(info.penalty)
+        r["surrogate_value"].append(info.solution.value)
+        r["step_norm"].append(info.step_norm)
+        self.slack.append(info.solution.slack)
+        self.dual.append(info.solution.multipliers)
+
+    def evaluation(self, t: int, objective: float, constraints: np.ndarray):
+        self.eval_t.append(t)
+        self.eval_obj.append(objective)
+        self.eval_cons.append(np.asarray(constraints, dtype=float))
+
+    def history(self):
+        from .result import History
+
+        arr = {k: np.asarray(v, dtype=int if k == "t" else float) for k, v in self.rows.items()}
+        return History(slack=np.asarray(self.slack, dtype=float).reshape(-1, self.M),
+                       multipliers=np.asarray(self.dual, dtype=float).reshape(-1, self.M),
+                       eval_t=np.asarray(self.eval_t, dtype=int),
+                       objective=np.asarray(self.eval_obj, dtype=float),
+                       constraints=np.asarray(self.eval_cons, dtype=float).reshape(-1, self.M),
+                       **arr)
+
+
+def slack_norm(solution: Optional[SubproblemSolution]) -> float:
+    return 0.0 if solution is None or solution.slack.size == 0 else float(
+        np.linalg.norm(solution.slack))

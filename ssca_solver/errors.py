@@ -1,0 +1,36 @@
+"""Exceptions raised by ssca_solver.
+
+Every error a user can trigger derives from :class:`SSCAError` and from the built-in exception
+that fits it (``ValueError`` for bad input, ``RuntimeError`` for solver failures), so code that
+already catches ``ValueError`` keeps working.
+"""
+
+
+class SSCAError(Exception):
+    """Base class of every error raised by ssca_solver."""
+
+
+class DataError(SSCAError, ValueError):
+    """Federated data that cannot be used: empty clients, ragged arrays, batch too large."""
+
+
+class ModelError(SSCAError, ValueError):
+    """A problem that cannot be modelled: a non-convex deterministic term, a bad dimension."""
+
+
+class UserFunctionError(SSCAError, ValueError):
+    """A user's per-sample function returned a wrong shape or a non-finite value.
+
+    The message names the function, the client and the round.
+    """
+
+
+class ScheduleError(SSCAError, ValueError):
+    """A step-size schedule that violates eq. (rho) or eq. (gamma) in a way that breaks SSCA."""
+
+
+class SubproblemError(SSCAError, RuntimeError):
+    """The server's convex subproblem (Problem 2 / Problem 5) could not be solved.
+
+    The message names the round and the solver status.
+    """

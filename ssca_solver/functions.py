@@ -1,0 +1,145 @@
+"""Per-sample functions f_m(w, x_n) and the stochastic constraints built from them.
+
+F_m(w) = (1/N) sum_n f_m(w, x_n) (eq. (Fs0) and the F_m of Problem 3). The user supplies the
+per-sample values and the gradient of their mean over a set of rows; the library never needs
+per-sample gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from .errors import UserFunctionError
+
+
+class SampleFunction:
+    """A function f(w, x) known through its values on rows and the gradient of their mean.
+
+    Args:
+      value: ``value(w, X, y) -> ndarray (n,)``, the per-sample values f(w, x_n) for the n rows
+        of ``X`` (and targets ``y``, None when the data have none).
+      grad: ``grad(w, X, y) -> ndarray (d,)``, the gradient of ``mean(value(w, X, y))`` w.r.t. w.
+      name: used in reports and error messages.
+      surrogate: the surrogate builder (:mod:`ssca_solver.surrogates`); default: proximal-linear,
+        eqs. (fs0bar)/(fsmbar), with the solve's ``tau``.
+
+    ``f <= U`` (or ``f >= L``) makes a stochastic constraint F(w) <= U of Problem 3.
+    """
+
+    def __init__(self, value: Callable, grad: Callable, name: Optional[str] = None,
+                 surrogate=None):
+        if not callable(value) or not callable(grad):
+            raise TypeError("SampleFunction needs callables value(w, X, y) and grad(w, X, y)")
+        self.value = value
+        self.grad = grad
+        self.name = name or getattr(value, "__name__", "f")
+        if self.name == "<lambda>":
+            self.name = "f"
+        self.surrogate = surrogate
+
+    def __le__(self, bound) -> "StochasticConstraint":
+        return StochasticConstraint(self, _as_bound(bound), sense=1.0)
+
+    def __ge__(self, bound) -> "StochasticConstraint":
+        return StochasticConstraint(self, _as_bound(bound), sense=-1.0)
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"SampleFunction(name={self.name!r})"
+
+
+def _as_bound(bound) -> float:
+    try:
+        b = float(bound)
+    except (TypeError, ValueError):
+        raise TypeError(f"a stochastic constraint bound must be a number, got {bound!r}") from None
+    if not np.isfinite(b):
+        raise ValueError(f"a stochastic constraint bound must be finite, got {bound!r}")
+    return b
+
+
+@dataclass(frozen=True)
+class StochasticConstraint:
+    """The constraint ``sense * (F(w) - bound) <= 0``: F_m of Problem 3 with F_m = F - U.
+
+    ``sense`` is +1 for ``F <= bound`` and -1 for ``F >= bound``.
+    """
+
+    function: SampleFunction
+    bound: float
+    sense: float = 1.0
+
+    @property
+    def name(self) -> str:
+        op = "<=" if self.sense > 0 else ">="
+        return f"{self.function.name} {op} {self.bound:g}"
+
+
+# -- checks on what user functions return ---------------------------------------------------------
+
+def checked_values(fn: SampleFunction, w, X, y, n: int, where: str) -> np.ndarray:
+    """Call ``fn.value`` and check shape (n,) and finiteness; ``where`` names client and round."""
+    try:
+        v = fn.value(w, X, y)
+    except Exception as exc:
+        raise UserFunctionError(f"{fn.name}.value raised on {where}: {exc!r}") from exc
+    v = np.asarray(v, dtype=float)
+    if v.shape != (n,):
+        raise UserFunctionError(f"{fn.name}.value must return per-sample values of shape ({n},) "
+                                f"for {n} rows; got shape {v.shape} on {where}")
+    if not np.all(np.isfinite(v)):
+        bad = int(np.flatnonzero(~np.isfinite(v))[0])
+        raise UserFunctionError(f"{fn.name}.value returned a non-finite value ({v[bad]}) at row "
+                                f"{bad} of the batch on {where}")
+    return v
+
+
+def checked_grad(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray:
+    """Call ``fn.grad`` and check shape (d,) and finiteness; ``where`` names client and round."""
+    try:
+        g = fn.grad(w, X, y)
+    except Exception as exc:
+        raise UserFunctionError(f"{fn.name}.grad raised on {where}: {exc!r}") from exc
+    g = np.asarray(g, dtype=float)
+    if g.shape != (d,):
+        raise UserFunctionError(f"{fn.name}.grad must return the gradient of the batch mean, of "
+                                f"shape ({d},) (the problem's dim); got shape {g.shape} on {where}")
+    if not np.all(np.isfinite(g)):
+        raise UserFunctionError(f"{fn.name}.grad returned a non-finite entry on {where}")
+    return g
+
+
+def check_grad(fn: SampleFunction, w, X, y=None, eps: float = 1e-6, seed=0,
+               directions: Optional[int] = None) -> float:
+    """Relative error between ``fn.grad`` and central finite differences of ``mean(fn.value)``.
+
+    Like :func:`scipy.optimize.check_grad`, for a :class:`SampleFunction` on rows ``X, y``.
+    With ``directions=None`` every coordinate is differenced (cost 2d evaluations); with an
+    integer k, k random unit directions are used instead (cheap for large d).
+
+    Returns:
+      ``|g - g_fd| / max(|g_fd|, 1e-8)`` (Euclidean norms; for directions, of the directional
+      derivatives). Values around 1e-6 or below mean the gradient is right.
+    """
+    w = np.asarray(w, dtype=float)
+    d = w.size
+    n = np.asarray(X).shape[0]
+    where = "check_grad"
+    g = checked_grad(fn, w, X, y, d, where)
+
+    def F(v):
+        return float(np.mean(checked_values(fn, v, X, y, n, where)))
+
+    if directions is None:
+        basis = np.eye(d)
+    else:
+        rng = np.random.default_rng(seed)
+        basis = rng.standard_normal((int(directions), d))
+        basis /= np.linalg.norm(basis, axis=1, keepdims=True)
+    fd = np.array([(F(w + eps * u) - F(w - eps * u)) / (2 * eps) for u in basis])
+    an = basis @ g
+    return float(np.linalg.norm(an - fd) / max(np.linalg.norm(fd), 1e-8))

@@ -1,0 +1,122 @@
+"""``Problem``: a constrained federated problem (Problem 1 / Problem 3 of the paper).
+
+    minimise   F_0(w) + R(w)
+    subject to F_m(w) <= U_m,  m = 1..M      (stochastic: averages over the clients' rows)
+               w in D                         (deterministic convex set)
+
+F_0 and F_m are :class:`SampleFunction` averages over the federated data; R and D are
+deterministic convex CVXPY terms kept exact. ``solve(method=...)`` dispatches through a
+registry of methods, like ``scipy.optimize.minimize``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import cvxpy as cp
+import numpy as np
+
+from .data import FederatedData
+from .deterministic import DeterministicPart, _label
+from .errors import ModelError
+from .functions import SampleFunction, StochasticConstraint
+from .surrogates import builder_of
+
+_METHODS: dict[str, Callable] = {}
+
+
+def register_method(name: str, solver: Callable) -> None:
+    """Make ``solver(problem, **options)`` available as ``Problem.solve(method=name)``."""
+    _METHODS[name] = solver
+
+
+def _as_list(x) -> list:
+    if x is None:
+        return []
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    return [x]
+
+
+class Problem:
+    """A constrained (or unconstrained) sample-based federated optimisation problem.
+
+    Args:
+      objective: a :class:`SampleFunction` (F_0, eq. (Fs0)), or a callable ``w -> convex CVXPY
+        expression`` for a deterministic objective kept exact (e.g. the paper's |w|^2 in
+        (prob:class-con)).
+      constraints: stochastic constraints ``f <= U`` (or ``f >= L``) built from SampleFunctions.
+      dim: the size d of the decision variable w.
+      data: the :class:`FederatedData` the sample functions average over.
+      regularizer: a callable ``w -> convex CVXPY expression`` (or a list of them), added to the
+        objective exactly.
+      domain: a callable ``w -> CVXPY constraint(s)`` (or a list), a deterministic convex set.
+    """
+
+    def __init__(self, objective, constraints: Sequence[StochasticConstraint] = (),
+                 dim: Optional[int] = None, data: Optional[FederatedData] = None,
+                 regularizer=None, domain=None):
+        if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or dim < 1:
+            raise ModelError(f"dim must be a positive integer (the size of w), got {dim!r}")
+        self.dim = int(dim)
+        constraints = _as_list(constraints)
+        for i, c in enumerate(constraints):
+            if isinstance(c, cp.constraints.constraint.Constraint):
+                raise ModelError(f"constraint #{i} is a CVXPY constraint; deterministic "
+                                 "constraints go in domain=lambda w: [...]")
+            if not isinstance(c, StochasticConstraint):
+                raise ModelError(f"constraint #{i} must be a stochastic constraint such as "
+                                 f"`f <= 0.1` with f a SampleFunction, got {type(c).__name__}")
+        self.constraints = tuple(constraints)
+        terms = []
+        if isinstance(objective, SampleFunction):
+            self.objective = objective
+        elif callable(objective):
+            self.objective = None
+            terms.append(("objective", objective))
+        else:
+            raise ModelError("objective must be a SampleFunction or a callable w -> convex CVXPY "
+                             f"expression, got {type(objective).__name__}")
+        regs = _as_list(regularizer)
+        for i, r in enumerate(regs):
+            if not callable(r):
+                raise ModelError(f"regularizer #{i} must be a callable w -> CVXPY expression")
+            terms.append((_label("regularizer", i, r), r))
+        doms = _as_list(domain)
+        for i, dfn in enumerate(doms):
+            if not callable(dfn):
+                raise ModelError(f"domain #{i} must be a callable w -> CVXPY constraint(s)")
+        self.deterministic = DeterministicPart(terms, doms, self.dim)
+        if self.functions and not isinstance(data, FederatedData):
+            raise ModelError("a problem with SampleFunctions needs data=FederatedData(...), got "
+                             f"{type(data).__name__}")
+        self.data = data
+        self.builders = tuple(builder_of(f) for f in self.functions)
+
+    @property
+    def functions(self) -> tuple[SampleFunction, ...]:
+        """The stochastic functions, objective first when it is stochastic."""
+        head = (self.objective,) if self.objective is not None else ()
+        return head + tuple(c.function for c in self.constraints)
+
+    @property
+    def bounds(self) -> np.ndarray:
+        return np.array([c.bound for c in self.constraints], dtype=float)
+
+    @property
+    def num_constraints(self) -> int:
+        return len(self.constraints)
+
+    def solve(self, method: str = "ssca", **options):
+        """Solve with ``method`` (default "ssca": Algorithm 1, or Algorithm 2 with the penalty
+        continuation when there are stochastic constraints). See
+        :func:`ssca_solver.solve.solve_ssca` for the options; unknown options raise TypeError.
+        """
+        if method not in _METHODS:
+            raise ValueError(f"unknown method {method!r}; available: {sorted(_METHODS)}")
+        return _METHODS[method](self, **options)
+
+    def __repr__(self) -> str:
+        return (f"Problem(dim={self.dim}, objective="
+                f"{self.objective.name if self.objective else 'deterministic'}, "
+                f"constraints={[c.name for c in self.constraints]}, data={self.data!r})")

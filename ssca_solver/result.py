@@ -1,0 +1,171 @@
+"""The result of a solve: point, status, slacks, KKT diagnostics, history, communication."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class History:
+    """Per-round arrays (length = rounds run) and every-k-round full-data evaluations.
+
+    Per round: ``t``, ``rho``, ``gamma``, ``penalty`` (c in force), ``slack`` (rounds, M),
+    ``multipliers`` (subproblem duals, rounds x M), ``surrogate_value`` (optimal value of
+    Problem 2/5), ``step_norm`` (|wbar_t - w_t|).
+    Every ``eval_every`` rounds: ``eval_t``, ``objective`` (full-data F_0 + deterministic terms
+    at w_t) and ``constraints`` (full-data F_m(w_t) - U_m, len(eval_t) x M).
+    """
+
+    t: np.ndarray
+    rho: np.ndarray
+    gamma: np.ndarray
+    penalty: np.ndarray
+    slack: np.ndarray
+    multipliers: np.ndarray
+    surrogate_value: np.ndarray
+    step_norm: np.ndarray
+    eval_t: np.ndarray
+    objective: np.ndarray
+    constraints: np.ndarray
+
+
+@dataclass(frozen=True)
+class KKTReport:
+    """KKT diagnostics of Problem 3 at the returned point, on the full data.
+
+    Attributes:
+      multipliers: mu_m >= 0.
+      multiplier_source: "nnls" (nonnegative least-squares fit of stationarity and
+        complementarity on full-data gradients) or "subproblem" (duals of the last round's
+        Problem 5, used when a domain or a non-quadratic deterministic term is present).
+      stationarity: |grad F_0 + grad R + sum mu_m grad F_m| ("gradient"), or the prox-gradient
+        residual |w - prox_{R + I_D}(w - grad F_0 - sum mu_m grad F_m)| ("prox-gradient").
+      stationarity_kind: which of the two.
+      feasibility: max(F_m(w) - U_m, 0) per constraint (plus ``domain_violation``).
+      complementarity: |mu_m (F_m(w) - U_m)| per constraint.
+      domain_violation: largest violation of the domain constraints (0 inside).
+    """
+
+    multipliers: np.ndarray
+    multiplier_source: str
+    stationarity: float
+    stationarity_kind: str
+    feasibility: np.ndarray
+    complementarity: np.ndarray
+    domain_violation: float = 0.0
+
+    @property
+    def max_residual(self) -> float:
+        return float(max([self.stationarity, self.domain_violation,
+                          *np.atleast_1d(self.feasibility), *np.atleast_1d(self.complementarity)]))
+
+
+@dataclass(frozen=True)
+class Communication:
+    """Floats sent between server and clients, counted from the messages themselves.
+
+    ``up_per_client_round``/``down_per_client_round``: one client, one round of the algorithm.
+    ``up_total``/``down_total``: all clients, all rounds of the algorithm.
+    ``eval_up_total``/``eval_down_total``: the full-data evaluations for the history and the
+    KKT report (diagnostics, not part of Algorithms 1-2; zero when ``eval_every=None`` apart
+    from the final evaluation).
+    """
+
+    rounds: int
+    num_clients: int
+    up_per_client_round: int
+    down_per_client_round: int
+    up_total: int
+    down_total: int
+    eval_up_total: int
+    eval_down_total: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One run of Algorithm 2 at a fixed penalty c_j."""
+
+    penalty: float
+    rounds: int
+    slack_norm: float
+
+
+@dataclass(frozen=True)
+class SSCAResult:
+    """What ``Problem.solve(method="ssca")`` returns.
+
+    Attributes:
+      x: the point w returned, shape (d,).
+      status: "converged" | "infeasible" | "max_iter".
+      message: a sentence saying why.
+      fun: full-data objective F_0(x) + deterministic terms.
+      constraints: full-data F_m(x) - U_m, shape (M,) (<= 0 when feasible).
+      slack: the last round's slacks s (M,); ``penalty``: the c at which the solver stopped.
+      kkt: :class:`KKTReport` on the full data.
+      history: :class:`History`.
+      communication: :class:`Communication`.
+      stages: one :class:`Stage` per penalty value run.
+      nit: rounds run in all.
+      subproblem: which subproblem solver ran ("cvxpy").
+      time: wall-clock seconds of the solve.
+    """
+
+    x: np.ndarray
+    status: str
+    message: str
+    fun: float
+    constraints: np.ndarray
+    slack: np.ndarray
+    penalty: Optional[float]
+    kkt: KKTReport
+    history: History
+    communication: Communication
+    stages: tuple
+    nit: int
+    subproblem: str
+    time: float
+    constraint_names: tuple = field(default=())
+
+    @property
+    def success(self) -> bool:
+        return self.status == "converged" or (self.status == "max_iter" and not self.slack.size)
+
+    def report(self) -> str:
+        """A readable account of the solve (what the demo prints)."""
+        k = self.kkt
+        lines = [f"status        {self.status}: {self.message}",
+                 f"rounds        {self.nit}   subproblem solver: {self.subproblem}   "
+                 f"time: {self.time:.2f} s",
+                 f"objective     {self.fun:.6g}   (full data, with deterministic terms)"]
+        if self.stages and self.slack.size:
+            lines.append("penalty steps")
+            for s in self.stages:
+                lines.append(f"  c = {s.penalty:<10.3g} rounds = {s.rounds:<6d} "
+                             f"|slack| = {s.slack_norm:.3g}")
+        if self.constraints.size:
+            lines.append("constraints   (full data; F_m - U_m <= 0 is feasible)")
+            names = self.constraint_names or tuple(f"#{m + 1}" for m in range(self.slack.size))
+            for m, name in enumerate(names):
+                lines.append(f"  {name:<28s} F-U = {self.constraints[m]: .4g}   "
+                             f"slack = {self.slack[m]:.3g}   mu = {k.multipliers[m]:.4g}")
+        lines.append(f"KKT           stationarity = {k.stationarity:.3g} ({k.stationarity_kind})"
+                     + (f"   max feasibility = {np.max(k.feasibility):.3g}   max "
+                        f"complementarity = {np.max(k.complementarity):.3g}   multipliers from "
+                        f"{k.multiplier_source}" if k.feasibility.size else ""))
+        if k.domain_violation > 0:
+            lines.append(f"              domain violation = {k.domain_violation:.3g}")
+        c = self.communication
+        lines.append(f"communication per client per round: {c.up_per_client_round} floats up, "
+                     f"{c.down_per_client_round} down; total over {c.num_clients} clients x "
+                     f"{c.rounds} rounds: {c.up_total:,} up, {c.down_total:,} down "
+                     f"(+ {c.eval_up_total:,} up / {c.eval_down_total:,} down for evaluations)")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"SSCAResult(status={self.status!r}, fun={self.fun:.6g}, nit={self.nit}, "
+                f"max_constraint={np.max(self.constraints, initial=-np.inf):.3g}, "
+                f"slack_norm={np.linalg.norm(self.slack):.3g}, "
+                f"stationarity={self.kkt.stationarity:.3g})")

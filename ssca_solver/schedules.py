@@ -1,0 +1,103 @@
+"""Step-size schedules rho_t and gamma_t of eqs. (rho) and (gamma).
+
+A schedule is any callable ``t -> float`` for t = 1, 2, ...; :class:`PowerStep` is the paper's
+``a / t**alpha`` family (Section VI uses rho_t = a1 / t^alpha, gamma_t = a2 / t^(alpha + 0.05)).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Union
+
+from .errors import ScheduleError
+
+Schedule = Union["PowerStep", Callable[[int], float]]
+
+
+class ScheduleWarning(UserWarning):
+    """A schedule violates a convergence condition of eq. (rho) or eq. (gamma)."""
+
+
+@dataclass(frozen=True)
+class PowerStep:
+    """The diminishing step ``a / t**alpha`` (paper Section VI).
+
+    Args:
+      a: scale, > 0. Values of the schedule must lie in (0, 1]; ``a <= 1`` guarantees it.
+      alpha: exponent, >= 0.
+
+    Example:
+      >>> PowerStep(0.6, 0.3)(1), round(PowerStep(0.6, 0.3)(8), 4)
+      (0.6, 0.3)
+    """
+
+    a: float
+    alpha: float
+
+    def __post_init__(self):
+        if not (isinstance(self.a, (int, float)) and math.isfinite(self.a) and self.a > 0):
+            raise ScheduleError(f"PowerStep: a must be a finite number > 0, got {self.a!r}")
+        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)
+                and self.alpha >= 0):
+            raise ScheduleError(f"PowerStep: alpha must be a finite number >= 0, got {self.alpha!r}")
+
+    def __call__(self, t: int) -> float:
+        return self.a / float(t) ** self.alpha
+
+
+def as_schedule(value, name: str) -> Callable[[int], float]:
+    """Turn ``value`` (a PowerStep, a callable, or a constant in (0, 1]) into a schedule."""
+    if isinstance(value, PowerStep) or callable(value):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not 0 < value <= 1:
+            raise ScheduleError(f"{name}: a constant step must lie in (0, 1], got {value!r}")
+        c = float(value)
+        return lambda t: c
+    raise ScheduleError(f"{name}: expected a PowerStep, a callable t -> value or a number, "
+                        f"got {type(value).__name__}")
+
+
+def step_value(schedule, t: int, name: str) -> float:
+    """Evaluate ``schedule(t)`` and check that it lies in (0, 1].
+
+    rho_t must lie in (0, 1] because eq. (Fs0bar) is a convex combination (a weight 1 - rho_t < 0
+    can make the surrogate non-convex); gamma_t must lie in (0, 1] because eq. (updatew) is one.
+    """
+    try:
+        v = float(schedule(t))
+    except Exception as exc:  # a user's callable failed: say which schedule and when
+        raise ScheduleError(f"{name}: the schedule raised at t={t}: {exc!r}") from exc
+    if not (math.isfinite(v) and 0 < v <= 1):
+        raise ScheduleError(f"{name}_t must lie in (0, 1] (eqs. (rho)/(gamma)); "
+                            f"{name}({t}) = {v!r}")
+    return v
+
+
+def check_schedules(rho, gamma) -> list[str]:
+    """Check the conditions of eqs. (rho) and (gamma) that can be checked, and warn.
+
+    For PowerStep schedules (rho = a1/t^p, gamma = a2/t^q) the conditions are exactly:
+    rho_t -> 0 and sum rho = inf: 0 < p <= 1; gamma_t -> 0, sum gamma = inf, sum gamma^2 < inf:
+    1/2 < q <= 1; gamma/rho -> 0: q > p. For other callables only the values are checked, at
+    run time (see :func:`step_value`). Returns the list of warnings issued.
+    """
+    issued = []
+    if isinstance(rho, PowerStep):
+        if not 0 < rho.alpha <= 1:
+            issued.append(f"rho = {rho}: eq. (rho) needs 0 < alpha <= 1 "
+                          "(rho_t -> 0 and sum rho_t = inf)")
+    if isinstance(gamma, PowerStep):
+        if not 0.5 < gamma.alpha <= 1:
+            issued.append(f"gamma = {gamma}: eq. (gamma) needs 1/2 < alpha <= 1 "
+                          "(sum gamma_t = inf and sum gamma_t^2 < inf)")
+    if isinstance(rho, PowerStep) and isinstance(gamma, PowerStep):
+        if not gamma.alpha > rho.alpha:
+            issued.append(f"gamma/rho -> 0 (eq. (gamma)) needs gamma's exponent {gamma.alpha} "
+                          f"> rho's exponent {rho.alpha}")
+    for msg in issued:
+        warnings.warn(msg + "; the convergence theorems do not cover this choice.",
+                      ScheduleWarning, stacklevel=3)
+    return issued

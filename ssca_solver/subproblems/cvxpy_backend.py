@@ -1,0 +1,111 @@
+"""Problem 2 / Problem 5 through CVXPY, compiled once (DPP) and re-solved with new values.
+
+    minimise   Fbar_0(w) + R(w) + c sum_m s_m
+    subject to Fbar_m(w) - U_m <= s_m,  s_m >= 0,  m = 1..M,   w in D,
+
+where each Fbar_m is its builder's expression of the averaged statistics (CVXPY Parameters), R
+the deterministic terms and D the domain. Only Parameter values change between rounds, so CVXPY
+reuses its compiled parametrised program (see ``tests/test_subproblem_cvxpy.py``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Sequence
+
+import cvxpy as cp
+import numpy as np
+
+from ..errors import ModelError, SubproblemError
+from .base import SubproblemSolution
+
+
+class CvxpySubproblem:
+    """Problem 5 built once with CVXPY Parameters.
+
+    Args:
+      dim: size of w.
+      builders: one surrogate builder per stochastic function, objective first if stochastic.
+      stochastic_objective: whether builders[0] is the objective's.
+      bounds: U_m of the M stochastic constraints.
+      deterministic: the :class:`DeterministicPart` of the problem.
+      solver: a CVXPY solver name (default Clarabel, an interior-point method).
+      solver_options: keyword arguments passed to ``Problem.solve``.
+    """
+
+    def __init__(self, dim: int, builders: Sequence, stochastic_objective: bool,
+                 bounds: Sequence[float], deterministic, solver: str = "CLARABEL",
+                 solver_options: Optional[dict] = None):
+        self.dim = dim
+        self.solver = solver
+        self.solver_options = dict(solver_options or {})
+        self.num_constraints = len(bounds)
+        self._w = cp.Variable(dim, name="w")
+        self._params = []
+        surrogates = []
+        for m, b in enumerate(builders):
+            ps = {s.name: cp.Parameter(s.shape, nonneg=s.nonneg, name=f"{s.name}_{m}")
+                  for s in b.statistic_specs(dim)}
+            self._params.append(ps)
+            expr = b.expression(ps, self._w)
+            if not (expr.is_dcp() and expr.is_convex() and expr.size == 1):
+                raise ModelError(f"surrogate builder {b!r} for function #{m} returned an "
+                                 f"expression that is not a convex scalar under DCP: {expr}")
+            surrogates.append(expr)
+        self._c = cp.Parameter(nonneg=True, name="penalty")
+        det, domain = deterministic.instantiate(self._w)
+        obj_terms = []
+        k = 0
+        if stochastic_objective:
+            obj_terms.append(surrogates[0])
+            k = 1
+        if det is not None:
+            obj_terms.append(det)
+        cons = list(domain)
+        self._sur_cons = []
+        if self.num_constraints:
+            self._s = cp.Variable(self.num_constraints, nonneg=True, name="slack")
+            obj_terms.append(self._c * cp.sum(self._s))
+            for m, U in enumerate(bounds):
+                con = surrogates[k + m] - float(U) <= self._s[m]
+                self._sur_cons.append(con)
+            cons = self._sur_cons + cons
+        else:
+            self._s = None
+        self.problem = cp.Problem(cp.Minimize(cp.sum(cp.hstack(obj_terms))), cons)
+        if not self.problem.is_dcp():
+            raise ModelError("the subproblem is not DCP; check the surrogate builders and "
+                             "deterministic terms")
+        self.dpp = self.problem.is_dpp()
+        if not self.dpp:
+            warnings.warn("the subproblem is not DPP (a custom surrogate builder multiplies "
+                          "parameters in a way CVXPY cannot parametrise); CVXPY will recompile it "
+                          "every round, which is slow", stacklevel=3)
+
+    def solve(self, stats: Sequence[dict], penalty: float, round: int) -> SubproblemSolution:
+        """Set the Parameters to ``stats`` and ``penalty`` and solve; raise on failure."""
+        for ps, st in zip(self._params, stats):
+            for name, p in ps.items():
+                v = st[name]
+                if p.attributes.get("nonneg"):
+                    v = np.maximum(v, 0.0)  # guards round-off below 0 in a nonnegative statistic
+                p.value = v
+        self._c.value = float(penalty)
+        try:
+            self.problem.solve(solver=self.solver, **self.solver_options)
+        except cp.error.SolverError as exc:
+            raise SubproblemError(f"round {round}: solver {self.solver} failed on the subproblem "
+                                  f"(Problem 5): {exc}") from exc
+        status = self.problem.status
+        if status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) or self._w.value is None:
+            raise SubproblemError(f"round {round}: solver {self.solver} returned status "
+                                  f"'{status}' on the subproblem (Problem 5)")
+        if status == cp.OPTIMAL_INACCURATE:
+            warnings.warn(f"round {round}: solver {self.solver} returned 'optimal_inaccurate'",
+                          RuntimeWarning, stacklevel=3)
+        M = self.num_constraints
+        slack = np.maximum(self._s.value, 0.0) if M else np.zeros(0)
+        mult = (np.array([float(np.atleast_1d(c.dual_value)[0]) for c in self._sur_cons])
+                if M else np.zeros(0))
+        return SubproblemSolution(np.array(self._w.value, dtype=float), slack,
+                                  np.maximum(mult, 0.0), float(self.problem.value))

@@ -1,0 +1,193 @@
+"""Surrogate builders: the client statistics q_m and the convex model p_m(q_m, w).
+
+Paper, Sections III-IV: for a mini-batch, sum_n fbar_m(w, w_t, x_n) = p_m(q_m(w_t, batch), w).
+A builder fixes both halves:
+
+* ``statistics`` runs on the client: from w_t and the client's rows it returns q_m, a dict of
+  arrays that are **sums over the batch rows** (the paper's q_m).
+* ``expression`` runs on the server: a convex CVXPY expression of the decision variable that is
+  **affine in the statistics**. Because of that linearity, the recursive average of surrogates
+  in eqs. (Fs0bar)/(Fsmbar) is the surrogate of the recursively averaged statistics, so the
+  server only keeps one set of statistics per function.
+
+Custom builders subclass :class:`SurrogateBuilder` (see docs/modelling.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+import cvxpy as cp
+import numpy as np
+
+from .functions import SampleFunction, checked_grad, checked_values
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """One statistic a client sends: its name, shape, and whether it is always >= 0.
+
+    ``nonneg`` statistics become nonnegative CVXPY Parameters, which is what lets a product
+    ``parameter * convex(w)`` stay DCP and DPP.
+    """
+
+    name: str
+    shape: tuple
+    nonneg: bool = False
+
+
+class SurrogateBuilder:
+    """Protocol of a surrogate builder (paper: the pair q_m, p_m).
+
+    Subclasses implement :meth:`statistic_specs`, :meth:`statistics` and :meth:`expression`;
+    :meth:`initial_statistics` and :meth:`quadratic_form` have defaults.
+    """
+
+    #: the builder's own tau; None means "use the solve's tau option"
+    tau: Optional[float] = None
+
+    def statistic_specs(self, dim: int) -> tuple[Statistic, ...]:
+        """The statistics a client sends for one function, for a decision variable of size dim."""
+        raise NotImplementedError
+
+    def statistics(self, fn: SampleFunction, w: np.ndarray, X, y, tau: float,
+                   where: str) -> dict[str, np.ndarray]:
+        """Client side: q_m(w_t, batch) as sums over the batch rows. ``where`` is for errors."""
+        raise NotImplementedError
+
+    def expression(self, stats: Mapping[str, cp.Expression], w: cp.Variable) -> cp.Expression:
+        """Server side: p_m(q, w), convex in ``w`` and affine in the entries of ``stats``."""
+        raise NotImplementedError
+
+    def initial_statistics(self, dim: int, tau: float, init: str) -> dict[str, np.ndarray]:
+        """Fbar^(0): all zeros for ``init="zero"`` (eq. (Fs0bar) as written).
+
+        For ``init="tau"`` (the convention behind the closed forms of Section V, PAPER_NOTES
+        item 4) a builder whose curvature statistic is called ``quad`` starts it at tau, i.e.
+        Fbar^(0)(w) = tau |w|^2.
+        """
+        out = {s.name: np.zeros(s.shape) for s in self.statistic_specs(dim)}
+        if init == "tau" and "quad" in out:
+            out["quad"] = np.full(out["quad"].shape, float(tau))
+        return out
+
+    def quadratic_form(self, stats: Mapping[str, np.ndarray]):
+        """``(a, b, c)`` with p(q, w) = a |w|^2 + b.w + c when the curvature is a scalar a.
+
+        None when the surrogate does not have that form (then only the CVXPY path applies).
+        """
+        return None
+
+    def evaluate(self, stats: Mapping[str, np.ndarray], w) -> float:
+        """p(q, w) at a numeric w (for reports and tests)."""
+        consts = {k: cp.Constant(np.asarray(v, dtype=float)) for k, v in stats.items()}
+        return float(self.expression(consts, cp.Constant(np.asarray(w, dtype=float))).value)
+
+
+class ProximalLinear(SurrogateBuilder):
+    """The proximal-linear surrogate of eqs. (fs0bar) and (fsmbar).
+
+    fbar(w, w_t, x) = f(w_t, x) + grad f(w_t, x)^T (w - w_t) + tau |w - w_t|^2.
+
+    Expanded so that it is affine in the statistics (the form of eqs. (B), (C), (A)): over a
+    batch of n rows with sums v = sum f, g = sum grad f,
+
+        p(q, w) = quad |w|^2 + lin.w + const,
+        quad = n tau,  lin = g - 2 n tau w_t,  const = v - g.w_t + n tau |w_t|^2.
+
+    The paper's eq. (fs0bar) for the objective omits the value term f(w_t, x); it changes no
+    minimiser, and keeping it makes the surrogate's value comparable with F_0 in reports.
+    Messages carry d + 2 floats per function.
+    """
+
+    def __init__(self, tau: Optional[float] = None):
+        if tau is not None and not (np.isfinite(tau) and tau > 0):
+            raise ValueError(f"ProximalLinear: tau must be > 0, got {tau!r}")
+        self.tau = tau
+
+    def statistic_specs(self, dim):
+        return (Statistic("const", ()), Statistic("lin", (dim,)), Statistic("quad", (), True))
+
+    def statistics(self, fn, w, X, y, tau, where):
+        n = X.shape[0]
+        v = checked_values(fn, w, X, y, n, where).sum()
+        g = n * checked_grad(fn, w, X, y, w.size, where)
+        nt = n * tau
+        return {"const": np.asarray(v - g @ w + nt * (w @ w)), "lin": g - 2.0 * nt * w,
+                "quad": np.asarray(nt)}
+
+    def expression(self, stats, w):
+        return stats["quad"] * cp.sum_squares(w) + stats["lin"] @ w + stats["const"]
+
+    def quadratic_form(self, stats):
+        return float(stats["quad"]), np.asarray(stats["lin"]), float(stats["const"])
+
+    def evaluate(self, stats, w):
+        w = np.asarray(w, dtype=float)
+        a, b, c = self.quadratic_form(stats)
+        return a * float(w @ w) + float(b @ w) + c
+
+    def __repr__(self):
+        return f"ProximalLinear(tau={self.tau})"
+
+
+class DiagonalCurvature(SurrogateBuilder):
+    """A proximal-linear surrogate with a diagonal curvature estimate added.
+
+    fbar(w, w_t, x) = f(w_t, x) + grad f(w_t, x)^T (w - w_t)
+                      + sum_k (max(h_k, 0) / 2 + tau) (w_k - w_{t,k})^2,
+
+    where h = ``hess_diag(w_t, X, y)`` is the diagonal of the Hessian of the batch mean of f
+    (or any nonnegative curvature estimate, e.g. Gauss-Newton). It satisfies Assumption 2 of the
+    paper (same gradient at w_t; strongly convex with modulus 2 tau) and, when h is accurate,
+    follows the local shape of f far better than a scalar tau, which lets the solver take
+    longer steps along flat coordinates. Statistics: const (1), lin (d), quad (d, >= 0).
+
+    Args:
+      hess_diag: ``hess_diag(w, X, y) -> ndarray (d,)``; negative entries are clipped to 0 so
+        the surrogate stays convex.
+      tau: proximal weight; None uses the solve's tau.
+    """
+
+    def __init__(self, hess_diag: Callable, tau: Optional[float] = None):
+        if not callable(hess_diag):
+            raise TypeError("DiagonalCurvature needs a callable hess_diag(w, X, y) -> (d,)")
+        if tau is not None and not (np.isfinite(tau) and tau > 0):
+            raise ValueError(f"DiagonalCurvature: tau must be > 0, got {tau!r}")
+        self.hess_diag = hess_diag
+        self.tau = tau
+
+    def statistic_specs(self, dim):
+        return (Statistic("const", ()), Statistic("lin", (dim,)), Statistic("quad", (dim,), True))
+
+    def statistics(self, fn, w, X, y, tau, where):
+        from .errors import UserFunctionError
+
+        n = X.shape[0]
+        v = checked_values(fn, w, X, y, n, where).sum()
+        g = n * checked_grad(fn, w, X, y, w.size, where)
+        h = np.asarray(self.hess_diag(w, X, y), dtype=float)
+        if h.shape != w.shape or not np.all(np.isfinite(h)):
+            raise UserFunctionError(f"{fn.name}: hess_diag must return finite values of shape "
+                                    f"{w.shape}; got shape {h.shape} on {where}")
+        q = n * (np.maximum(h, 0.0) / 2.0 + tau)
+        return {"const": np.asarray(v - g @ w + q @ (w * w)), "lin": g - 2.0 * q * w, "quad": q}
+
+    def expression(self, stats, w):
+        return cp.sum(cp.multiply(stats["quad"], cp.square(w))) + stats["lin"] @ w + stats["const"]
+
+    def evaluate(self, stats, w):
+        w = np.asarray(w, dtype=float)
+        return float(stats["quad"] @ (w * w) + stats["lin"] @ w + stats["const"])
+
+    def __repr__(self):
+        return f"DiagonalCurvature(tau={self.tau})"
+
+
+def builder_of(fn: SampleFunction) -> SurrogateBuilder:
+    """The builder a function uses: its own, or the proximal-linear default."""
+    b = fn.surrogate if fn.surrogate is not None else ProximalLinear()
+    if not isinstance(b, SurrogateBuilder):
+        raise TypeError(f"{fn.name}: surrogate must be a SurrogateBuilder, got {type(b).__name__}")
+    return b
