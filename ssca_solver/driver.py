@@ -108,12 +108,13 @@ class Recorder:
         from .result import History
 
         arr = {k: np.asarray(v, dtype=int if k == "t" else float) for k, v in self.rows.items()}
-        return History(slack=np.asarray(self.slack, dtype=float).reshape(-1, self.M),
-                       multipliers=np.asarray(self.dual, dtype=float).reshape(-1, self.M),
+        def table(rows):
+            return np.asarray(rows, dtype=float).reshape(len(rows), self.M)
+
+        return History(slack=table(self.slack), multipliers=table(self.dual),
                        eval_t=np.asarray(self.eval_t, dtype=int),
                        objective=np.asarray(self.eval_obj, dtype=float),
-                       constraints=np.asarray(self.eval_cons, dtype=float).reshape(-1, self.M),
-                       **arr)
+                       constraints=table(self.eval_cons), **arr)
 
 
 def slack_norm(solution: Optional[SubproblemSolution]) -> float:

@@ -35,8 +35,8 @@ class SSCAOptions:
       max_iter: rounds per penalty value c_j (T - 1 of Algorithms 1-2).
       tau: proximal weight of eqs. (fs0bar)/(fsmbar), > 0 (paper: 0.1).
       rho: schedule of eq. (rho) (PowerStep, callable t -> value, or constant in (0, 1]).
-        Default PowerStep(0.9, 0.5).
-      gamma: schedule of eq. (gamma). Default PowerStep(0.9, 0.6). Both defaults satisfy every
+        Default PowerStep(0.9, 0.4).
+      gamma: schedule of eq. (gamma). Default PowerStep(0.9, 0.55). Both defaults satisfy every
         condition of eqs. (rho)/(gamma); the paper's Section VI choices violate
         sum gamma^2 < inf and draw a warning.
       penalty: c, a number or an increasing sequence c_1 < c_2 < ... (Theorem 2). Only used
@@ -59,8 +59,8 @@ class SSCAOptions:
     batch_size: Any = 10
     max_iter: int = 200
     tau: float = 0.1
-    rho: Any = field(default_factory=lambda: PowerStep(0.9, 0.5))
-    gamma: Any = field(default_factory=lambda: PowerStep(0.9, 0.6))
+    rho: Any = field(default_factory=lambda: PowerStep(0.9, 0.4))
+    gamma: Any = field(default_factory=lambda: PowerStep(0.9, 0.55))
     penalty: Any = (1e2, 1e3, 1e4, 1e5)
     slack_tol: float = 1e-6
     subproblem: str = "auto"

@@ -6,7 +6,11 @@ A builder fixes both halves:
 * ``statistics`` runs on the client: from w_t and the client's rows it returns q_m, a dict of
   arrays that are **sums over the batch rows** (the paper's q_m).
 * ``expression`` runs on the server: a convex CVXPY expression of the decision variable that is
-  **affine in the statistics**. Because of that linearity, the recursive average of surrogates
+  **affine in the statistics**. It also receives ``w_sq``, an affine stand-in for |w|^2 (the
+  subproblem's epigraph variable r with |w|^2 <= r); a builder may use ``coef * w_sq`` with a
+  nonnegative coefficient instead of ``coef * cp.sum_squares(w)``. That is exact (every surrogate
+  is nondecreasing in r, so r = |w|^2 wherever it matters) and conditions the interior-point
+  solve better: all surrogates then share one second-order cone. Because of that linearity, the recursive average of surrogates
   in eqs. (Fs0bar)/(Fsmbar) is the surrogate of the recursively averaged statistics, so the
   server only keeps one set of statistics per function.
 
@@ -56,8 +60,12 @@ class SurrogateBuilder:
         """Client side: q_m(w_t, batch) as sums over the batch rows. ``where`` is for errors."""
         raise NotImplementedError
 
-    def expression(self, stats: Mapping[str, cp.Expression], w: cp.Variable) -> cp.Expression:
-        """Server side: p_m(q, w), convex in ``w`` and affine in the entries of ``stats``."""
+    def expression(self, stats: Mapping[str, cp.Expression], w: cp.Variable,
+                   w_sq: cp.Expression) -> cp.Expression:
+        """Server side: p_m(q, w), convex in ``w`` and affine in the entries of ``stats``.
+
+        ``w_sq`` stands for |w|^2 and may only appear with a nonnegative coefficient.
+        """
         raise NotImplementedError
 
     def initial_statistics(self, dim: int, tau: float, init: str) -> dict[str, np.ndarray]:
@@ -81,8 +89,9 @@ class SurrogateBuilder:
 
     def evaluate(self, stats: Mapping[str, np.ndarray], w) -> float:
         """p(q, w) at a numeric w (for reports and tests)."""
+        w = np.asarray(w, dtype=float)
         consts = {k: cp.Constant(np.asarray(v, dtype=float)) for k, v in stats.items()}
-        return float(self.expression(consts, cp.Constant(np.asarray(w, dtype=float))).value)
+        return float(self.expression(consts, cp.Constant(w), cp.Constant(w @ w)).value)
 
 
 class ProximalLinear(SurrogateBuilder):
@@ -117,8 +126,8 @@ class ProximalLinear(SurrogateBuilder):
         return {"const": np.asarray(v - g @ w + nt * (w @ w)), "lin": g - 2.0 * nt * w,
                 "quad": np.asarray(nt)}
 
-    def expression(self, stats, w):
-        return stats["quad"] * cp.sum_squares(w) + stats["lin"] @ w + stats["const"]
+    def expression(self, stats, w, w_sq):
+        return stats["quad"] * w_sq + stats["lin"] @ w + stats["const"]
 
     def quadratic_form(self, stats):
         return float(stats["quad"]), np.asarray(stats["lin"]), float(stats["const"])
@@ -174,7 +183,7 @@ class DiagonalCurvature(SurrogateBuilder):
         q = n * (np.maximum(h, 0.0) / 2.0 + tau)
         return {"const": np.asarray(v - g @ w + q @ (w * w)), "lin": g - 2.0 * q * w, "quad": q}
 
-    def expression(self, stats, w):
+    def expression(self, stats, w, w_sq):
         return cp.sum(cp.multiply(stats["quad"], cp.square(w))) + stats["lin"] @ w + stats["const"]
 
     def evaluate(self, stats, w):

@@ -1,7 +1,12 @@
 """Problem 2 / Problem 5 through CVXPY, compiled once (DPP) and re-solved with new values.
 
     minimise   Fbar_0(w) + R(w) + c sum_m s_m
-    subject to Fbar_m(w) - U_m <= s_m,  s_m >= 0,  m = 1..M,   w in D,
+    subject to Fbar_m(w) - U_m <= s_m,  s_m >= 0,  m = 1..M,   w in D,   |w|^2 <= r,
+
+where r is the shared epigraph variable builders may use for |w|^2 (see
+:meth:`SurrogateBuilder.expression`): with it, Clarabel solves the QCQP of the proximal-linear
+surrogates reliably, where one cone per surrogate left it "almost solved" whenever the
+constraint surrogate cannot be met (Lemma 1's nu = c case).
 
 where each Fbar_m is its builder's expression of the averaged statistics (CVXPY Parameters), R
 the deterministic terms and D the domain. Only Parameter values change between rounds, so CVXPY
@@ -41,13 +46,14 @@ class CvxpySubproblem:
         self.solver_options = dict(solver_options or {})
         self.num_constraints = len(bounds)
         self._w = cp.Variable(dim, name="w")
+        self._r = cp.Variable(name="w_sq")
         self._params = []
         surrogates = []
         for m, b in enumerate(builders):
             ps = {s.name: cp.Parameter(s.shape, nonneg=s.nonneg, name=f"{s.name}_{m}")
                   for s in b.statistic_specs(dim)}
             self._params.append(ps)
-            expr = b.expression(ps, self._w)
+            expr = b.expression(ps, self._w, self._r)
             if not (expr.is_dcp() and expr.is_convex() and expr.size == 1):
                 raise ModelError(f"surrogate builder {b!r} for function #{m} returned an "
                                  f"expression that is not a convex scalar under DCP: {expr}")
@@ -61,7 +67,7 @@ class CvxpySubproblem:
             k = 1
         if det is not None:
             obj_terms.append(det)
-        cons = list(domain)
+        cons = list(domain) + [cp.sum_squares(self._w) <= self._r]
         self._sur_cons = []
         if self.num_constraints:
             self._s = cp.Variable(self.num_constraints, nonneg=True, name="slack")
@@ -76,6 +82,7 @@ class CvxpySubproblem:
         if not self.problem.is_dcp():
             raise ModelError("the subproblem is not DCP; check the surrogate builders and "
                              "deterministic terms")
+        self.inaccurate_rounds: list[int] = []  # rounds where the solver said "inaccurate"
         self.dpp = self.problem.is_dpp()
         if not self.dpp:
             warnings.warn("the subproblem is not DPP (a custom surrogate builder multiplies "
@@ -101,8 +108,7 @@ class CvxpySubproblem:
             raise SubproblemError(f"round {round}: solver {self.solver} returned status "
                                   f"'{status}' on the subproblem (Problem 5)")
         if status == cp.OPTIMAL_INACCURATE:
-            warnings.warn(f"round {round}: solver {self.solver} returned 'optimal_inaccurate'",
-                          RuntimeWarning, stacklevel=3)
+            self.inaccurate_rounds.append(round)
         M = self.num_constraints
         slack = np.maximum(self._s.value, 0.0) if M else np.zeros(0)
         mult = (np.array([float(np.atleast_1d(c.dual_value)[0]) for c in self._sur_cons])
