@@ -111,6 +111,8 @@ class SSCAResult:
       nit: rounds run in all.
       subproblem: which subproblem solver ran ("cvxpy").
       time: wall-clock seconds of the solve.
+      solver_info: the subproblem solver's name, how many rounds needed a retry with fallback
+        settings, and the rounds it reported as only "optimal_inaccurate".
     """
 
     x: np.ndarray
@@ -128,6 +130,7 @@ class SSCAResult:
     subproblem: str
     time: float
     constraint_names: tuple = field(default=())
+    solver_info: dict = field(default_factory=dict)
 
     @property
     def success(self) -> bool:
@@ -151,6 +154,10 @@ class SSCAResult:
             for m, name in enumerate(names):
                 lines.append(f"  {name:<28s} F-U = {self.constraints[m]: .4g}   "
                              f"slack = {self.slack[m]:.3g}   mu = {k.multipliers[m]:.4g}")
+        si = self.solver_info
+        if si.get("retries") or si.get("inaccurate_rounds"):
+            lines.append(f"subproblem    {si.get('retries', 0)} retries with fallback settings, "
+                         f"{len(si.get('inaccurate_rounds', ()))} rounds 'optimal_inaccurate'")
         lines.append(f"KKT           stationarity = {k.stationarity:.3g} ({k.stationarity_kind})"
                      + (f"   max feasibility = {np.max(k.feasibility):.3g}   max "
                         f"complementarity = {np.max(k.complementarity):.3g}   multipliers from "

@@ -226,6 +226,10 @@ def solve_ssca(problem, **options) -> SSCAResult:
                 message = (f"ran max_iter={opts.max_iter} rounds of Algorithm 1 (SSCA has no "
                            "internal stopping test; judge the point by its KKT report)")
         final = evaluate(transport, state.w, N, with_grad=True)
+    if subproblem.inaccurate_rounds:
+        warnings.warn(f"{len(subproblem.inaccurate_rounds)} subproblem solves were only "
+                      f"'optimal_inaccurate' (rounds {subproblem.inaccurate_rounds[:5]}...); "
+                      "see res.solver_info", RuntimeWarning, stacklevel=3)
     eval_up, eval_down = eval_up + final.floats_up, eval_down + final.floats_down
     f0, cons = split_values(final.values, terms)
     kkt = kkt_report(state.w, final, terms, info.solution.multipliers, opts.solver)
@@ -239,7 +243,9 @@ def solve_ssca(problem, **options) -> SSCAResult:
                                                                  if M else None),
                       kkt=kkt, history=rec.history(), communication=comm, stages=tuple(stages),
                       nit=state.t, subproblem="cvxpy", time=time.perf_counter() - start,
-                      constraint_names=tuple(c.name for c in problem.constraints))
+                      constraint_names=tuple(c.name for c in problem.constraints),
+                      solver_info={"solver": opts.solver, "retries": subproblem.retries,
+                                   "inaccurate_rounds": tuple(subproblem.inaccurate_rounds)})
 
 
 def _progress(info, k, max_iter, j, num_stages, M, rec):

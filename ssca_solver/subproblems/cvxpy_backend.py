@@ -25,6 +25,9 @@ from ..errors import ModelError, SubproblemError
 from .base import SubproblemSolution
 
 
+_CLARABEL_FALLBACKS = [{"static_regularization_enable": False}, {"equilibrate_enable": False}]
+
+
 class CvxpySubproblem:
     """Problem 5 built once with CVXPY Parameters.
 
@@ -43,7 +46,10 @@ class CvxpySubproblem:
                  solver_options: Optional[dict] = None):
         self.dim = dim
         self.solver = solver
-        self.solver_options = dict(solver_options or {})
+        # CVXPY's warm start hands Clarabel new data through solver.update(), which keeps the
+        # first round's equilibration; later rounds then failed with "InsufficientProgress"
+        # where a fresh Clarabel solve succeeds. Clarabel has no iterate warm start to lose.
+        self.solver_options = {"warm_start": False, **(solver_options or {})}
         self.num_constraints = len(bounds)
         self._w = cp.Variable(dim, name="w")
         self._r = cp.Variable(name="w_sq")
@@ -82,12 +88,41 @@ class CvxpySubproblem:
         if not self.problem.is_dcp():
             raise ModelError("the subproblem is not DCP; check the surrogate builders and "
                              "deterministic terms")
+        self.retries = 0
         self.inaccurate_rounds: list[int] = []  # rounds where the solver said "inaccurate"
         self.dpp = self.problem.is_dpp()
         if not self.dpp:
             warnings.warn("the subproblem is not DPP (a custom surrogate builder multiplies "
                           "parameters in a way CVXPY cannot parametrise); CVXPY will recompile it "
                           "every round, which is slow", stacklevel=3)
+
+    def _solve_with_retries(self, round: int) -> str:
+        """Solve; on a failure retry with each fallback setting, then raise SubproblemError.
+
+        Clarabel sometimes stalls ("InsufficientProgress", "AlmostSolved") after it has
+        converged, when its static regularisation or equilibration interacts badly with the
+        degenerate optimum of an unsatisfiable constraint surrogate; turning either off solves
+        those instances to full accuracy. Retries are counted in ``self.retries``.
+        """
+        attempts = [{}] + (_CLARABEL_FALLBACKS if self.solver.upper() == "CLARABEL" else [])
+        status, error = None, None
+        for k, extra in enumerate(attempts):
+            if k:
+                self.retries += 1
+            try:
+                self.problem.solve(solver=self.solver, **{**self.solver_options, **extra})
+                status, error = self.problem.status, None
+            except cp.error.SolverError as exc:
+                status, error = "solver_error", exc
+                continue
+            if status == cp.OPTIMAL and self._w.value is not None:
+                return status
+        if status == cp.OPTIMAL_INACCURATE and self._w.value is not None:
+            return status
+        detail = f": {error}" if error is not None else ""
+        raise SubproblemError(f"round {round}: solver {self.solver} returned status '{status}' "
+                              f"on the subproblem (Problem 5) after {len(attempts)} attempt(s)"
+                              f"{detail}")
 
     def solve(self, stats: Sequence[dict], penalty: float, round: int) -> SubproblemSolution:
         """Set the Parameters to ``stats`` and ``penalty`` and solve; raise on failure."""
@@ -98,15 +133,7 @@ class CvxpySubproblem:
                     v = np.maximum(v, 0.0)  # guards round-off below 0 in a nonnegative statistic
                 p.value = v
         self._c.value = float(penalty)
-        try:
-            self.problem.solve(solver=self.solver, **self.solver_options)
-        except cp.error.SolverError as exc:
-            raise SubproblemError(f"round {round}: solver {self.solver} failed on the subproblem "
-                                  f"(Problem 5): {exc}") from exc
-        status = self.problem.status
-        if status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) or self._w.value is None:
-            raise SubproblemError(f"round {round}: solver {self.solver} returned status "
-                                  f"'{status}' on the subproblem (Problem 5)")
+        status = self._solve_with_retries(round)
         if status == cp.OPTIMAL_INACCURATE:
             self.inaccurate_rounds.append(round)
         M = self.num_constraints
