@@ -41,10 +41,25 @@ class SampleFunction:
         self.surrogate = surrogate
 
     def __le__(self, bound) -> "StochasticConstraint":
-        return StochasticConstraint(self, _as_bound(bound), sense=1.0)
+        return StochasticConstraint(self, _as_bound(bound))
 
     def __ge__(self, bound) -> "StochasticConstraint":
-        return StochasticConstraint(self, _as_bound(bound), sense=-1.0)
+        """``f >= L`` is modelled as ``-f <= -L`` (a constraint of Problem 3)."""
+        return StochasticConstraint(-self, -_as_bound(bound))
+
+    def __neg__(self) -> "SampleFunction":
+        """-f, with the default surrogate (a custom builder may depend on f's curvature)."""
+        from .errors import ModelError
+        from .surrogates import ProximalLinear
+
+        if self.surrogate is not None and not isinstance(self.surrogate, ProximalLinear):
+            raise ModelError(f"cannot negate {self.name}: it has a custom surrogate "
+                             f"({self.surrogate!r}) whose curvature would change sign; write "
+                             "the constraint as g <= U with g and its surrogate defined directly")
+        value, grad = self.value, self.grad
+        return SampleFunction(lambda w, X, y: -np.asarray(value(w, X, y), dtype=float),
+                              lambda w, X, y: -np.asarray(grad(w, X, y), dtype=float),
+                              name=f"-{self.name}", surrogate=self.surrogate)
 
     __hash__ = object.__hash__
 
@@ -64,19 +79,14 @@ def _as_bound(bound) -> float:
 
 @dataclass(frozen=True)
 class StochasticConstraint:
-    """The constraint ``sense * (F(w) - bound) <= 0``: F_m of Problem 3 with F_m = F - U.
-
-    ``sense`` is +1 for ``F <= bound`` and -1 for ``F >= bound``.
-    """
+    """The constraint F(w) <= bound: F_m of Problem 3 is F - bound."""
 
     function: SampleFunction
     bound: float
-    sense: float = 1.0
 
     @property
     def name(self) -> str:
-        op = "<=" if self.sense > 0 else ">="
-        return f"{self.function.name} {op} {self.bound:g}"
+        return f"{self.function.name} <= {self.bound:g}"
 
 
 # -- checks on what user functions return ---------------------------------------------------------

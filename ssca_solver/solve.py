@@ -23,6 +23,7 @@ from .federated import Client, InProcessTransport, ProcessTransport, RoundReques
 from .result import Communication, SSCAResult, Stage
 from .schedules import PowerStep, as_schedule, check_schedules, step_value
 from .subproblems import CvxpySubproblem
+from .surrogates import check_strongly_convex
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,9 @@ def solve_ssca(problem, **options) -> SSCAResult:
                 t = state.t + 1
                 r, g = step_value(rho, t, "rho"), step_value(gamma, t, "gamma")
                 msgs = transport.exchange(RoundRequest(t, state.w.copy(), B, float(opts.tau)))
+                if t == 1:
+                    for fn, b, st in zip(problem.functions, problem.builders, msgs[0].stats):
+                        check_strongly_convex(b, st, d, fn.name)
                 up_round = msgs[0].num_floats()
                 up += sum(m.num_floats() for m in msgs)
                 down += len(msgs) * d

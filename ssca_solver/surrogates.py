@@ -194,6 +194,28 @@ class DiagonalCurvature(SurrogateBuilder):
         return f"DiagonalCurvature(tau={self.tau})"
 
 
+def check_strongly_convex(builder: SurrogateBuilder, stats: Mapping[str, np.ndarray], dim: int,
+                          name: str, seed: int = 0) -> None:
+    """Raise ModelError unless p(q, .) curves upwards along random directions (Assumption 2.2).
+
+    A custom builder without curvature makes Problem 2 unbounded; interior-point solvers then
+    return huge points flagged only as "inaccurate". Checked once, on the first message.
+    """
+    from .errors import ModelError
+
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(dim)
+    p0 = builder.evaluate(stats, w)
+    for u in rng.standard_normal((3, dim)):
+        u /= np.linalg.norm(u)
+        second = builder.evaluate(stats, w + u) + builder.evaluate(stats, w - u) - 2 * p0
+        if not second > 1e-12 * max(1.0, abs(p0)):
+            raise ModelError(f"the surrogate of {name} ({builder!r}) is not strongly convex: its "
+                             f"second difference along a direction is {second:.3g}. Assumption 2 "
+                             "needs strong convexity (e.g. a tau |w - w_t|^2 term), or the "
+                             "subproblem is unbounded.")
+
+
 def builder_of(fn: SampleFunction) -> SurrogateBuilder:
     """The builder a function uses: its own, or the proximal-linear default."""
     b = fn.surrogate if fn.surrogate is not None else ProximalLinear()

@@ -105,24 +105,26 @@ class CvxpySubproblem:
         those instances to full accuracy. Retries are counted in ``self.retries``.
         """
         attempts = [{}] + (_CLARABEL_FALLBACKS if self.solver.upper() == "CLARABEL" else [])
-        status, error = None, None
+        statuses, errors = [], []
         for k, extra in enumerate(attempts):
             if k:
                 self.retries += 1
             try:
                 self.problem.solve(solver=self.solver, **{**self.solver_options, **extra})
-                status, error = self.problem.status, None
+                statuses.append(self.problem.status)
             except cp.error.SolverError as exc:
-                status, error = "solver_error", exc
+                statuses.append("solver_error")
+                errors.append(str(exc))
                 continue
-            if status == cp.OPTIMAL and self._w.value is not None:
-                return status
-        if status == cp.OPTIMAL_INACCURATE and self._w.value is not None:
-            return status
-        detail = f": {error}" if error is not None else ""
-        raise SubproblemError(f"round {round}: solver {self.solver} returned status '{status}' "
-                              f"on the subproblem (Problem 5) after {len(attempts)} attempt(s)"
-                              f"{detail}")
+            if statuses[-1] == cp.OPTIMAL and self._w.value is not None:
+                return statuses[-1]
+        if statuses[-1] == cp.OPTIMAL_INACCURATE and self._w.value is not None:
+            return statuses[-1]
+        tried = ", ".join(f"'{st}'" for st in statuses)
+        detail = f" ({errors[-1]})" if errors else ""
+        raise SubproblemError(f"round {round}: solver {self.solver} returned status '{statuses[0]}'"
+                              f" on the subproblem (Problem 5); statuses of the {len(attempts)} "
+                              f"attempt(s): {tried}{detail}")
 
     def solve(self, stats: Sequence[dict], penalty: float, round: int) -> SubproblemSolution:
         """Set the Parameters to ``stats`` and ``penalty`` and solve; raise on failure."""

@@ -1,0 +1,101 @@
+"""Problem 2 / Problem 5 through CVXPY: compiled once, exact, and loud when it fails."""
+
+import cvxpy as cp
+import numpy as np
+import pytest
+from cvxpy.reductions.solvers.solving_chain import SolvingChain
+
+import ssca_solver as ss
+from problems.neyman_pearson import neyman_pearson
+from ssca_solver.deterministic import DeterministicPart
+from ssca_solver.subproblems import CvxpySubproblem
+
+
+def test_problem_is_compiled_once_and_resolved_by_parameter_updates(cancer_data, monkeypatch):
+    compiles = []
+    original = SolvingChain.apply
+
+    def counting_apply(self, problem, verbose=False):
+        compiles.append(problem)
+        return original(self, problem, verbose)
+
+    monkeypatch.setattr(SolvingChain, "apply", counting_apply)
+    prob = neyman_pearson(cancer_data, alpha=0.2)
+    progs = []
+    res = prob.solve(batch_size=10, max_iter=25, penalty=[10.0, 100.0], slack_tol=0.0, seed=0,
+                     eval_every=None, callback=lambda s, i: progs.append(len(compiles)))
+    assert res.nit == 50
+    assert progs == [1] * 50  # one compilation, at round 1, for 50 rounds and two penalties
+
+
+TIGHT = {"tol_gap_abs": 1e-10, "tol_gap_rel": 1e-10}
+
+
+def _random_stats(rng, d, M):
+    out = []
+    for m in range(M + 1):
+        out.append({"const": np.array(rng.normal() + (0.5 if m else 0.0)),
+                    "lin": rng.normal(size=d), "quad": np.array(rng.uniform(0.05, 1.0))})
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_epigraph_formulation_matches_a_direct_cvxpy_model(seed):
+    """The shared epigraph r >= |w|^2 changes nothing: compare with sum_squares written out."""
+    rng = np.random.default_rng(seed)
+    d, M, c = 6, 2, 5.0
+    U = rng.uniform(-1.0, 1.0, size=M)
+    det = DeterministicPart([("regularizer", lambda w: 0.3 * cp.sum_squares(w))],
+                            [lambda w: [cp.norm(w, "inf") <= 2.0]], d)
+    builders = [ss.ProximalLinear()] * (M + 1)
+    sp = CvxpySubproblem(d, builders, True, U, det, solver_options=TIGHT)
+    stats = _random_stats(rng, d, M)
+    sol = sp.solve(stats, c, round=1)
+
+    w, s = cp.Variable(d), cp.Variable(M, nonneg=True)
+
+    def sur(st):
+        return st["quad"] * cp.sum_squares(w) + st["lin"] @ w + st["const"]
+
+    cons = [sur(stats[m + 1]) - U[m] <= s[m] for m in range(M)]
+    ref = cp.Problem(cp.Minimize(sur(stats[0]) + 0.3 * cp.sum_squares(w) + c * cp.sum(s)),
+                     cons + [cp.norm(w, "inf") <= 2.0])
+    ref.solve(solver="CLARABEL", **TIGHT)
+    assert sol.value == pytest.approx(ref.value, rel=1e-6, abs=1e-7)
+    np.testing.assert_allclose(sol.w, w.value, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sol.slack, np.maximum(s.value, 0), atol=1e-6)
+    np.testing.assert_allclose(sol.multipliers, [float(np.atleast_1d(k.dual_value)[0]) for k in cons], atol=1e-5)
+    assert np.all(sol.multipliers <= c + 1e-6)
+
+
+def test_solver_failure_names_the_round_and_the_status(cancer_data):
+    from problems.logistic import logistic_loss
+
+    prob = ss.Problem(logistic_loss(), dim=31, data=cancer_data,
+                      domain=lambda w: [w >= 1, w <= 0])  # an empty set: every solve fails
+    with pytest.raises(ss.SubproblemError, match=r"round 1: solver CLARABEL returned status "
+                                                 r"'infeasible'"):
+        prob.solve(batch_size=5, max_iter=3)
+
+
+class NoCurvature(ss.ProximalLinear):
+    """A wrong custom builder without curvature (violates Assumption 2): unbounded subproblem."""
+
+    def expression(self, stats, w, w_sq):
+        return stats["lin"] @ w + stats["const"]
+
+
+def test_a_builder_without_curvature_is_refused(cancer_data):
+    from problems.logistic import logistic_loss
+
+    f = logistic_loss()
+    f.surrogate = NoCurvature()
+    with pytest.raises(ss.SubproblemError, match=r"round \d+: solver CLARABEL"):
+        ss.Problem(f, dim=31, data=cancer_data).solve(batch_size=5, max_iter=5)
+
+
+def test_solver_option_is_used(cancer_data):
+    prob = neyman_pearson(cancer_data, alpha=0.2)
+    res = prob.solve(batch_size=10, max_iter=3, penalty=[10.0], solver="SCS",
+                     solver_options={"eps_abs": 1e-7, "eps_rel": 1e-7}, eval_every=None)
+    assert res.solver_info["solver"] == "SCS" and res.nit == 3
