@@ -203,12 +203,15 @@ def check_strongly_convex(builder: SurrogateBuilder, stats: Mapping[str, np.ndar
     """
     from .errors import ModelError
 
+    def p(v):  # through the CVXPY expression: exactly what the subproblem will minimise
+        return SurrogateBuilder.evaluate(builder, stats, v)
+
     rng = np.random.default_rng(seed)
     w = rng.standard_normal(dim)
-    p0 = builder.evaluate(stats, w)
+    p0 = p(w)
     for u in rng.standard_normal((3, dim)):
         u /= np.linalg.norm(u)
-        second = builder.evaluate(stats, w + u) + builder.evaluate(stats, w - u) - 2 * p0
+        second = p(w + u) + p(w - u) - 2 * p0
         if not second > 1e-12 * max(1.0, abs(p0)):
             raise ModelError(f"the surrogate of {name} ({builder!r}) is not strongly convex: its "
                              f"second difference along a direction is {second:.3g}. Assumption 2 "
