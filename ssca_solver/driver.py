@@ -117,6 +117,14 @@ class Recorder:
                        constraints=table(self.eval_cons), **arr)
 
 
-def slack_norm(solution: Optional[SubproblemSolution]) -> float:
-    return 0.0 if solution is None or solution.slack.size == 0 else float(
-        np.linalg.norm(solution.slack))
+def stage_slack(slack_rows: Sequence[np.ndarray], rounds: int) -> float:
+    """Estimate of |s_j*| for a stage: the mean of |s^(t)| over its last tenth of rounds.
+
+    Theorem 2 is about the limit point s_j* of s^(t) at fixed c_j. One round's slack is a noisy
+    estimate of it: near an active constraint the recursively averaged constraint surrogate
+    can be unsatisfiable in isolated rounds (Lemma 1's nu = c case) even when c exceeds the
+    true multiplier, so the last tenth of the stage (at least one round) is averaged.
+    """
+    window = max(1, rounds // 10)
+    rows = np.asarray(slack_rows[-window:], dtype=float)
+    return 0.0 if rows.size == 0 else float(np.mean(np.linalg.norm(rows, axis=1)))

@@ -86,7 +86,8 @@ class Communication:
 
 @dataclass(frozen=True)
 class Stage:
-    """One run of Algorithm 2 at a fixed penalty c_j."""
+    """One run of Algorithm 2 at a fixed penalty c_j; ``slack_norm`` estimates |s_j*|
+    (mean of |s^(t)| over the stage's last tenth of rounds)."""
 
     penalty: float
     rounds: int

@@ -42,7 +42,9 @@ class SSCAOptions:
         sum gamma^2 < inf and draw a warning.
       penalty: c, a number or an increasing sequence c_1 < c_2 < ... (Theorem 2). Only used
         with stochastic constraints.
-      slack_tol: the continuation stops at the first c_j whose final slack norm is <= this.
+      slack_tol: the continuation stops at the first c_j whose slack norm (the mean of |s^(t)|
+        over the stage's last tenth of rounds, :func:`ssca_solver.driver.stage_slack`) is <=
+        this. Absolute, in the units of the constraint functions: scale constraints to O(1).
       subproblem: "auto" or "cvxpy" (CVXPY with DPP Parameters, compiled once).
       solver: CVXPY solver name for the subproblem (default "CLARABEL", interior point).
       solver_options: dict of keyword arguments for that solver.
@@ -63,7 +65,7 @@ class SSCAOptions:
     rho: Any = field(default_factory=lambda: PowerStep(0.9, 0.4))
     gamma: Any = field(default_factory=lambda: PowerStep(0.9, 0.55))
     penalty: Any = (1e2, 1e3, 1e4, 1e5)
-    slack_tol: float = 1e-6
+    slack_tol: float = 1e-3
     subproblem: str = "auto"
     solver: str = "CLARABEL"
     solver_options: Optional[dict] = None
@@ -211,11 +213,11 @@ def solve_ssca(problem, **options) -> SSCAResult:
                     opts.callback(state, info)
                 if opts.progress and ((k + 1) % every == 0 or k == 0):
                     _progress(info, k + 1, opts.max_iter, j, len(penalties), M, rec)
-            sn = driver.slack_norm(info.solution)
+            sn = driver.stage_slack(rec.slack, opts.max_iter)
             stages.append(Stage(c, opts.max_iter, sn))
             if M and sn <= opts.slack_tol:
                 status = "converged"
-                message = (f"slack norm {sn:.3g} <= slack_tol={opts.slack_tol:g} at penalty "
+                message = (f"mean slack norm over the stage's last rounds {sn:.3g} <= slack_tol={opts.slack_tol:g} at penalty "
                            f"c = {c:g} (stage {j + 1} of {len(penalties)}), {state.t} rounds")
                 break
         if status is None:

@@ -110,7 +110,9 @@ class CvxpySubproblem:
             if k:
                 self.retries += 1
             try:
-                self.problem.solve(solver=self.solver, **{**self.solver_options, **extra})
+                with warnings.catch_warnings():  # the status is checked here, not by CVXPY
+                    warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+                    self.problem.solve(solver=self.solver, **{**self.solver_options, **extra})
                 statuses.append(self.problem.status)
             except cp.error.SolverError as exc:
                 statuses.append("solver_error")
