@@ -1,0 +1,131 @@
+"""Every bad input of the core issue's item 9 raises a documented, specific error."""
+
+import cvxpy as cp
+import numpy as np
+import pytest
+
+import ssca_solver as ss
+from problems.logistic import logistic_loss
+
+
+def solve(prob, **kw):
+    return prob.solve(**{"batch_size": 5, "max_iter": 3, "eval_every": None, **kw})
+
+
+def test_gradient_of_wrong_shape(cancer_data):
+    good = logistic_loss()
+    bad = ss.SampleFunction(good.value, lambda w, X, y: good.grad(w, X, y)[:-1], name="short")
+    with pytest.raises(ss.UserFunctionError, match=r"short.grad .*shape \(31,\).*\(30,\) "
+                                                   r"on client 0, round 1"):
+        solve(ss.Problem(bad, dim=31, data=cancer_data))
+
+
+def test_values_of_wrong_shape(cancer_data):
+    good = logistic_loss()
+    bad = ss.SampleFunction(lambda w, X, y: good.value(w, X, y).mean(), good.grad, name="mean")
+    with pytest.raises(ss.UserFunctionError, match=r"per-sample values of shape \(5,\)"):
+        solve(ss.Problem(bad, dim=31, data=cancer_data))
+
+
+def test_nan_from_a_user_function_names_client_and_round(cancer):
+    X, y = cancer
+    X = X.copy()
+    data = ss.FederatedData.split(X, y, num_clients=3, seed=0)
+    data.clients[2].X[:, 0] = np.nan  # client 2 holds corrupt rows
+
+    with pytest.raises(ss.UserFunctionError, match="non-finite .* client 2, round 1"):
+        solve(ss.Problem(logistic_loss(), dim=31, data=data))
+
+
+def test_inf_in_gradient_is_caught(cancer_data):
+    good = logistic_loss()
+
+    def grad(w, X, y):
+        g = good.grad(w, X, y)
+        g[3] = np.inf
+        return g
+
+    with pytest.raises(ss.UserFunctionError, match="grad returned a non-finite entry on "
+                                                   "client 0, round 1"):
+        solve(ss.Problem(ss.SampleFunction(good.value, grad), dim=31, data=cancer_data))
+
+
+def test_batch_larger_than_a_client(cancer):
+    X, y = cancer
+    data = ss.FederatedData([(X[:4], y[:4]), (X[4:], y[4:])])
+    with pytest.raises(ss.DataError, match="batch_size=5 is larger than client 0's 4 rows"):
+        solve(ss.Problem(logistic_loss(), dim=31, data=data))
+
+
+def test_client_without_rows_and_ragged_arrays(cancer):
+    X, y = cancer
+    with pytest.raises(ss.DataError, match="client 1 has no rows"):
+        ss.FederatedData([(X[:4], y[:4]), (X[:0], y[:0])])
+    with pytest.raises(ss.DataError, match="client 0: X has 4 rows but y has 3"):
+        ss.FederatedData([(X[:4], y[:3])])
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    ({"rho": ss.PowerStep(2.0, 0.5)}, ss.ScheduleError, r"rho_t must lie in \(0, 1\]"),
+    ({"gamma": 1.5}, ss.ScheduleError, "constant step"),
+    ({"gamma": "fast"}, ss.ScheduleError, "PowerStep"),
+    ({"penalty": [10.0, 1.0]}, ValueError, "strictly increasing"),
+    ({"penalty": [-1.0]}, ValueError, "> 0"),
+    ({"tau": 0.0}, ValueError, "tau"),
+    ({"batch_size": 0}, ValueError, "batch_size"),
+    ({"max_iter": 0}, ValueError, "max_iter"),
+    ({"x0": np.zeros(3)}, ValueError, r"shape \(31,\)"),
+    ({"subproblem": "magic"}, ValueError, "subproblem"),
+    ({"surrogate_init": "one"}, ValueError, "surrogate_init"),
+    ({"transport": "carrier pigeon"}, ValueError, "transport"),
+])
+def test_invalid_options(cancer_data, kw, exc, match):
+    prob = ss.Problem(logistic_loss(), [logistic_loss(name="c") <= 1.0], dim=31, data=cancer_data)
+    with pytest.raises(exc, match=match):
+        solve(prob, **kw)
+
+
+def test_powerstep_with_invalid_parameters():
+    with pytest.raises(ss.ScheduleError):
+        ss.PowerStep(0.5, -1)
+
+
+def test_unknown_solve_option_is_an_error_with_a_suggestion(cancer_data):
+    prob = ss.Problem(logistic_loss(), dim=31, data=cancer_data)
+    with pytest.raises(TypeError, match="unknown solve option 'bacth_size'.*'batch_size'"):
+        prob.solve(bacth_size=10)
+    with pytest.raises(ValueError, match="unknown method 'sgd'"):
+        prob.solve(method="sgd")
+
+
+def test_penalty_without_constraints_warns(cancer_data):
+    prob = ss.Problem(logistic_loss(), dim=31, data=cancer_data)
+    with pytest.warns(UserWarning, match="penalty has no effect"):
+        solve(prob, penalty=[10.0])
+
+
+def test_non_convex_deterministic_terms_are_named(cancer_data):
+    f = logistic_loss()
+    with pytest.raises(ss.ModelError, match=r"regularizer #1 is not convex"):
+        ss.Problem(f, dim=31, data=cancer_data,
+                   regularizer=[lambda w: cp.sum_squares(w), lambda w: -cp.norm(w, 2)])
+    with pytest.raises(ss.ModelError, match="objective is not convex"):
+        ss.Problem(lambda w: cp.sqrt(cp.sum(w)), [f <= 1.0], dim=31, data=cancer_data)
+    with pytest.raises(ss.ModelError, match=r"domain #0: constraint 0 .* not convex"):
+        ss.Problem(f, dim=31, data=cancer_data, domain=lambda w: [cp.norm(w, 2) >= 1])
+    with pytest.raises(ss.ModelError, match="regularizer #0 must be a scalar"):
+        ss.Problem(f, dim=31, data=cancer_data, regularizer=lambda w: cp.square(w))
+
+
+def test_modelling_mistakes(cancer_data):
+    f = logistic_loss()
+    with pytest.raises(ss.ModelError, match="dim must be a positive integer"):
+        ss.Problem(f, dim=0, data=cancer_data)
+    with pytest.raises(ss.ModelError, match="deterministic constraints go in domain"):
+        ss.Problem(f, [cp.Variable(31) <= 1], dim=31, data=cancer_data)
+    with pytest.raises(ss.ModelError, match="stochastic constraint"):
+        ss.Problem(f, [f], dim=31, data=cancer_data)
+    with pytest.raises(ss.ModelError, match="needs data=FederatedData"):
+        ss.Problem(f, dim=31, data=cancer_data.pooled())
+    with pytest.raises(ss.ModelError, match="objective must be"):
+        ss.Problem(3.0, dim=31, data=cancer_data)
