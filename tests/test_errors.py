@@ -27,6 +27,7 @@ def test_values_of_wrong_shape(cancer_data):
         solve(ss.Problem(bad, dim=31, data=cancer_data))
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
 def test_nan_from_a_user_function_names_client_and_round(cancer):
     X, y = cancer
     X = X.copy()
