@@ -1,8 +1,10 @@
 """Exceptions raised by ssca_solver.
 
-Every error a user can trigger derives from :class:`SSCAError` and from the built-in exception
-that fits it (``ValueError`` for bad input, ``RuntimeError`` for solver failures), so code that
-already catches ``ValueError`` keeps working.
+Errors about data, models, user functions, schedules and the subproblem derive from
+:class:`SSCAError` and from the built-in exception that fits (``ValueError`` for bad input,
+``RuntimeError`` for solver failures), so code that already catches ``ValueError`` keeps
+working. As in SciPy, an invalid solve-option value raises a plain ``ValueError``, an unknown
+option name a ``TypeError``, and an unknown method a ``ValueError``.
 """
 
 

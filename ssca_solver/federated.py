@@ -175,9 +175,11 @@ def _client_loop(conn, client: Client):
 class ProcessTransport(Transport):
     """Each client in its own forked process; requests and messages cross a pipe, pickled.
 
-    The server process keeps no reference to client rows once the processes have started, so
-    anything the server computes can only come from messages. Uses the ``fork`` start method
-    (Linux, macOS), so user functions need not be picklable.
+    Each client computes on its own copy of its rows, in its own process; the server's process
+    only receives messages. (The server process may still hold the user's ``FederatedData``;
+    ``tests/test_federated.py`` overwrites those arrays with NaN after the fork and gets the same
+    iterates, which shows the server never reads them.) Uses the ``fork`` start method (Linux,
+    macOS), so user functions need not be picklable.
     """
 
     def __init__(self, clients: Sequence[Client]):

@@ -47,6 +47,14 @@ class PowerStep:
         return self.a / float(t) ** self.alpha
 
 
+@dataclass(frozen=True)
+class _Constant:
+    value: float
+
+    def __call__(self, t: int) -> float:
+        return self.value
+
+
 def as_schedule(value, name: str) -> Callable[[int], float]:
     """Turn ``value`` (a PowerStep, a callable, or a constant in (0, 1]) into a schedule."""
     if isinstance(value, PowerStep) or callable(value):
@@ -54,8 +62,7 @@ def as_schedule(value, name: str) -> Callable[[int], float]:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not 0 < value <= 1:
             raise ScheduleError(f"{name}: a constant step must lie in (0, 1], got {value!r}")
-        c = float(value)
-        return lambda t: c
+        return _Constant(float(value))
     raise ScheduleError(f"{name}: expected a PowerStep, a callable t -> value or a number, "
                         f"got {type(value).__name__}")
 
@@ -76,15 +83,22 @@ def step_value(schedule, t: int, name: str) -> float:
     return v
 
 
-def check_schedules(rho, gamma) -> list[str]:
+def check_schedules(rho, gamma, stochastic: bool = True) -> list[str]:
     """Check the conditions of eqs. (rho) and (gamma) that can be checked, and warn.
 
     For PowerStep schedules (rho = a1/t^p, gamma = a2/t^q) the conditions are exactly:
     rho_t -> 0 and sum rho = inf: 0 < p <= 1; gamma_t -> 0, sum gamma = inf, sum gamma^2 < inf:
     1/2 < q <= 1; gamma/rho -> 0: q > p. For other callables only the values are checked, at
-    run time (see :func:`step_value`). Returns the list of warnings issued.
+    run time (see :func:`step_value`); a constant step (a number) violates rho_t -> 0 and
+    gamma_t -> 0, which matters only with mini-batches (``stochastic``): with full batches the
+    iteration is deterministic SCA, for which constant steps are standard. Returns the list of
+    warnings issued.
     """
     issued = []
+    for name, s in (("rho", rho), ("gamma", gamma)):
+        if stochastic and isinstance(s, _Constant):
+            issued.append(f"{name} = {s.value} (constant): eqs. (rho)/(gamma) need {name}_t -> 0 "
+                          "with mini-batches")
     if isinstance(rho, PowerStep):
         if not 0 < rho.alpha <= 1:
             issued.append(f"rho = {rho}: eq. (rho) needs 0 < alpha <= 1 "

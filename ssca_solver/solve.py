@@ -22,7 +22,7 @@ from .errors import DataError, ModelError
 from .federated import Client, InProcessTransport, ProcessTransport, RoundRequest
 from .result import Communication, SSCAResult, Stage
 from .schedules import PowerStep, as_schedule, check_schedules, step_value
-from .subproblems import CvxpySubproblem
+from .subproblems import ClosedFormSubproblem, CvxpySubproblem
 from .surrogates import check_strongly_convex
 
 
@@ -45,7 +45,9 @@ class SSCAOptions:
       slack_tol: the continuation stops at the first c_j whose slack norm (the mean of |s^(t)|
         over the stage's last tenth of rounds, :func:`ssca_solver.driver.stage_slack`) is <=
         this. Absolute, in the units of the constraint functions: scale constraints to O(1).
-      subproblem: "auto" or "cvxpy" (CVXPY with DPP Parameters, compiled once).
+      subproblem: "auto" (closed form when it applies, else CVXPY), "closed_form" (the
+        Numba dual solver of :mod:`ssca_solver.subproblems.closed_form`; an error when it does
+        not apply) or "cvxpy" (CVXPY with DPP Parameters, compiled once).
       solver: CVXPY solver name for the subproblem (default "CLARABEL", interior point).
       solver_options: dict of keyword arguments for that solver.
       seed: seeds every client's mini-batch generator (clients get independent streams).
@@ -125,8 +127,9 @@ def _check(opts: SSCAOptions, problem, explicit: set) -> None:
         raise ValueError(f"tau must be a finite number > 0, got {opts.tau!r}")
     if not (isinstance(opts.slack_tol, (int, float)) and opts.slack_tol >= 0):
         raise ValueError(f"slack_tol must be >= 0, got {opts.slack_tol!r}")
-    if opts.subproblem not in ("auto", "cvxpy"):
-        raise ValueError(f"subproblem must be 'auto' or 'cvxpy', got {opts.subproblem!r}")
+    if opts.subproblem not in ("auto", "cvxpy", "closed_form"):
+        raise ValueError("subproblem must be 'auto', 'closed_form' or 'cvxpy', got "
+                         f"{opts.subproblem!r}")
     if opts.surrogate_init not in ("tau", "zero"):
         raise ValueError(f"surrogate_init must be 'tau' or 'zero', got {opts.surrogate_init!r}")
     if opts.transport not in ("inprocess", "process"):
@@ -153,6 +156,42 @@ def _x0(value, dim) -> np.ndarray:
     return x0
 
 
+def closed_form_obstacle(problem) -> Optional[str]:
+    """Why the closed form does not apply to ``problem`` (None when it does).
+
+    It applies when every stochastic function's builder has scalar curvature (the
+    proximal-linear builder) and the deterministic part is lambda |w|^2 (or absent) with no
+    domain, and the objective has curvature (a stochastic objective, or lambda > 0).
+    """
+    for f, b in zip(problem.functions, problem.builders):
+        if not b.scalar_curvature:
+            return f"{f.name} uses {b!r}, whose curvature is not a scalar"
+    det = problem.deterministic
+    if det.has_domain:
+        return "the problem has a domain (deterministic constraints)"
+    lam = det.norm2_coefficient()
+    if lam is None:
+        return f"the deterministic terms ({', '.join(det.labels)}) are not a multiple of |w|^2"
+    if problem.objective is None and not lam > 0:
+        return "the objective has no curvature (deterministic objective without lambda |w|^2)"
+    return None
+
+
+def make_subproblem(problem, opts):
+    """The subproblem solver chosen by ``opts.subproblem`` ("auto" prefers the closed form)."""
+    if opts.subproblem in ("auto", "closed_form"):
+        why = closed_form_obstacle(problem)
+        if why is None:
+            return ClosedFormSubproblem(problem.dim, problem.builders,
+                                        problem.objective is not None, problem.bounds,
+                                        problem.deterministic.norm2_coefficient())
+        if opts.subproblem == "closed_form":
+            raise ModelError(f"subproblem='closed_form' does not apply: {why}")
+    return CvxpySubproblem(problem.dim, problem.builders, problem.objective is not None,
+                           problem.bounds, problem.deterministic, opts.solver,
+                           opts.solver_options)
+
+
 def make_clients(problem, seed) -> list[Client]:
     """One :class:`Client` per block of the problem's data, with independent random streams."""
     seeds = np.random.SeedSequence(seed).spawn(problem.data.num_clients)
@@ -169,7 +208,7 @@ def solve_ssca(problem, **options) -> SSCAResult:
     _check(opts, problem, set(options))
     B = _batch_size(opts.batch_size, problem.data)
     rho, gamma = as_schedule(opts.rho, "rho"), as_schedule(opts.gamma, "gamma")
-    check_schedules(rho, gamma)
+    check_schedules(rho, gamma, stochastic=B is not None)
     x0 = _x0(opts.x0, problem.dim)
     M = problem.num_constraints
     penalties = _penalties(opts.penalty) if M else [0.0]
@@ -177,9 +216,7 @@ def solve_ssca(problem, **options) -> SSCAResult:
     N, d = problem.data.num_samples, problem.dim
     terms = ProblemTerms(problem.objective is not None, problem.bounds, problem.deterministic)
 
-    subproblem = CvxpySubproblem(d, problem.builders, problem.objective is not None,
-                                 problem.bounds, problem.deterministic, opts.solver,
-                                 opts.solver_options)
+    subproblem = make_subproblem(problem, opts)
     clients = make_clients(problem, opts.seed)
     transport = (ProcessTransport if opts.transport == "process" else InProcessTransport)(clients)
 
@@ -248,9 +285,11 @@ def solve_ssca(problem, **options) -> SSCAResult:
                       slack=info.solution.slack.copy(), penalty=(penalties[len(stages) - 1]
                                                                  if M else None),
                       kkt=kkt, history=rec.history(), communication=comm, stages=tuple(stages),
-                      nit=state.t, subproblem="cvxpy", time=time.perf_counter() - start,
+                      nit=state.t, subproblem=getattr(subproblem, "name", "cvxpy"), time=time.perf_counter() - start,
                       constraint_names=tuple(c.name for c in problem.constraints),
-                      solver_info={"solver": opts.solver, "retries": subproblem.retries,
+                      solver_info={"solver": (opts.solver if isinstance(
+                                       subproblem, CvxpySubproblem) else "closed_form"),
+                                   "retries": subproblem.retries,
                                    "inaccurate_rounds": tuple(subproblem.inaccurate_rounds)})
 
 

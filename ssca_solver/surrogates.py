@@ -51,6 +51,12 @@ class SurrogateBuilder:
     #: the builder's own tau; None means "use the solve's tau option"
     tau: Optional[float] = None
 
+    @property
+    def scalar_curvature(self) -> bool:
+        """True when p(q, w) = a |w|^2 + b.w + c given by :meth:`quadratic_form` (the closed-form
+        subproblem solver then applies)."""
+        return False
+
     def statistic_specs(self, dim: int) -> tuple[Statistic, ...]:
         """The statistics a client sends for one function, for a decision variable of size dim."""
         raise NotImplementedError
@@ -129,6 +135,11 @@ class ProximalLinear(SurrogateBuilder):
     def expression(self, stats, w, w_sq):
         return stats["quad"] * w_sq + stats["lin"] @ w + stats["const"]
 
+    @property
+    def scalar_curvature(self) -> bool:
+        # a subclass that rewrites the expression no longer promises the quadratic form
+        return type(self).expression is ProximalLinear.expression
+
     def quadratic_form(self, stats):
         return float(stats["quad"]), np.asarray(stats["lin"]), float(stats["const"])
 
@@ -176,7 +187,10 @@ class DiagonalCurvature(SurrogateBuilder):
         n = X.shape[0]
         v = checked_values(fn, w, X, y, n, where).sum()
         g = n * checked_grad(fn, w, X, y, w.size, where)
-        h = np.asarray(self.hess_diag(w, X, y), dtype=float)
+        try:
+            h = np.asarray(self.hess_diag(w, X, y), dtype=float)
+        except Exception as exc:
+            raise UserFunctionError(f"{fn.name}: hess_diag raised on {where}: {exc!r}") from exc
         if h.shape != w.shape or not np.all(np.isfinite(h)):
             raise UserFunctionError(f"{fn.name}: hess_diag must return finite values of shape "
                                     f"{w.shape}; got shape {h.shape} on {where}")

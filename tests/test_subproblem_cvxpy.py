@@ -23,6 +23,7 @@ def test_problem_is_compiled_once_and_resolved_by_parameter_updates(cancer_data,
     prob = neyman_pearson(cancer_data, alpha=0.2)
     progs = []
     res = prob.solve(batch_size=10, max_iter=25, penalty=[10.0, 100.0], slack_tol=0.0, seed=0,
+                     subproblem="cvxpy",
                      eval_every=None, callback=lambda s, i: progs.append(len(compiles)))
     assert res.nit == 50
     assert progs == [1] * 50  # one compilation, at round 1, for 50 rounds and two penalties
@@ -103,6 +104,6 @@ def test_a_builder_without_curvature_is_refused(cancer_data):
 
 def test_solver_option_is_used(cancer_data):
     prob = neyman_pearson(cancer_data, alpha=0.2)
-    res = prob.solve(batch_size=10, max_iter=3, penalty=[10.0], solver="SCS",
+    res = prob.solve(batch_size=10, max_iter=3, penalty=[10.0], solver="SCS", subproblem="cvxpy",
                      solver_options={"eps_abs": 1e-7, "eps_rel": 1e-7}, eval_every=None)
     assert res.solver_info["solver"] == "SCS" and res.nit == 3

@@ -6,6 +6,7 @@ interchangeable and testable against each other.
 """
 
 from .base import SubproblemSolution
+from .closed_form import ClosedFormSubproblem, solve_closed_form
 from .cvxpy_backend import CvxpySubproblem
 
-__all__ = ["SubproblemSolution", "CvxpySubproblem"]
+__all__ = ["SubproblemSolution", "CvxpySubproblem", "ClosedFormSubproblem", "solve_closed_form"]

@@ -41,6 +41,8 @@ class CvxpySubproblem:
       solver_options: keyword arguments passed to ``Problem.solve``.
     """
 
+    name = "cvxpy"
+
     def __init__(self, dim: int, builders: Sequence, stochastic_objective: bool,
                  bounds: Sequence[float], deterministic, solver: str = "CLARABEL",
                  solver_options: Optional[dict] = None):
@@ -89,6 +91,7 @@ class CvxpySubproblem:
             raise ModelError("the subproblem is not DCP; check the surrogate builders and "
                              "deterministic terms")
         self.retries = 0
+        self._value = None
         self.inaccurate_rounds: list[int] = []  # rounds where the solver said "inaccurate"
         self.dpp = self.problem.is_dpp()
         if not self.dpp:
@@ -105,7 +108,7 @@ class CvxpySubproblem:
         those instances to full accuracy. Retries are counted in ``self.retries``.
         """
         attempts = [{}] + (_CLARABEL_FALLBACKS if self.solver.upper() == "CLARABEL" else [])
-        statuses, errors = [], []
+        statuses, errors, fallback = [], [], None
         for k, extra in enumerate(attempts):
             if k:
                 self.retries += 1
@@ -118,15 +121,32 @@ class CvxpySubproblem:
                 statuses.append("solver_error")
                 errors.append(str(exc))
                 continue
-            if statuses[-1] == cp.OPTIMAL and self._w.value is not None:
+            if self._w.value is None:
+                continue
+            if statuses[-1] == cp.OPTIMAL:
                 return statuses[-1]
-        if statuses[-1] == cp.OPTIMAL_INACCURATE and self._w.value is not None:
-            return statuses[-1]
+            if statuses[-1] == cp.OPTIMAL_INACCURATE and fallback is None:
+                fallback = self._snapshot()
+        if fallback is not None:  # keep the first inaccurate answer if nothing better came
+            self._restore(fallback)
+            return cp.OPTIMAL_INACCURATE
         tried = ", ".join(f"'{st}'" for st in statuses)
         detail = f" ({errors[-1]})" if errors else ""
+        which = "Problem 5" if self.num_constraints else "Problem 2"
         raise SubproblemError(f"round {round}: solver {self.solver} returned status '{statuses[0]}'"
-                              f" on the subproblem (Problem 5); statuses of the {len(attempts)} "
+                              f" on the subproblem ({which}); statuses of the {len(attempts)} "
                               f"attempt(s): {tried}{detail}")
+
+    def _snapshot(self):
+        return (np.array(self._w.value), None if self._s is None else np.array(self._s.value),
+                [np.array(c.dual_value) for c in self._sur_cons], float(self.problem.value))
+
+    def _restore(self, snap):
+        self._w.value, s, duals, self._value = snap
+        if self._s is not None:
+            self._s.value = s
+        for c, dv in zip(self._sur_cons, duals):
+            c.dual_variables[0].value = dv
 
     def solve(self, stats: Sequence[dict], penalty: float, round: int) -> SubproblemSolution:
         """Set the Parameters to ``stats`` and ``penalty`` and solve; raise on failure."""
@@ -144,5 +164,6 @@ class CvxpySubproblem:
         slack = np.maximum(self._s.value, 0.0) if M else np.zeros(0)
         mult = (np.array([float(np.atleast_1d(c.dual_value)[0]) for c in self._sur_cons])
                 if M else np.zeros(0))
+        value = self._value if status == cp.OPTIMAL_INACCURATE else float(self.problem.value)
         return SubproblemSolution(np.array(self._w.value, dtype=float), slack,
-                                  np.maximum(mult, 0.0), float(self.problem.value))
+                                  np.maximum(mult, 0.0), value)

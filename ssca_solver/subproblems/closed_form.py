@@ -1,0 +1,231 @@
+"""Problem 5 in closed form when every surrogate has scalar curvature (Numba).
+
+With surrogates p_m(w) = a_m |w|^2 + b_m.w + c_m (m = 0 the objective, plus lambda |w|^2 of an
+exact ridge term folded into a_0) the subproblem
+
+    minimise   p_0(w) + c sum_m s_m   s.t.  p_m(w) - U_m <= s_m,  s_m >= 0
+
+has the Lagrangian minimiser w(nu) = -(b_0 + sum_m nu_m b_m) / (2 (a_0 + sum_m nu_m a_m)) and the
+concave dual (PAPER_NOTES item 6)
+
+    g(nu) = -|B(nu)|^2 / (4 A(nu)) + c_0 + sum_m nu_m (c_m - U_m),   nu in [0, c]^M,
+
+which needs only the (M+1) x (M+1) Gram matrix G of (b_0, ..., b_M): |B(nu)|^2 = nt' G nt with
+nt = (1, nu). Its gradient is p_m(w(nu)) - U_m and its Hessian -J J' / (2 A) with
+J_m = b_m + 2 a_m w(nu), also functions of G. M = 0 is eqs. (omega1-uncon)/(omega2-uncon);
+M = 1 is Lemma 1 (a root of a quadratic, nu = c when even the surrogate's minimum violates the
+constraint); M >= 2 is a projected Newton method on the box (Bertsekas 1982) run to a
+projected-gradient residual of 1e-13 (relative).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+from scipy.linalg.blas import daxpy
+
+from .base import SubproblemSolution
+
+
+@njit(cache=True)
+def _dual(G, a0, a, d, nu):
+    """g(nu), its gradient and Hessian from the Gram matrix (all O(M^2))."""
+    M = a.size
+    nt = np.empty(M + 1)
+    nt[0] = 1.0
+    nt[1:] = nu
+    A = a0 + np.dot(nu, a)
+    Gn = G @ nt
+    BB = np.dot(nt, Gn)
+    g = -BB / (4.0 * A) + np.dot(nu, d)
+    bw = -Gn / (2.0 * A)          # b_j . w(nu), j = 0..M
+    ww = BB / (4.0 * A * A)       # |w(nu)|^2
+    grad = a * ww + bw[1:] + d
+    H = np.empty((M, M))
+    for m in range(M):
+        for k in range(M):
+            jj = G[m + 1, k + 1] + 2.0 * a[k] * bw[m + 1] + 2.0 * a[m] * bw[k + 1] \
+                + 4.0 * a[m] * a[k] * ww
+            H[m, k] = -jj / (2.0 * A)
+    return g, grad, H
+
+
+@njit(cache=True)
+def _lemma1(G, a0, a1, d1, c):
+    """M = 1: nu in [0, c] with g'(nu) = 0, from the quadratic 4 A(nu)^2 g'(nu) = 0."""
+    def p(nu):
+        return (-a1 * G[1, 1] + 4.0 * d1 * a1 * a1) * nu * nu \
+            + (-2.0 * a0 * G[1, 1] + 8.0 * d1 * a0 * a1) * nu \
+            + (a1 * G[0, 0] - 2.0 * a0 * G[0, 1] + 4.0 * d1 * a0 * a0)
+    if p(0.0) <= 0.0:
+        return 0.0
+    if p(c) >= 0.0:
+        return c               # even the surrogate's minimiser violates the constraint
+    q2 = -a1 * G[1, 1] + 4.0 * d1 * a1 * a1
+    q1 = -2.0 * a0 * G[1, 1] + 8.0 * d1 * a0 * a1
+    q0 = a1 * G[0, 0] - 2.0 * a0 * G[0, 1] + 4.0 * d1 * a0 * a0
+    if abs(q2) <= 1e-300:
+        nu = -q0 / q1
+    else:
+        disc = max(q1 * q1 - 4.0 * q2 * q0, 0.0)
+        s = math.sqrt(disc)
+        t = -0.5 * (q1 + math.copysign(s, q1))      # stable roots t/q2 and q0/t
+        r1 = t / q2
+        r2 = q0 / t if t != 0.0 else r1
+        nu = r1 if (0.0 < r1 < c) else r2
+    lo, hi = 0.0, c                             # safeguarded Newton polish on [0, c]
+    if not (lo < nu < hi):
+        nu = 0.5 * c
+    for _ in range(100):
+        v = p(nu)
+        if v == 0.0:
+            break
+        if v > 0.0:
+            lo = nu
+        else:
+            hi = nu
+        dp = 2.0 * q2 * nu + q1
+        step = nu - v / dp if dp < 0.0 else 0.5 * (lo + hi)
+        if not (lo <= step <= hi):
+            step = 0.5 * (lo + hi)
+        if abs(step - nu) <= 1e-16 * max(1.0, nu):
+            nu = step
+            break
+        nu = step
+    return nu
+
+
+@njit(cache=True)
+def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter):
+    """Maximise the concave g on [0, c]^M by projected Newton with an Armijo arc search."""
+    M = a.size
+    nu = np.minimum(np.maximum(nu0, 0.0), c)
+    it = 0
+    for it in range(max_iter):
+        g, grad, H = _dual(G, a0, a, d, nu)
+        pg = nu - np.minimum(np.maximum(nu + grad, 0.0), c)
+        res = np.max(np.abs(pg))
+        if res <= tol:
+            break
+        eps = min(1e-8 * (1.0 + c), res)
+        binding = np.zeros(M, dtype=np.bool_)
+        for i in range(M):
+            binding[i] = (nu[i] <= eps and grad[i] < 0.0) or (nu[i] >= c - eps and grad[i] > 0.0)
+        free = np.where(~binding)[0]
+        direction = grad.copy()  # binding coordinates: gradient step, stopped by the projection
+        if free.size > 0:
+            Hf = np.empty((free.size, free.size))
+            for i in range(free.size):
+                for j in range(free.size):
+                    Hf[i, j] = -H[free[i], free[j]]
+            reg = 1e-14 * (1.0 + np.trace(Hf))
+            for i in range(free.size):
+                Hf[i, i] += reg
+            df = np.linalg.solve(Hf, grad[free])
+            for i in range(free.size):
+                direction[free[i]] = df[i]
+        alpha = 1.0
+        accepted = False
+        for _ in range(60):
+            trial = np.minimum(np.maximum(nu + alpha * direction, 0.0), c)
+            gt, gradt, _ = _dual(G, a0, a, d, trial)
+            if gt - g >= 1e-4 * np.dot(grad, trial - nu) and gt >= g:
+                nu = trial
+                accepted = True
+                break
+            # near the optimum the Armijo gain falls below rounding in g: accept a step that
+            # keeps g within rounding and shrinks the projected-gradient residual
+            rest = np.max(np.abs(trial - np.minimum(np.maximum(trial + gradt, 0.0), c)))
+            if gt >= g - 1e-15 * (1.0 + abs(g)) and rest < res:
+                nu = trial
+                accepted = True
+                break
+            alpha *= 0.5
+        if not accepted:
+            break
+    return nu, it
+
+
+def solve_closed_form(a0: float, b0: np.ndarray, c0: float, a: np.ndarray, bs, cs: np.ndarray,
+                      U: np.ndarray, penalty: float, out: np.ndarray | None = None,
+                      nu0: np.ndarray | None = None) -> SubproblemSolution:
+    """Solve Problem 5 with scalar curvatures a_0 > 0, a_m >= 0 (see module docstring).
+
+    Args:
+      a0, b0, c0: the objective's surrogate a_0 |w|^2 + b_0.w + c_0 (with any lambda |w|^2).
+      a, bs, cs: the constraints' surrogates (arrays of M curvatures, M vectors, M constants).
+      U: the bounds U_m; penalty: c.
+      out: optional buffer of shape (d,) for w-bar (no other d-sized array is allocated).
+      nu0: warm start for the multipliers (M >= 2).
+    """
+    M = len(bs)
+    if not a0 > 0:
+        raise ValueError(f"the closed form needs objective curvature a_0 > 0, got {a0}")
+    w = np.empty_like(b0) if out is None else out
+    if M == 0:                                   # eqs. (omega1-uncon)/(omega2-uncon)
+        np.multiply(b0, -0.5 / a0, out=w)
+        value = -float(b0 @ b0) / (4.0 * a0) + c0
+        return SubproblemSolution(w, np.zeros(0), np.zeros(0), value)
+    vecs = (b0,) + tuple(bs)
+    G = np.empty((M + 1, M + 1))
+    for j in range(M + 1):
+        for k in range(j, M + 1):
+            G[j, k] = G[k, j] = float(vecs[j] @ vecs[k])
+    a = np.asarray(a, dtype=float)
+    d = np.asarray(cs, dtype=float) - np.asarray(U, dtype=float)
+    c = float(penalty)
+    if M == 1:
+        nu = np.array([_lemma1(G, float(a0), float(a[0]), float(d[0]), c)])
+    else:
+        start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
+        nu, _ = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c), 200)
+    A = float(a0 + nu @ a)
+    w[:] = b0                                     # w = -(b_0 + sum nu_m b_m) / (2 A), in place
+    for m in range(M):
+        if nu[m] != 0.0:
+            daxpy(vecs[m + 1], w, a=float(nu[m]))
+    w *= -0.5 / A
+    ww = float(w @ w)
+    h = a * ww + np.array([float(b @ w) for b in bs]) + d   # p_m(w) - U_m
+    slack = np.maximum(h, 0.0)
+    value = a0 * ww + float(b0 @ w) + c0 + c * float(slack.sum())
+    return SubproblemSolution(w, slack, nu, value)
+
+
+class ClosedFormSubproblem:
+    """The closed-form backend behind the common subproblem contract.
+
+    Args:
+      builders: the stochastic functions' builders (all with scalar curvature).
+      stochastic_objective: whether builders[0] is the objective's.
+      bounds: U_m.
+      ridge: lambda of the deterministic terms, which must add up to lambda |w|^2.
+    """
+
+    name = "closed_form"
+
+    def __init__(self, dim: int, builders, stochastic_objective: bool, bounds, ridge: float):
+        self.dim = dim
+        self.builders = tuple(builders)
+        self.k = 1 if stochastic_objective else 0
+        self.bounds = np.asarray(bounds, dtype=float)
+        self.ridge = float(ridge)
+        self._zero = np.zeros(dim)
+        self._nu = np.zeros(len(self.bounds))
+        self.retries = 0
+        self.inaccurate_rounds: list[int] = []
+
+    def solve(self, stats, penalty: float, round: int) -> SubproblemSolution:
+        forms = [b.quadratic_form(s) for b, s in zip(self.builders, stats)]
+        if self.k:
+            a0, b0, c0 = forms[0]
+        else:
+            a0, b0, c0 = 0.0, self._zero, 0.0
+        cons = forms[self.k:]
+        sol = solve_closed_form(a0 + self.ridge, b0, c0, np.array([f[0] for f in cons]),
+                                [f[1] for f in cons], np.array([f[2] for f in cons]),
+                                self.bounds, penalty, nu0=self._nu)
+        self._nu = sol.multipliers
+        return sol

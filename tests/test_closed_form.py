@@ -1,0 +1,120 @@
+"""The closed-form subproblem solver against CVXPY + Clarabel on the same Problem 5."""
+
+import cvxpy as cp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ssca_solver.subproblems.closed_form import solve_closed_form
+
+KINDS = ("inactive", "active", "unsatisfiable")
+
+
+def make_instance(seed, M, d, kinds, penalty):
+    rng = np.random.default_rng(seed)
+    a0 = rng.uniform(0.05, 2.0)
+    b0 = rng.normal(size=d)
+    a = rng.uniform(0.05, 1.0, size=M)
+    bs = [rng.normal(size=d) for _ in range(M)]
+    cs = rng.normal(size=M)
+    w_unc = -b0 / (2 * a0)
+    U = np.empty(M)
+    for m, kind in enumerate(kinds):
+        at_unc = a[m] * w_unc @ w_unc + bs[m] @ w_unc + cs[m]
+        lowest = cs[m] - bs[m] @ bs[m] / (4 * a[m])   # the surrogate's minimum value
+        frac = rng.uniform(0.2, 0.8)
+        if kind == "inactive":
+            U[m] = at_unc + 0.5 + rng.uniform()
+        elif kind == "active":
+            U[m] = lowest + frac * (at_unc - lowest)
+        else:
+            U[m] = lowest - 0.1 - frac
+    return a0, b0, 0.3, a, bs, cs, U, penalty
+
+
+def cvxpy_reference(a0, b0, c0, a, bs, cs, U, c):
+    """Problem 5 in CVXPY, with |w|^2 through one epigraph variable r (the better-conditioned
+    model: with one cone per constraint Clarabel stalls ~4e-6 away on degenerate instances)."""
+    w, r = cp.Variable(b0.size), cp.Variable()
+    M = len(bs)
+    s = cp.Variable(M, nonneg=True) if M else None
+    cons = [a[m] * r + bs[m] @ w + cs[m] - U[m] <= s[m] for m in range(M)]
+    obj = a0 * r + b0 @ w + c0 + (c * cp.sum(s) if M else 0)
+    prob = cp.Problem(cp.Minimize(obj), cons + [cp.sum_squares(w) <= r])
+    prob.solve(solver="CLARABEL", tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12,
+               tol_ktratio=1e-10)
+    assert prob.status in ("optimal", "optimal_inaccurate")
+    duals = np.array([np.ravel(k.dual_value)[0] for k in cons])
+    return w.value, (np.maximum(s.value, 0) if M else np.zeros(0)), duals, prob.value
+
+
+@pytest.mark.filterwarnings("ignore:Solution may be inaccurate")
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2 ** 32 - 1), M=st.sampled_from([0, 1, 2, 5]),
+       d=st.integers(1, 40), kinds=st.lists(st.sampled_from(KINDS), min_size=5, max_size=5),
+       penalty=st.sampled_from([3.0, 50.0]))
+def test_closed_form_agrees_with_clarabel(seed, M, d, kinds, penalty):
+    d = max(d, M + 2)  # d > M: independent constraint gradients, so the multipliers are unique
+    inst = make_instance(seed, M, d, kinds[:M], penalty)
+    sol = solve_closed_form(*inst)
+    a0, b0, _, a, bs, cs, U, _ = inst
+    # KKT of the closed form itself, independent of any solver: w minimises the Lagrangian,
+    # nu in [0, c], complementary slackness for both p_m - U_m <= s_m and s_m >= 0
+    nu = sol.multipliers
+    A = a0 + nu @ a
+    B = b0 + sum(nu[m] * bs[m] for m in range(M))
+    assert np.linalg.norm(2 * A * sol.w + B) <= 1e-12 * max(1.0, np.linalg.norm(B))
+    h = np.array([a[m] * sol.w @ sol.w + bs[m] @ sol.w + cs[m] - U[m] for m in range(M)])
+    assert np.all((nu >= 0) & (nu <= penalty))
+    assert np.all(np.abs(nu * (h - sol.slack)) <= 1e-9 * penalty)
+    assert np.all(np.abs((penalty - nu) * sol.slack) <= 1e-9 * penalty)
+    w, s, nu, value = cvxpy_reference(*inst)
+    # Clarabel stops up to ~2e-5 (relative) away from the KKT point on about a quarter of these
+    # instances (measured over 80 random ones, whatever its tolerances; see the closing note of
+    # the closed-form issue), so agreement is asserted at 1e-4; the KKT residuals above pin the
+    # closed form itself to 1e-12, and its value is never worse than Clarabel's.
+    assert np.linalg.norm(sol.w - w) <= 1e-4 * max(np.linalg.norm(w), 1.0)
+    assert sol.value <= value + 1e-7 * max(1.0, abs(value))  # up to Clarabel's feasibility tol
+    assert sol.value == pytest.approx(value, rel=1e-7, abs=1e-8)
+    np.testing.assert_allclose(sol.slack, s, atol=1e-5)
+    np.testing.assert_allclose(sol.multipliers, nu, atol=1e-4 * penalty)
+    tol = 1e-4 * penalty
+    assert np.array_equal(sol.multipliers > tol, nu > tol)          # same active set
+    assert np.array_equal(sol.multipliers >= penalty - tol, nu >= penalty - tol)
+    for m, kind in enumerate(kinds[:M]):
+        if kind == "unsatisfiable":                                    # Lemma 1's nu = c
+            assert sol.multipliers[m] == penalty and sol.slack[m] > 0
+
+
+def test_lemma1_is_the_papers_formula():
+    """a_0 = 1, b_0 = 0, a_1 = tau: nu = [(1/tau)(sqrt(b / (b + 4 tau (U - A))) - 1)]_0^c."""
+    rng = np.random.default_rng(0)
+    tau, c = 0.1, 1e5
+    for _ in range(20):
+        B = rng.normal(size=50)
+        A, U = rng.uniform(0, 1), rng.uniform(0, 1)
+        b = B @ B
+        sol = solve_closed_form(1.0, np.zeros(50), 0.0, np.array([tau]), [B], np.array([A]),
+                                np.array([U]), c)
+        if b + 4 * tau * (U - A) > 0:
+            nu = np.clip((np.sqrt(b / (b + 4 * tau * (U - A))) - 1) / tau, 0, c)
+        else:
+            nu = c
+        assert sol.multipliers[0] == pytest.approx(nu, rel=1e-10, abs=1e-12)
+        np.testing.assert_allclose(sol.w, -nu * B / (2 * (1 + nu * tau)), rtol=1e-10, atol=1e-14)
+
+
+def test_unconstrained_is_eq_omega_uncon():
+    b0 = np.arange(5.0)
+    sol = solve_closed_form(0.25, b0, 1.0, np.zeros(0), [], np.zeros(0), np.zeros(0), 1.0)
+    np.testing.assert_allclose(sol.w, -b0 / 0.5)
+    assert sol.value == pytest.approx(1.0 - b0 @ b0)
+
+
+def test_writes_into_a_given_buffer():
+    rng = np.random.default_rng(1)
+    out = np.empty(7)
+    inst = make_instance(3, 2, 7, ["active", "active"], 10.0)
+    sol = solve_closed_form(*inst, out=out)
+    assert sol.w is out
