@@ -77,7 +77,7 @@ def test_closed_form_agrees_with_clarabel(seed, M, d, kinds, penalty):
     assert np.linalg.norm(sol.w - w) <= 1e-4 * max(np.linalg.norm(w), 1.0)
     assert sol.value <= value + 1e-7 * max(1.0, abs(value))  # up to Clarabel's feasibility tol
     assert sol.value == pytest.approx(value, rel=1e-7, abs=1e-8)
-    np.testing.assert_allclose(sol.slack, s, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sol.slack, s, rtol=1e-4, atol=1e-5)  # as the primal, above
     np.testing.assert_allclose(sol.multipliers, nu, atol=1e-4 * penalty)
     tol = 1e-4 * penalty
     assert np.array_equal(sol.multipliers > tol, nu > tol)          # same active set

@@ -65,7 +65,7 @@ def test_epigraph_formulation_matches_a_direct_cvxpy_model(seed):
     ref.solve(solver="CLARABEL", **TIGHT)
     assert sol.value == pytest.approx(ref.value, rel=1e-6, abs=1e-7)
     np.testing.assert_allclose(sol.w, w.value, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(sol.slack, np.maximum(s.value, 0), atol=1e-6)
+    np.testing.assert_allclose(sol.slack, np.maximum(s.value, 0), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(sol.multipliers, [float(np.atleast_1d(k.dual_value)[0]) for k in cons], atol=1e-5)
     assert np.all(sol.multipliers <= c + 1e-6)
     # independent of both models: with scalar curvature, w minimises the Lagrangian over the
