@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .data import ClientData
-from .functions import SampleFunction, checked_grad, checked_values
+from .functions import SampleFunction, checked_value_and_grad, checked_values
 
 
 # -- messages (everything that crosses the boundary) -----------------------------------------------
@@ -117,12 +117,14 @@ class Client:
     def _evaluate(self, req: EvaluationRequest) -> EvaluationMessage:
         n, d = self.num_rows, req.w.size
         where = f"client {self.index}, full-data evaluation"
-        vals = np.array([checked_values(f, req.w, self._X, self._y, n, where).sum()
-                         for f in self._functions])
-        grads = None
-        if req.with_grad:
-            grads = np.array([n * checked_grad(f, req.w, self._X, self._y, d, where)
-                              for f in self._functions]).reshape(len(self._functions), d)
+        if not req.with_grad:
+            vals = np.array([checked_values(f, req.w, self._X, self._y, n, where).sum()
+                             for f in self._functions])
+            return EvaluationMessage(self.index, n, vals, None)
+        both = [checked_value_and_grad(f, req.w, self._X, self._y, where)
+                for f in self._functions]
+        vals = np.array([v.sum() for v, _ in both])
+        grads = np.array([n * g for _, g in both]).reshape(len(self._functions), d)
         return EvaluationMessage(self.index, n, vals, grads)
 
 

@@ -25,12 +25,15 @@ class SampleFunction:
       name: used in reports and error messages.
       surrogate: the surrogate builder (:mod:`ssca_solver.surrogates`); default: proximal-linear,
         eqs. (fs0bar)/(fsmbar), with the solve's ``tau``.
+      value_and_grad: optional ``value_and_grad(w, X, y) -> (values (n,), grad (d,))`` computing
+        both in one pass (e.g. one forward and one backward pass of a network); clients use it
+        instead of two separate calls when it is given.
 
     ``f <= U`` (or ``f >= L``) makes a stochastic constraint F(w) <= U of Problem 3.
     """
 
     def __init__(self, value: Callable, grad: Callable, name: Optional[str] = None,
-                 surrogate=None):
+                 surrogate=None, value_and_grad: Optional[Callable] = None):
         if not callable(value) or not callable(grad):
             raise TypeError("SampleFunction needs callables value(w, X, y) and grad(w, X, y)")
         self.value = value
@@ -39,6 +42,9 @@ class SampleFunction:
         if self.name == "<lambda>":
             self.name = "f"
         self.surrogate = surrogate
+        if value_and_grad is not None and not callable(value_and_grad):
+            raise TypeError("value_and_grad must be callable(w, X, y) -> (values, grad)")
+        self.value_and_grad = value_and_grad
 
     def __le__(self, bound) -> "StochasticConstraint":
         return StochasticConstraint(self, _as_bound(bound))
@@ -56,10 +62,16 @@ class SampleFunction:
             raise ModelError(f"cannot negate {self.name}: it has a custom surrogate "
                              f"({self.surrogate!r}) whose curvature would change sign; write "
                              "the constraint as g <= U with g and its surrogate defined directly")
-        value, grad = self.value, self.grad
+        value, grad, vg = self.value, self.grad, self.value_and_grad
+
+        def neg_vg(w, X, y):
+            v, g = vg(w, X, y)
+            return -np.asarray(v, dtype=float), -np.asarray(g, dtype=float)
+
         return SampleFunction(lambda w, X, y: -np.asarray(value(w, X, y), dtype=float),
                               lambda w, X, y: -np.asarray(grad(w, X, y), dtype=float),
-                              name=f"-{self.name}", surrogate=self.surrogate)
+                              name=f"-{self.name}", surrogate=self.surrogate,
+                              value_and_grad=None if vg is None else neg_vg)
 
     __hash__ = object.__hash__
 
@@ -121,6 +133,19 @@ def checked_grad(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray:
     if not np.all(np.isfinite(g)):
         raise UserFunctionError(f"{fn.name}.grad returned a non-finite entry on {where}")
     return g
+
+
+def checked_value_and_grad(fn: SampleFunction, w, X, y, where: str):
+    """(per-sample values, mean gradient), checked; one call when ``fn.value_and_grad`` exists."""
+    n, d = X.shape[0], w.size
+    if fn.value_and_grad is None:
+        return checked_values(fn, w, X, y, n, where), checked_grad(fn, w, X, y, d, where)
+    try:
+        v, g = fn.value_and_grad(w, X, y)
+    except Exception as exc:
+        raise UserFunctionError(f"{fn.name}.value_and_grad raised on {where}: {exc!r}") from exc
+    both = SampleFunction(lambda *_: v, lambda *_: g, name=fn.name)
+    return checked_values(both, w, X, y, n, where), checked_grad(both, w, X, y, d, where)
 
 
 def check_grad(fn: SampleFunction, w, X, y=None, eps: float = 1e-6, seed=0,

@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Optional
 import cvxpy as cp
 import numpy as np
 
-from .functions import SampleFunction, checked_grad, checked_values
+from .functions import SampleFunction, checked_value_and_grad
 
 
 @dataclass(frozen=True)
@@ -126,8 +126,8 @@ class ProximalLinear(SurrogateBuilder):
 
     def statistics(self, fn, w, X, y, tau, where):
         n = X.shape[0]
-        v = checked_values(fn, w, X, y, n, where).sum()
-        g = n * checked_grad(fn, w, X, y, w.size, where)
+        values, grad = checked_value_and_grad(fn, w, X, y, where)
+        v, g = values.sum(), n * grad
         nt = n * tau
         return {"const": np.asarray(v - g @ w + nt * (w @ w)), "lin": g - 2.0 * nt * w,
                 "quad": np.asarray(nt)}
@@ -185,8 +185,8 @@ class DiagonalCurvature(SurrogateBuilder):
         from .errors import UserFunctionError
 
         n = X.shape[0]
-        v = checked_values(fn, w, X, y, n, where).sum()
-        g = n * checked_grad(fn, w, X, y, w.size, where)
+        values, grad = checked_value_and_grad(fn, w, X, y, where)
+        v, g = values.sum(), n * grad
         try:
             h = np.asarray(self.hess_diag(w, X, y), dtype=float)
         except Exception as exc:
