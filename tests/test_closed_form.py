@@ -34,13 +34,14 @@ def make_instance(seed, M, d, kinds, penalty):
 
 
 def cvxpy_reference(a0, b0, c0, a, bs, cs, U, c):
-    """Problem 5 in CVXPY, with |w|^2 through one epigraph variable r (the better-conditioned
-    model: with one cone per constraint Clarabel stalls ~4e-6 away on degenerate instances)."""
+    """Problem 5 in CVXPY, |w|^2 through one epigraph variable r (the better-conditioned model:
+    with one cone per constraint Clarabel stalls ~4e-6 away on degenerate instances); Problem 2
+    (M = 0) with |w|^2 as a native quadratic term."""
     w, r = cp.Variable(b0.size), cp.Variable()
     M = len(bs)
     s = cp.Variable(M, nonneg=True) if M else None
     cons = [a[m] * r + bs[m] @ w + cs[m] - U[m] <= s[m] for m in range(M)]
-    obj = a0 * r + b0 @ w + c0 + (c * cp.sum(s) if M else 0)
+    obj = a0 * (r if M else cp.sum_squares(w)) + b0 @ w + c0 + (c * cp.sum(s) if M else 0)
     prob = cp.Problem(cp.Minimize(obj), cons + [cp.sum_squares(w) <= r])
     prob.solve(solver="CLARABEL", tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12,
                tol_ktratio=1e-10)

@@ -3,16 +3,19 @@
     minimise   Fbar_0(w) + R(w) + c sum_m s_m
     subject to Fbar_m(w) - U_m <= s_m,  s_m >= 0,  m = 1..M,   w in D,   |w|^2 <= r,
 
-where r is the shared epigraph variable the constraint surrogates use for |w|^2 (see
-:meth:`SurrogateBuilder.expression`): with it, Clarabel solves the QCQP of the proximal-linear
-surrogates reliably, where one cone per surrogate left it "almost solved" whenever the
-constraint surrogate cannot be met (Lemma 1's nu = c case). The objective's |w|^2 stays a
-quadratic objective term, which Clarabel takes natively: Problem 2 is then solved to ~1e-9
-(an epigraph there costs the square root of the duality gap in accuracy, ~1e-5).
-
 where each Fbar_m is its builder's expression of the averaged statistics (CVXPY Parameters), R
 the deterministic terms and D the domain. Only Parameter values change between rounds, so CVXPY
-reuses its compiled parametrised program (see ``tests/test_subproblem_cvxpy.py``).
+reuses its compiled parametrised program (see ``tests/test_subproblem_cvxpy.py``). For
+d > DPP_MAX_DIM the problem is instead rebuilt with constant data every round (see below).
+
+r is the shared epigraph variable the surrogates of Problem 5 use for |w|^2 (see
+:meth:`SurrogateBuilder.expression`): with it, Clarabel solves the QCQP of the proximal-linear
+surrogates reliably, where one cone per surrogate left it "almost solved" whenever the
+constraint surrogate cannot be met (Lemma 1's nu = c case); keeping the objective's |w|^2 a
+quadratic term next to constraint cones made Clarabel fail more often. In Problem 2 (no
+stochastic constraint) the objective's |w|^2 is a quadratic term, which Clarabel takes
+natively and solves to ~1e-9 (an epigraph costs the square root of the duality gap in
+accuracy there, ~1e-5).
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ import numpy as np
 from ..errors import ModelError, SubproblemError
 from .base import SubproblemSolution
 
+
+#: Above this size the subproblem is rebuilt with constants each round instead of compiled once
+#: with Parameters: CVXPY 1.9's DPP compilation grows like d^2 (measured: 0.06 s and 190 MB at
+#: d = 1000, 1.6 s and 730 MB at d = 6000, an attempted 77 GiB allocation at d = 101,632),
+#: while a plain build and solve of the network's Problem 5 takes ~1 s at d = 101,632.
+DPP_MAX_DIM = 4096
 
 _CLARABEL_FALLBACKS = [{"static_regularization_enable": False}, {"equilibrate_enable": False}]
 
@@ -47,7 +56,7 @@ class CvxpySubproblem:
 
     def __init__(self, dim: int, builders: Sequence, stochastic_objective: bool,
                  bounds: Sequence[float], deterministic, solver: str = "CLARABEL",
-                 solver_options: Optional[dict] = None):
+                 solver_options: Optional[dict] = None, parametrize: Optional[bool] = None):
         self.dim = dim
         self.solver = solver
         # CVXPY's warm start hands Clarabel new data through solver.update(), which keeps the
@@ -55,27 +64,48 @@ class CvxpySubproblem:
         # where a fresh Clarabel solve succeeds. Clarabel has no iterate warm start to lose.
         self.solver_options = {"warm_start": False, **(solver_options or {})}
         self.num_constraints = len(bounds)
-        self._w = cp.Variable(dim, name="w")
+        self._builders = tuple(builders)
+        self._stochastic_objective = stochastic_objective
+        self._bounds = [float(U) for U in bounds]
+        self._deterministic = deterministic
+        self.retries = 0
+        self._value = None
+        self.inaccurate_rounds: list[int] = []  # rounds where the solver said "inaccurate"
+        self.parametrize = dim <= DPP_MAX_DIM if parametrize is None else bool(parametrize)
+        if self.parametrize:
+            self._params = [{s.name: cp.Parameter(s.shape, nonneg=s.nonneg, name=f"{s.name}_{m}")
+                             for s in b.statistic_specs(dim)} for m, b in enumerate(builders)]
+            self._c = cp.Parameter(nonneg=True, name="penalty")
+            self._build(self._params, self._c)
+            self.dpp = self.problem.is_dpp()
+            if not self.dpp:
+                warnings.warn("the subproblem is not DPP (a custom surrogate builder multiplies "
+                              "parameters in a way CVXPY cannot parametrise); CVXPY will "
+                              "recompile it every round, which is slow", stacklevel=3)
+        else:  # check the model once on placeholder values; each solve rebuilds it
+            self._build([{s.name: cp.Constant(np.full(s.shape, 1.0 if s.nonneg else 0.0))
+                          for s in b.statistic_specs(dim)} for b in builders], cp.Constant(1.0))
+            self.dpp = False
+
+    def _build(self, stats: Sequence[dict], penalty) -> None:
+        """Problem 5 on ``stats`` (Parameters, or Constants when not parametrised)."""
+        self._w = cp.Variable(self.dim, name="w")
         self._r = cp.Variable(name="w_sq")
-        self._params = []
         surrogates = []
-        for m, b in enumerate(builders):
-            ps = {s.name: cp.Parameter(s.shape, nonneg=s.nonneg, name=f"{s.name}_{m}")
-                  for s in b.statistic_specs(dim)}
-            self._params.append(ps)
-            # the objective's |w|^2 stays a quadratic objective term (Clarabel takes it natively,
-            # as P); constraints share the epigraph variable r
-            sq = cp.sum_squares(self._w) if (stochastic_objective and m == 0) else self._r
-            expr = b.expression(ps, self._w, sq)
+        for m, (b, st) in enumerate(zip(self._builders, stats)):
+            # Problem 2 keeps |w|^2 a quadratic objective term (Clarabel takes it natively, as
+            # P); in Problem 5 every surrogate shares the epigraph variable r
+            sq = (cp.sum_squares(self._w) if (self.num_constraints == 0 and m == 0)
+                  else self._r)
+            expr = b.expression(st, self._w, sq)
             if not (expr.is_dcp() and expr.is_convex() and expr.size == 1):
                 raise ModelError(f"surrogate builder {b!r} for function #{m} returned an "
                                  f"expression that is not a convex scalar under DCP: {expr}")
             surrogates.append(expr)
-        self._c = cp.Parameter(nonneg=True, name="penalty")
-        det, domain = deterministic.instantiate(self._w)
+        det, domain = self._deterministic.instantiate(self._w)
         obj_terms = []
         k = 0
-        if stochastic_objective:
+        if self._stochastic_objective:
             obj_terms.append(surrogates[0])
             k = 1
         if det is not None:
@@ -84,10 +114,9 @@ class CvxpySubproblem:
         self._sur_cons = []
         if self.num_constraints:
             self._s = cp.Variable(self.num_constraints, nonneg=True, name="slack")
-            obj_terms.append(self._c * cp.sum(self._s))
-            for m, U in enumerate(bounds):
-                con = surrogates[k + m] - float(U) <= self._s[m]
-                self._sur_cons.append(con)
+            obj_terms.append(penalty * cp.sum(self._s))
+            for m, U in enumerate(self._bounds):
+                self._sur_cons.append(surrogates[k + m] - U <= self._s[m])
             cons = self._sur_cons + cons
         else:
             self._s = None
@@ -95,14 +124,6 @@ class CvxpySubproblem:
         if not self.problem.is_dcp():
             raise ModelError("the subproblem is not DCP; check the surrogate builders and "
                              "deterministic terms")
-        self.retries = 0
-        self._value = None
-        self.inaccurate_rounds: list[int] = []  # rounds where the solver said "inaccurate"
-        self.dpp = self.problem.is_dpp()
-        if not self.dpp:
-            warnings.warn("the subproblem is not DPP (a custom surrogate builder multiplies "
-                          "parameters in a way CVXPY cannot parametrise); CVXPY will recompile it "
-                          "every round, which is slow", stacklevel=3)
 
     def _solve_with_retries(self, round: int) -> str:
         """Solve; on a failure retry with each fallback setting, then raise SubproblemError.
@@ -154,14 +175,24 @@ class CvxpySubproblem:
             c.dual_variables[0].value = dv
 
     def solve(self, stats: Sequence[dict], penalty: float, round: int) -> SubproblemSolution:
-        """Set the Parameters to ``stats`` and ``penalty`` and solve; raise on failure."""
-        for ps, st in zip(self._params, stats):
-            for name, p in ps.items():
-                v = st[name]
-                if p.attributes.get("nonneg"):
-                    v = np.maximum(v, 0.0)  # guards round-off below 0 in a nonnegative statistic
-                p.value = v
-        self._c.value = float(penalty)
+        """Set the Parameters to ``stats`` and ``penalty`` (or rebuild with them) and solve;
+        raise SubproblemError on failure."""
+        values = []
+        for b, st in zip(self._builders, stats):
+            vals = {}
+            for spec in b.statistic_specs(self.dim):
+                v = np.asarray(st[spec.name], dtype=float)
+                # guards round-off below 0 in a nonnegative statistic
+                vals[spec.name] = np.maximum(v, 0.0) if spec.nonneg else v
+            values.append(vals)
+        if self.parametrize:
+            for ps, vals in zip(self._params, values):
+                for name, p in ps.items():
+                    p.value = vals[name]
+            self._c.value = float(penalty)
+        else:
+            self._build([{k: cp.Constant(v) for k, v in vals.items()} for vals in values],
+                        cp.Constant(float(penalty)))
         status = self._solve_with_retries(round)
         if status == cp.OPTIMAL_INACCURATE:
             self.inaccurate_rounds.append(round)
