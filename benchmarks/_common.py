@@ -1,0 +1,66 @@
+"""Shared helpers for the benchmark programs: machine description, timing, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict:
+    import clarabel
+    import cvxpy
+    import numba
+    import scipy
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        from threadpoolctl import threadpool_info
+        blas = [{k: i.get(k) for k in ("internal_api", "version", "num_threads",
+                                        "architecture")} for i in threadpool_info()]
+    except Exception:  # threadpoolctl is optional
+        blas = []
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0],
+            "platform": platform.platform(), "numpy": np.__version__,
+            "scipy": scipy.__version__, "cvxpy": cvxpy.__version__,
+            "clarabel": clarabel.__version__, "numba": numba.__version__, "blas": blas,
+            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
+
+
+def median_time(fn, repeats: int, warmup: int = 1) -> tuple[float, object]:
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def write_json(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, default=float))
+    return path
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
