@@ -1,4 +1,5 @@
-"""Command line: ``python -m ssca_solver demo`` (also installed as ``ssca-solver``).
+"""Command line: ``python -m ssca_solver demo`` and ``python -m ssca_solver network``
+(also installed as ``ssca-solver``).
 
 The demo models Neyman-Pearson classification on scikit-learn's breast-cancer data spread over
 5 clients (minimise the logistic loss on class 1 subject to the loss on class 0 <= alpha, plus a
@@ -43,6 +44,41 @@ def _demo(args) -> int:
     return 0 if res.status != "infeasible" else 1
 
 
+def _network(args) -> int:
+    import ssca_solver as ss
+    from problems.mlp import MLP, classification_con, classification_uncon
+    from ssca_solver.datasets import image_dataset
+
+    (X, y), (Xt, yt) = image_dataset(args.data, args.data_dir)
+    net = MLP(X.shape[1], args.hidden, int(max(y.max(), yt.max())) + 1, args.activation,
+              args.bias)
+    data = ss.FederatedData.split(X, y, num_clients=args.clients, seed=args.seed)
+    kind = (f"Algorithm 2: min |w|^2 s.t. F(w) <= {args.U:g}" if args.U is not None
+            else f"Algorithm 1: min F(w) + {args.lam:g} |w|^2")
+    print(f"{args.data}: {len(y)} training rows over {args.clients} clients, {len(yt)} test rows;"
+          f" network {net.K}-{net.J}-{net.L} ({args.activation}), d = {net.dim:,}")
+    print(f"  {kind}; B = {args.batch_size}, tau = {args.tau:g}, rho = {args.a1:g}/t^"
+          f"{args.alpha:g}, gamma = {args.a2:g}/t^{args.alpha + 0.05:g} (the paper's form)\n")
+    prob = (classification_con(data, net, args.U) if args.U is not None
+            else classification_uncon(data, net, args.lam))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ss.ScheduleWarning)  # the paper's schedules; see docs
+        res = prob.solve(method="ssca", batch_size=args.batch_size, max_iter=args.rounds,
+                         tau=args.tau, rho=ss.PowerStep(args.a1, args.alpha),
+                         gamma=ss.PowerStep(args.a2, args.alpha + 0.05), penalty=[args.c],
+                         x0=net.init(args.seed), seed=args.seed,
+                         eval_every=max(1, args.rounds // 10), progress=True)
+    print()
+    print(res.report())
+    cost, acc = net.evaluate(res.x, X, y)
+    _, tacc = net.evaluate(res.x, Xt, yt)
+    print(f"\nnetwork       training cost F = {cost:.4f}, training accuracy {acc:.2%}, "
+          f"test accuracy {tacc:.2%}, |w|^2 = {res.x @ res.x:.4g}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ssca_solver",
                                      description="ssca-solver command line")
@@ -56,10 +92,37 @@ def main(argv=None) -> int:
     demo.add_argument("--tau", type=float, default=0.1)
     demo.add_argument("--penalty", type=float, nargs="+", default=[10.0, 100.0, 1000.0])
     demo.add_argument("--seed", type=int, default=0)
+    net = sub.add_parser("network", help="the paper's Section V network (Algorithm 1 or 2)")
+    net.add_argument("--data", choices=["digits", "fashion-mnist", "mnist"], default="digits",
+                     help="digits: built in; fashion-mnist: Debian package "
+                     "dataset-fashion-mnist or --data-dir; mnist: needs --data-dir")
+    net.add_argument("--data-dir", default=None, help="folder with the four IDX files")
+    net.add_argument("--hidden", type=int, default=32, help="J (the paper: 128)")
+    net.add_argument("--activation", choices=["swish", "relu"], default="swish")
+    net.add_argument("--bias", action="store_true", help="add biases (the authors' code)")
+    net.add_argument("--clients", type=int, default=10)
+    net.add_argument("--batch-size", type=int, default=10)
+    net.add_argument("--rounds", type=int, default=100)
+    net.add_argument("--tau", type=float, default=0.1)
+    net.add_argument("--a1", type=float, default=0.6)
+    net.add_argument("--a2", type=float, default=0.9)
+    net.add_argument("--alpha", type=float, default=0.3)
+    net.add_argument("--lam", type=float, default=1e-5, help="lambda of prob:class-uncon")
+    net.add_argument("--U", type=float, default=None, help="run prob:class-con with this U")
+    net.add_argument("--c", type=float, default=1e5, help="penalty c (the paper: 1e5)")
+    net.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     np.set_printoptions(precision=4, suppress=True)
     if args.command == "demo":
         return _demo(args)
+    if args.command == "network":
+        from ssca_solver.datasets import DatasetNotFound
+
+        try:
+            return _network(args)
+        except DatasetNotFound as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return 2
 
 

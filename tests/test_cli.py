@@ -17,3 +17,22 @@ def test_module_entry_point_help():
     out = subprocess.run([sys.executable, "-m", "ssca_solver", "demo", "--help"],
                          capture_output=True, text=True, check=True).stdout
     assert "--alpha" in out and "--rounds" in out
+
+
+def test_network_command_on_digits(capsys):
+    assert main(["network", "--rounds", "20", "--hidden", "8"]) == 0
+    out, _ = capsys.readouterr()
+    assert "closed_form" in out and "test accuracy" in out
+
+
+def test_network_command_constrained(capsys):
+    assert main(["network", "--rounds", "20", "--hidden", "8", "--U", "0.6"]) == 0
+    out, _ = capsys.readouterr()
+    assert "Algorithm 2" in out and "cross-entropy <= 0.6" in out
+
+
+def test_mnist_without_files_says_how_to_get_them(capsys, tmp_path):
+    assert main(["network", "--data", "mnist"]) == 2
+    assert "--data-dir" in capsys.readouterr().err
+    assert main(["network", "--data", "fashion-mnist", "--data-dir", str(tmp_path)]) == 2
+    assert "dataset-fashion-mnist" in capsys.readouterr().err
