@@ -14,13 +14,16 @@ from .schedules import PowerStep, ScheduleWarning
 from .solve import SSCAOptions, solve_ssca
 from .surrogates import DiagonalCurvature, ProximalLinear, Statistic, SurrogateBuilder
 
+from .baselines import FedAvgOptions, solve_fedavg  # noqa: E402
+
 register_method("ssca", solve_ssca)
+register_method("fedavg", solve_fedavg)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ClientData", "FederatedData", "SampleFunction", "StochasticConstraint", "check_grad",
-    "Problem", "register_method", "PowerStep", "ScheduleWarning", "SSCAOptions", "solve_ssca",
+    "Problem", "register_method", "FedAvgOptions", "solve_fedavg", "PowerStep", "ScheduleWarning", "SSCAOptions", "solve_ssca",
     "SSCAResult", "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder",
     "Statistic", "ProximalLinear", "DiagonalCurvature", "SSCAError", "DataError", "ModelError",
     "UserFunctionError", "ScheduleError", "SubproblemError", "__version__",

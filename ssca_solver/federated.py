@@ -72,6 +72,32 @@ class EvaluationMessage:
         return int(self.values.size + (0 if self.grads is None else self.grads.size))
 
 
+@dataclass(frozen=True)
+class LocalSGDRequest:
+    """Server -> clients for the SGD baselines: run ``steps`` local SGD steps of batch
+    ``batch_size`` from ``w`` with learning rate ``lr``; ``ridge`` adds 2 ridge w to the
+    gradient (an exact lambda |w|^2 term)."""
+
+    round: int
+    w: np.ndarray
+    batch_size: Optional[int]
+    steps: int
+    lr: float
+    ridge: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelMessage:
+    """Client -> server for the SGD baselines: the local model after its steps (d floats)."""
+
+    client: int
+    num_rows: int
+    w: np.ndarray
+
+    def num_floats(self) -> int:
+        return int(self.w.size)
+
+
 # -- the client side ------------------------------------------------------------------------------
 
 class Client:
@@ -98,6 +124,8 @@ class Client:
             return self._round(request)
         if isinstance(request, EvaluationRequest):
             return self._evaluate(request)
+        if isinstance(request, LocalSGDRequest):
+            return self._local_sgd(request)
         raise TypeError(f"client {self.index}: unknown request {type(request).__name__}")
 
     def _round(self, req: RoundRequest) -> ClientMessage:
@@ -113,6 +141,21 @@ class Client:
             tau = builder.tau if builder.tau is not None else req.tau
             stats.append(builder.statistics(fn, req.w, X, y, tau, where))
         return ClientMessage(self.index, req.round, n, b, tuple(stats))
+
+    def _local_sgd(self, req: LocalSGDRequest) -> ModelMessage:
+        """E local SGD steps on the objective (function 0), as FedAvg's clients do."""
+        n, fn = self.num_rows, self._functions[0]
+        w = req.w.copy()
+        for k in range(req.steps):
+            if req.batch_size is None or req.batch_size == n:
+                X, y = self._X, self._y
+            else:
+                idx = self._rng.choice(n, size=req.batch_size, replace=False)
+                X, y = self._X[idx], (None if self._y is None else self._y[idx])
+            where = f"client {self.index}, round {req.round}, local step {k + 1}"
+            _, g = checked_value_and_grad(fn, w, X, y, where)
+            w -= req.lr * (g + 2.0 * req.ridge * w)
+        return ModelMessage(self.index, n, w)
 
     def _evaluate(self, req: EvaluationRequest) -> EvaluationMessage:
         n, d = self.num_rows, req.w.size
@@ -157,9 +200,9 @@ class InProcessTransport(Transport):
 
 
 def _copy_request(request):
-    if isinstance(request, RoundRequest):
-        return RoundRequest(request.round, request.w.copy(), request.batch_size, request.tau)
-    return EvaluationRequest(request.w.copy(), request.with_grad)
+    from dataclasses import replace
+
+    return replace(request, w=request.w.copy())
 
 
 def _client_loop(conn, client: Client):

@@ -80,16 +80,21 @@ class SSCAOptions:
     progress: bool = False
 
 
-def parse_options(options: dict) -> SSCAOptions:
-    """Build :class:`SSCAOptions`, rejecting unknown names with a suggestion."""
-    names = [f.name for f in fields(SSCAOptions)]
+def parse_options_for(cls, options: dict, method: str):
+    """Build the options dataclass ``cls``, rejecting unknown names with a suggestion."""
+    names = [f.name for f in fields(cls)]
     for key in options:
         if key not in names:
             close = difflib.get_close_matches(key, names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise TypeError(f"unknown solve option {key!r} for method 'ssca'{hint} "
+            raise TypeError(f"unknown solve option {key!r} for method '{method}'{hint} "
                             f"Valid options: {', '.join(names)}")
-    return SSCAOptions(**options)
+    return cls(**options)
+
+
+def parse_options(options: dict) -> SSCAOptions:
+    """Build :class:`SSCAOptions`, rejecting unknown names with a suggestion."""
+    return parse_options_for(SSCAOptions, options, "ssca")
 
 
 def _penalties(value) -> list[float]:
