@@ -77,3 +77,17 @@ def test_fedavg_refuses_what_it_cannot_do(cancer_data):
         ridge_logistic(cancer_data).solve(method="fedavg", momentum=1.0)
     with pytest.raises(ss.ScheduleError, match="lr_t"):
         ridge_logistic(cancer_data).solve(method="fedavg", lr=lambda t: -1.0, max_iter=2)
+
+
+def test_ssca_with_rho_one_is_fedsgd(cancer_data):
+    """With rho_t = 1 the proximal-linear surrogate's minimiser is w_t - grad / (2 tau), so SSCA
+    with step gamma equals FedSGD with lr = gamma / (2 tau) on the same batches (clients draw
+    them from the same seeded streams). A consistency check of both paths."""
+    prob = ss.Problem(logistic_loss(), dim=31, data=cancer_data)
+    wa, wb = [], []
+    with pytest.warns(ss.ScheduleWarning, match="constant"):
+        prob.solve(method="ssca", batch_size=15, tau=0.5, rho=1.0, gamma=0.2, max_iter=8,
+                   seed=4, eval_every=None, callback=lambda s, i: wa.append(s.w.copy()))
+    prob.solve(method="fedavg", batch_size=15, lr=0.2 / (2 * 0.5), max_iter=8, seed=4,
+               eval_every=None, callback=lambda w, i: wb.append(w.copy()))
+    np.testing.assert_allclose(np.array(wa), np.array(wb), rtol=1e-12, atol=1e-14)
