@@ -20,12 +20,14 @@ from .logistic import logistic_loss
 
 
 def neyman_pearson(data: ss.FederatedData, alpha: float, lam: float = 1e-3,
-                   class_fractions=None) -> ss.Problem:
+                   class_fractions=None, box: float | None = None) -> ss.Problem:
     """The Neyman-Pearson problem on ``data`` (labels 0/1) with type-I loss bound ``alpha``.
 
     Args:
       class_fractions: (pi_0, pi_1); by default counted from the clients' label counts (a
         two-number summary each client shares once).
+      box: if given, the deterministic set |w|_inf <= box (a domain next to the stochastic
+        constraint; the subproblem then goes to CVXPY).
     """
     if class_fractions is None:
         counts = np.zeros(2)
@@ -36,11 +38,12 @@ def neyman_pearson(data: ss.FederatedData, alpha: float, lam: float = 1e-3,
     dim = data.clients[0].X.shape[1]
     obj = logistic_loss(only_label=1, class_fraction=pi1, name="loss[class 1]")
     con = logistic_loss(only_label=0, class_fraction=pi0, name="loss[class 0]")
+    domain = (lambda w: [cp.norm(w, "inf") <= box]) if box is not None else None
     return ss.Problem(obj, [con <= alpha], dim=dim, data=data,
-                      regularizer=lambda w: lam * cp.sum_squares(w))
+                      regularizer=lambda w: lam * cp.sum_squares(w), domain=domain)
 
 
-def pooled_reference(X, y, alpha: float, lam: float = 1e-3):
+def pooled_reference(X, y, alpha: float, lam: float = 1e-3, box: float | None = None):
     """The same problem on the pooled data, solved by CVXPY + Clarabel (the global optimum).
 
     Returns (w, objective value, constraint value, multiplier).
@@ -52,6 +55,6 @@ def pooled_reference(X, y, alpha: float, lam: float = 1e-3):
     m0, m1 = y == 0, y == 1
     obj = cp.sum(loss[m1]) / m1.sum() + lam * cp.sum_squares(w)
     con = cp.sum(loss[m0]) / m0.sum() <= alpha
-    p = cp.Problem(cp.Minimize(obj), [con])
+    p = cp.Problem(cp.Minimize(obj), [con] + ([cp.norm(w, "inf") <= box] if box else []))
     p.solve(solver="CLARABEL")
     return w.value, p.value, float(con.expr.value + alpha), float(con.dual_value)

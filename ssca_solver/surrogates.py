@@ -30,15 +30,17 @@ from .functions import SampleFunction, checked_value_and_grad
 
 @dataclass(frozen=True)
 class Statistic:
-    """One statistic a client sends: its name, shape, and whether it is always >= 0.
+    """One statistic a client sends: its name, shape, and whether it is always >= 0 (or PSD).
 
     ``nonneg`` statistics become nonnegative CVXPY Parameters, which is what lets a product
-    ``parameter * convex(w)`` stay DCP and DPP.
+    ``parameter * convex(w)`` stay DCP and DPP. ``psd`` matrices become PSD Parameters, usable in
+    ``cp.quad_form(w, P)`` (DCP, but not DPP: CVXPY then recompiles the subproblem each round).
     """
 
     name: str
     shape: tuple
     nonneg: bool = False
+    psd: bool = False
 
 
 class SurrogateBuilder:

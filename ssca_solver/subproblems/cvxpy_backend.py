@@ -39,6 +39,16 @@ DPP_MAX_DIM = 4096
 _CLARABEL_FALLBACKS = [{"static_regularization_enable": False}, {"equilibrate_enable": False}]
 
 
+def _parameter(spec, m: int) -> cp.Parameter:
+    return cp.Parameter(spec.shape, nonneg=spec.nonneg, PSD=spec.psd, name=f"{spec.name}_{m}")
+
+
+def _placeholder(spec) -> np.ndarray:
+    if spec.psd:
+        return np.eye(spec.shape[0])
+    return np.full(spec.shape, 1.0 if spec.nonneg else 0.0)
+
+
 class CvxpySubproblem:
     """Problem 5 built once with CVXPY Parameters.
 
@@ -73,8 +83,8 @@ class CvxpySubproblem:
         self.inaccurate_rounds: list[int] = []  # rounds where the solver said "inaccurate"
         self.parametrize = dim <= DPP_MAX_DIM if parametrize is None else bool(parametrize)
         if self.parametrize:
-            self._params = [{s.name: cp.Parameter(s.shape, nonneg=s.nonneg, name=f"{s.name}_{m}")
-                             for s in b.statistic_specs(dim)} for m, b in enumerate(builders)]
+            self._params = [{s.name: _parameter(s, m) for s in b.statistic_specs(dim)}
+                            for m, b in enumerate(builders)]
             self._c = cp.Parameter(nonneg=True, name="penalty")
             self._build(self._params, self._c)
             self.dpp = self.problem.is_dpp()
@@ -83,8 +93,8 @@ class CvxpySubproblem:
                               "parameters in a way CVXPY cannot parametrise); CVXPY will "
                               "recompile it every round, which is slow", stacklevel=3)
         else:  # check the model once on placeholder values; each solve rebuilds it
-            self._build([{s.name: cp.Constant(np.full(s.shape, 1.0 if s.nonneg else 0.0))
-                          for s in b.statistic_specs(dim)} for b in builders], cp.Constant(1.0))
+            self._build([{s.name: cp.Constant(_placeholder(s)) for s in b.statistic_specs(dim)}
+                         for b in builders], cp.Constant(1.0))
             self.dpp = False
 
     def _build(self, stats: Sequence[dict], penalty) -> None:
@@ -182,8 +192,12 @@ class CvxpySubproblem:
             vals = {}
             for spec in b.statistic_specs(self.dim):
                 v = np.asarray(st[spec.name], dtype=float)
-                # guards round-off below 0 in a nonnegative statistic
-                vals[spec.name] = np.maximum(v, 0.0) if spec.nonneg else v
+                # guards round-off below 0 in a nonnegative statistic, asymmetry in a PSD one
+                if spec.nonneg:
+                    v = np.maximum(v, 0.0)
+                if spec.psd:
+                    v = 0.5 * (v + v.T)
+                vals[spec.name] = v
             values.append(vals)
         if self.parametrize:
             for ps, vals in zip(self._params, values):

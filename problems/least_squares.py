@@ -1,0 +1,79 @@
+"""Least squares with a user-written surrogate that keeps the loss exact.
+
+For f(w, x, y) = (x.w - y)^2 / 2 the loss is already a convex quadratic, so the best surrogate
+is the loss itself (plus the proximal term): fbar(w, w_t, x) = f(w, x) + tau |w - w_t|^2. Its
+statistics over a batch are sums of x x' (d x d), x y (d) and y^2 / 2, plus the proximal parts;
+the surrogate is affine in them. This :class:`ExactQuadratic` builder is the example of a custom
+builder in docs/modelling.md: it goes through the CVXPY path (``cp.quad_form`` with a PSD
+Parameter is not DPP, so CVXPY recompiles Problem 2 each round) and needs far fewer rounds than
+the proximal-linear default, which only sees the gradient.
+"""
+
+from __future__ import annotations
+
+import cvxpy as cp
+import numpy as np
+
+import ssca_solver as ss
+from ssca_solver.surrogates import Statistic, SurrogateBuilder
+
+
+class ExactQuadratic(SurrogateBuilder):
+    """fbar = f + tau |w - w_t|^2 for f(w, x, y) = (x.w - y)^2 / 2 (needs X rows and targets)."""
+
+    def statistic_specs(self, dim):
+        return (Statistic("S", (dim, dim), psd=True), Statistic("lin", (dim,)),
+                Statistic("const", ()), Statistic("quad", (), nonneg=True))
+
+    def statistics(self, fn, w, X, y, tau, where):
+        n = X.shape[0]
+        # sum_n (x.w - y)^2/2 + tau |w - w_t|^2 = w'(S/2)w - (X'y).w + y'y/2 + n tau |w - w_t|^2
+        return {"S": X.T @ X, "lin": -(X.T @ y) - 2.0 * n * tau * w,
+                "const": np.asarray(0.5 * y @ y + n * tau * (w @ w)), "quad": np.asarray(n * tau)}
+
+    def expression(self, stats, w, w_sq):
+        return (0.5 * cp.quad_form(w, stats["S"]) + stats["lin"] @ w + stats["const"]
+                + stats["quad"] * w_sq)
+
+    def evaluate(self, stats, w):
+        w = np.asarray(w, dtype=float)
+        return float(0.5 * w @ stats["S"] @ w + stats["lin"] @ w + stats["const"]
+                     + stats["quad"] * (w @ w))
+
+    def __repr__(self):
+        return "ExactQuadratic()"
+
+
+def squared_loss(exact: bool = False) -> ss.SampleFunction:
+    def value(w, X, y):
+        return 0.5 * (X @ w - y) ** 2
+
+    def grad(w, X, y):
+        return X.T @ (X @ w - y) / len(y)
+
+    return ss.SampleFunction(value, grad, name="squared loss",
+                             surrogate=ExactQuadratic() if exact else None)
+
+
+def diabetes_regression():
+    """scikit-learn's diabetes data: standardised features with an intercept, standardised y."""
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    return np.hstack([X, np.ones((len(y), 1))]), (y - y.mean()) / y.std()
+
+
+def box_least_squares(data: ss.FederatedData, box: float, exact: bool) -> ss.Problem:
+    """min mean (x.w - y)^2 / 2  s.t.  |w|_inf <= box (a deterministic set)."""
+    dim = data.clients[0].X.shape[1]
+    return ss.Problem(squared_loss(exact), dim=dim, data=data,
+                      domain=lambda w: [cp.norm(w, "inf") <= box])
+
+
+def pooled_reference(X, y, box: float):
+    w = cp.Variable(X.shape[1])
+    p = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(X @ w - y) / len(y)),
+                   [cp.norm(w, "inf") <= box])
+    p.solve(solver="CLARABEL")
+    return w.value, p.value
