@@ -3,8 +3,8 @@
 For f(w, x, y) = (x.w - y)^2 / 2 the loss is already a convex quadratic, so the best surrogate
 is the loss itself (plus the proximal term): fbar(w, w_t, x) = f(w, x) + tau |w - w_t|^2. Its
 statistics over a batch are sums of x x' (d x d), x y (d) and y^2 / 2, plus the proximal parts;
-the surrogate is affine in them. This :class:`ExactQuadratic` builder is the example of a custom
-builder in docs/modelling.md: it goes through the CVXPY path (``cp.quad_form`` with a PSD
+the surrogate is affine in them. This :class:`ExactQuadratic` builder is the worked example of
+a custom builder in docs/examples/README.md: it goes through the CVXPY path (``cp.quad_form`` with a PSD
 Parameter is not DPP, so CVXPY recompiles Problem 2 each round) and needs far fewer rounds than
 the proximal-linear default, which only sees the gradient.
 """

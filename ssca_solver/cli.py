@@ -67,7 +67,8 @@ def _network(args) -> int:
         warnings.simplefilter("ignore", ss.ScheduleWarning)  # the paper's schedules; see docs
         res = prob.solve(method="ssca", batch_size=args.batch_size, max_iter=args.rounds,
                          tau=args.tau, rho=ss.PowerStep(args.a1, args.alpha),
-                         gamma=ss.PowerStep(args.a2, args.alpha + 0.05), penalty=[args.c],
+                         gamma=ss.PowerStep(args.a2, args.alpha + 0.05),
+                         **({"penalty": [args.c]} if args.U is not None else {}),
                          x0=net.init(args.seed), seed=args.seed,
                          eval_every=max(1, args.rounds // 10), progress=True)
     print()

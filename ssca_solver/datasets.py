@@ -74,8 +74,9 @@ def load_idx_dataset(directory, split: str = "train", name: str = "the data set"
         raise DatasetNotFound(
             f"{name}: no file {exc.args[0]}[.gz] in {directory}. For Fashion-MNIST install the "
             "Debian package dataset-fashion-mnist (apt-get install dataset-fashion-mnist), which "
-            f"puts the four IDX files in {FASHION_MNIST_DIR}; for MNIST download its four IDX "
-            "files yourself and pass their folder with --data-dir.") from None
+            f"puts the four IDX files in {FASHION_MNIST_DIR}; for MNIST get its four IDX files "
+            "yourself and pass their folder as data_dir (--data-dir on the command line).") \
+            from None
     X = X.reshape(X.shape[0], -1).astype(float) / 255.0
     return X, y.astype(np.int64)
 
@@ -93,8 +94,10 @@ def fashion_mnist(data_dir=None):
 def mnist(data_dir):
     """MNIST from the four IDX files a user provides in ``data_dir`` (no download)."""
     if not data_dir:
-        raise DatasetNotFound("MNIST cannot be downloaded here: pass the folder with its four "
-                              "IDX files (train-images-idx3-ubyte[.gz], ...) as --data-dir")
+        raise DatasetNotFound("MNIST is read from files you provide (nothing is downloaded): "
+                              "pass the folder with its four IDX files "
+                              "(train-images-idx3-ubyte[.gz], ...) as data_dir (--data-dir on "
+                              "the command line)")
     return (load_idx_dataset(data_dir, "train", "MNIST"),
             load_idx_dataset(data_dir, "test", "MNIST"))
 

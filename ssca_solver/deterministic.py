@@ -135,6 +135,8 @@ class DeterministicPart:
             return g
         self._w.value = np.asarray(w, dtype=float)
         for e in self._exprs:
+            if e.is_constant():
+                continue  # CVXPY gives no gradient for a constant; it is zero
             ge = e.grad.get(self._w)
             if ge is None:
                 raise ModelError(f"a deterministic term is not differentiable at w ({e})")

@@ -110,7 +110,8 @@ class SSCAResult:
       communication: :class:`Communication`.
       stages: one :class:`Stage` per penalty value run.
       nit: rounds run in all.
-      subproblem: which subproblem solver ran ("cvxpy").
+      subproblem: which subproblem solver ran: "closed_form" or "cvxpy" (method "ssca"), or
+        "fedavg" (method "fedavg").
       time: wall-clock seconds of the solve.
       solver_info: the subproblem solver's name, how many rounds needed a retry with fallback
         settings, and the rounds it reported as only "optimal_inaccurate".

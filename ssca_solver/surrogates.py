@@ -151,7 +151,7 @@ class ProximalLinear(SurrogateBuilder):
         return a * float(w @ w) + float(b @ w) + c
 
     def __repr__(self):
-        return f"ProximalLinear(tau={self.tau})"
+        return f"{type(self).__name__}(tau={self.tau})"
 
 
 class DiagonalCurvature(SurrogateBuilder):

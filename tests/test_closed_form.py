@@ -71,16 +71,27 @@ def test_closed_form_agrees_with_clarabel(seed, M, d, kinds, penalty):
     assert np.all(np.abs(nu * (h - sol.slack)) <= 1e-9 * penalty)
     assert np.all(np.abs((penalty - nu) * sol.slack) <= 1e-9 * penalty)
     w, s, nu, value = cvxpy_reference(*inst)
-    # Clarabel stops up to ~2e-5 (relative) away from the KKT point on about a quarter of these
-    # instances (measured over 80 random ones, whatever its tolerances; see the closing note of
-    # the closed-form issue), so agreement is asserted at 1e-4; the KKT residuals above pin the
-    # closed form itself to 1e-12, and its value is never worse than Clarabel's.
-    assert np.linalg.norm(sol.w - w) <= 1e-4 * max(np.linalg.norm(w), 1.0)
-    assert sol.value <= value + 1e-7 * max(1.0, abs(value))  # up to Clarabel's feasibility tol
-    assert sol.value == pytest.approx(value, rel=1e-7, abs=1e-8)
-    np.testing.assert_allclose(sol.slack, s, rtol=1e-4, atol=1e-5)  # as the primal, above
-    np.testing.assert_allclose(sol.multipliers, nu, atol=1e-4 * penalty)
-    tol = 1e-4 * penalty
+    # Clarabel's own accuracy limits a direct comparison (it stops up to ~3e-4 relative away
+    # from the optimum on some instances, whatever its tolerances; measured), so the comparison
+    # is made exact through the penalty function P(w) = p_0(w) + c sum_m max(p_m(w) - U_m, 0):
+    # P is strongly convex with modulus 2 a_0 and minimised by the solution of Problem 5, so
+    # a_0 |w_cf - w_cvx|^2 <= P(w_cvx) - P(w_cf) must hold if the closed form is optimal, and
+    # P(w_cf) <= P(w_cvx). Both are checked, plus a plain 1e-3 agreement.
+    def P(v):
+        h = np.array([a[m] * v @ v + bs[m] @ v + cs[m] - U[m] for m in range(M)])
+        return a0 * v @ v + b0 @ v + inst[2] + penalty * np.maximum(h, 0).sum()
+
+    # slop: the dual is solved to a residual of 1e-13 (1 + c) in p_m - U_m, which moves P by
+    # up to about c times that; rounding in P itself is far smaller
+    slop = 1e-11 * (1.0 + penalty) * max(1.0, abs(P(sol.w)))
+    assert P(sol.w) <= P(w) + slop
+    assert a0 * (sol.w - w) @ (sol.w - w) <= P(w) - P(sol.w) + slop
+    assert sol.value == pytest.approx(P(sol.w), rel=1e-12, abs=1e-12)
+    assert np.linalg.norm(sol.w - w) <= 1e-3 * max(np.linalg.norm(w), 1.0)
+    assert sol.value == pytest.approx(value, rel=1e-6, abs=1e-8)
+    np.testing.assert_allclose(sol.slack, s, rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(sol.multipliers, nu, atol=1e-3 * penalty)
+    tol = 1e-3 * penalty
     assert np.array_equal(sol.multipliers > tol, nu > tol)          # same active set
     assert np.array_equal(sol.multipliers >= penalty - tol, nu >= penalty - tol)
     for m, kind in enumerate(kinds[:M]):

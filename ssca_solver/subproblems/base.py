@@ -16,9 +16,12 @@ class SubproblemSolution:
       slack: s^(t), shape (M,), >= 0.
       multipliers: the duals nu_m of the surrogate constraints Fbar_m(w) - U_m <= s_m, in [0, c].
       value: the subproblem's optimal value (surrogate objective + deterministic terms + c sum s).
+      residual: for iterative dual solves, the projected-gradient residual at the stop (0 when
+        the solution is exact up to rounding).
     """
 
     w: np.ndarray
     slack: np.ndarray
     multipliers: np.ndarray
     value: float
+    residual: float = 0.0

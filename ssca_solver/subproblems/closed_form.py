@@ -108,8 +108,8 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter):
     """Maximise the concave g on [0, c]^M by projected Newton with an Armijo arc search."""
     M = a.size
     nu = np.minimum(np.maximum(nu0, 0.0), c)
-    it = 0
-    for it in range(max_iter):
+    res = np.inf
+    for _ in range(max_iter):
         g, grad, H = _dual(G, a0, a, d, nu)
         pg = nu - np.minimum(np.maximum(nu + grad, 0.0), c)
         res = np.max(np.abs(pg))
@@ -151,7 +151,7 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter):
             alpha *= 0.5
         if not accepted:
             break
-    return nu, it
+    return nu, res
 
 
 def solve_closed_form(a0: float, b0: np.ndarray, c0: float, a: np.ndarray, bs, cs: np.ndarray,
@@ -182,11 +182,12 @@ def solve_closed_form(a0: float, b0: np.ndarray, c0: float, a: np.ndarray, bs, c
     a = np.asarray(a, dtype=float)
     d = np.asarray(cs, dtype=float) - np.asarray(U, dtype=float)
     c = float(penalty)
+    residual = 0.0
     if M == 1:
         nu = np.array([_lemma1(G, float(a0), float(a[0]), float(d[0]), c)])
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
-        nu, _ = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c), 200)
+        nu, residual = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c), 200)
     A = float(a0 + nu @ a)
     w[:] = b0                                     # w = -(b_0 + sum nu_m b_m) / (2 A), in place
     for m in range(M):
@@ -197,7 +198,7 @@ def solve_closed_form(a0: float, b0: np.ndarray, c0: float, a: np.ndarray, bs, c
     h = a * ww + np.array([float(b @ w) for b in bs]) + d   # p_m(w) - U_m
     slack = np.maximum(h, 0.0)
     value = a0 * ww + float(b0 @ w) + c0 + c * float(slack.sum())
-    return SubproblemSolution(w, slack, nu, value)
+    return SubproblemSolution(w, slack, nu, value, float(residual))
 
 
 class ClosedFormSubproblem:
@@ -233,5 +234,9 @@ class ClosedFormSubproblem:
         sol = solve_closed_form(a0 + self.ridge, b0, c0, np.array([f[0] for f in cons]),
                                 [f[1] for f in cons], np.array([f[2] for f in cons]),
                                 self.bounds, penalty, nu0=self._nu)
+        # the dual residual is p_m(w) - U_m in the constraints' units: a stop far above
+        # rounding (iteration limit, stalled line search) is reported like an inaccurate solve
+        if sol.residual > 1e-9 * (1.0 + penalty):
+            self.inaccurate_rounds.append(round)
         self._nu = sol.multipliers
         return sol

@@ -50,7 +50,8 @@ def _placeholder(spec) -> np.ndarray:
 
 
 class CvxpySubproblem:
-    """Problem 5 built once with CVXPY Parameters.
+    """Problem 5 in CVXPY: built once with Parameters when d <= DPP_MAX_DIM, else rebuilt with
+    constants every round (``parametrize`` overrides the choice).
 
     Args:
       dim: size of w.
@@ -120,7 +121,9 @@ class CvxpySubproblem:
             k = 1
         if det is not None:
             obj_terms.append(det)
-        cons = list(domain) + [cp.sum_squares(self._w) <= self._r]
+        cons = list(domain)
+        if self.num_constraints:  # Problem 2 never uses r (see the module docstring)
+            cons.append(cp.sum_squares(self._w) <= self._r)
         self._sur_cons = []
         if self.num_constraints:
             self._s = cp.Variable(self.num_constraints, nonneg=True, name="slack")
