@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ._kernels import axpy, scaled
 from .data import ClientData
 from .functions import SampleFunction, checked_value_and_grad, checked_values
 
@@ -278,6 +279,9 @@ def combine(messages: Sequence[ClientMessage], num_samples: int) -> tuple:
         for msg in messages:
             wgt = msg.num_rows / (msg.batch_size * num_samples)
             for k, v in msg.stats[m].items():
-                acc[k] = acc[k] + wgt * v if k in acc else wgt * np.asarray(v, dtype=float)
+                if k in acc:
+                    axpy(wgt, v, acc[k])
+                else:
+                    acc[k] = scaled(wgt, v)
         out.append(acc)
     return tuple(out)

@@ -102,3 +102,17 @@ def test_server_never_reads_client_rows():
     with pytest.raises(ss.UserFunctionError, match="client 0, round 2"):
         neyman_pearson(data2, 0.2, class_fractions=(np.mean(y == 0), np.mean(y == 1))).solve(
             callback=_poison_after_first_round(data2, []), **opts)
+
+
+def test_fused_average_equals_combine_then_average(cancer_data):
+    from ssca_solver import driver
+
+    prob = neyman_pearson(cancer_data, alpha=0.2)
+    msgs = InProcessTransport(make_clients(prob, 0)).exchange(
+        RoundRequest(1, np.full(prob.dim, 0.1), 7, 0.1))
+    prev = driver.init(np.zeros(prob.dim), prob.builders, 0.1, "tau").stats
+    a = driver.average_with_messages(prev, msgs, cancer_data.num_samples, 0.3)
+    b = driver.average_statistics(prev, combine(msgs, cancer_data.num_samples), 0.3)
+    for x, z in zip(a, b):
+        for k in x:
+            np.testing.assert_allclose(x[k], z[k], rtol=1e-14, atol=1e-15)

@@ -25,14 +25,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .._kernels import axpy
 from .base import SubproblemSolution
-
-
-@njit(cache=True)
-def _axpy(alpha, x, y):
-    """y += alpha x in place (SciPy's BLAS daxpy wrapper cost ~1 ms per call here)."""
-    for i in range(y.size):
-        y[i] += alpha * x[i]
 
 
 @njit(cache=True)
@@ -192,7 +186,7 @@ def solve_closed_form(a0: float, b0: np.ndarray, c0: float, a: np.ndarray, bs, c
     w[:] = b0                                     # w = -(b_0 + sum nu_m b_m) / (2 A), in place
     for m in range(M):
         if nu[m] != 0.0:
-            _axpy(float(nu[m]), vecs[m + 1], w)
+            axpy(float(nu[m]), vecs[m + 1], w)
     w *= -0.5 / A
     ww = float(w @ w)
     h = a * ww + np.array([float(b @ w) for b in bs]) + d   # p_m(w) - U_m
