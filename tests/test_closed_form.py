@@ -43,15 +43,21 @@ def cvxpy_reference(a0, b0, c0, a, bs, cs, U, c):
     cons = [a[m] * r + bs[m] @ w + cs[m] - U[m] <= s[m] for m in range(M)]
     obj = a0 * (r if M else cp.sum_squares(w)) + b0 @ w + c0 + (c * cp.sum(s) if M else 0)
     prob = cp.Problem(cp.Minimize(obj), cons + [cp.sum_squares(w) <= r])
-    prob.solve(solver="CLARABEL", tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12,
-               tol_ktratio=1e-10)
+    tight = dict(tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12, tol_ktratio=1e-10)
+    for opts in (tight, {}, {"equilibrate_enable": False}):  # Clarabel at tight tolerances
+        try:                                                # fails on a few instances
+            prob.solve(solver="CLARABEL", **opts)
+            break
+        except cp.error.SolverError:
+            continue
     assert prob.status in ("optimal", "optimal_inaccurate")
     duals = np.array([np.ravel(k.dual_value)[0] for k in cons])
     return w.value, (np.maximum(s.value, 0) if M else np.zeros(0)), duals, prob.value
 
 
 @pytest.mark.filterwarnings("ignore:Solution may be inaccurate")
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2 ** 32 - 1), M=st.sampled_from([0, 1, 2, 5]),
        d=st.integers(1, 40), kinds=st.lists(st.sampled_from(KINDS), min_size=5, max_size=5),
        penalty=st.sampled_from([3.0, 50.0]))

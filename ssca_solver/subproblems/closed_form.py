@@ -31,7 +31,8 @@ from .base import SubproblemSolution
 
 @njit(cache=True)
 def _dual(G, a0, a, d, nu):
-    """g(nu), its gradient and Hessian from the Gram matrix (all O(M^2))."""
+    """g(nu), its gradient and Hessian from the Gram matrix (all O(M^2)), and the size of the
+    terms g is made of (its rounding error is about 1e-16 times that)."""
     M = a.size
     nt = np.empty(M + 1)
     nt[0] = 1.0
@@ -49,7 +50,8 @@ def _dual(G, a0, a, d, nu):
             jj = G[m + 1, k + 1] + 2.0 * a[k] * bw[m + 1] + 2.0 * a[m] * bw[k + 1] \
                 + 4.0 * a[m] * a[k] * ww
             H[m, k] = -jj / (2.0 * A)
-    return g, grad, H
+    scale = BB / (4.0 * A) + np.sum(np.abs(nu * d))
+    return g, grad, H, scale
 
 
 @njit(cache=True)
@@ -104,7 +106,7 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter):
     nu = np.minimum(np.maximum(nu0, 0.0), c)
     res = np.inf
     for _ in range(max_iter):
-        g, grad, H = _dual(G, a0, a, d, nu)
+        g, grad, H, gscale = _dual(G, a0, a, d, nu)
         pg = nu - np.minimum(np.maximum(nu + grad, 0.0), c)
         res = np.max(np.abs(pg))
         if res <= tol:
@@ -130,15 +132,16 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter):
         accepted = False
         for _ in range(60):
             trial = np.minimum(np.maximum(nu + alpha * direction, 0.0), c)
-            gt, gradt, _ = _dual(G, a0, a, d, trial)
+            gt, gradt, _, _ = _dual(G, a0, a, d, trial)
             if gt - g >= 1e-4 * np.dot(grad, trial - nu) and gt >= g:
                 nu = trial
                 accepted = True
                 break
-            # near the optimum the Armijo gain falls below rounding in g: accept a step that
-            # keeps g within rounding and shrinks the projected-gradient residual
+            # near the optimum the Armijo gain falls below rounding in g (g is a difference of
+            # terms of size gscale): accept a step that keeps g within that rounding and
+            # shrinks the projected-gradient residual
             rest = np.max(np.abs(trial - np.minimum(np.maximum(trial + gradt, 0.0), c)))
-            if gt >= g - 1e-15 * (1.0 + abs(g)) and rest < res:
+            if gt >= g - 1e-13 * (1.0 + gscale) and rest < res:
                 nu = trial
                 accepted = True
                 break
