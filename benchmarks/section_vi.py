@@ -274,6 +274,52 @@ def redo_fig3(args):
                 f"{r['norm2']:.2f}, test acc {r['test_acc'][-1]:.3f}, {r['status']}")
 
 
+def long_run(args):
+    """T = 1000 for the B = 100 methods (and FedAvg E = 2, B = 50), with the settings the
+    grid search chose in the last full run; R = ``--runs`` (default 2)."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    payload = json.loads((RESULTS / "section_vi.json").read_text())
+    _setup(payload["data"], args.data_dir, args.hidden)
+    T, R = args.rounds or 1000, args.runs or 2
+    base = dict(acc_every=50, cost_every=T // 4)
+    chosen_b, chosen_s = payload["grid"]["chosen_baselines"], payload["grid"]["chosen_ssca"]
+    specs = [dict(method="ssca", B=100, tuned=True, a=tuple(chosen_s["SSCA B=100 tuned"]["a"]),
+                  tau=chosen_s["SSCA B=100 tuned"]["tau"]),
+             dict(method="fedavg", B=100, E=1, momentum=0.0, lr=chosen_b["FedSGD B=100"]),
+             dict(method="fedavg", B=50, E=2, momentum=0.0, lr=chosen_b["FedAvg E=2 B=50"]),
+             dict(method="fedavg", B=100, E=1, momentum=0.9,
+                  lr=chosen_b["SGD-momentum B=100"]),
+             dict(method="ssca-con", B=100, U=0.7, a=tuple(chosen_s["SSCA B=100 tuned"]["a"]),
+                  tau=chosen_s["SSCA B=100 tuned"]["tau"])]
+    cfgs = [{**sp, "seed": seed, "T": T, **base} for seed in range(R) for sp in specs]
+    start = time.perf_counter()
+    runs = pmap(cfgs, args.jobs)
+    table = summarise(runs, (0.8, 0.82, 0.84))
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
+    groups = {}
+    for r in runs:
+        groups.setdefault(label(r), []).append(r)
+    for key, rs in sorted(groups.items()):
+        band(ax[0], rs, "t_cost", "train_cost", key)
+        band(ax[1], rs, "t_acc", "test_acc", key)
+    ax[0].set(xlabel="round t", ylabel="training cost", yscale="log", title=f"T = {T}")
+    ax[1].set(xlabel="round t", ylabel="test accuracy", title=f"T = {T}, R = {R}")
+    ax[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "section_vi_long.png", dpi=110)
+    write_json("section_vi_long", {"command": "python benchmarks/section_vi.py --long",
+                                   "machine": machine(), "T": T, "R": R, "runs": runs,
+                                   "table": table, "wall_time_s": time.perf_counter() - start})
+    md = table_markdown(table, (0.8, 0.82, 0.84))
+    (RESULTS / "section_vi_long_table.md").write_text(md + "\n")
+    print(md)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a few minutes: R=2, T=30, B=10, 100")
@@ -284,11 +330,15 @@ def main(argv=None):
                                                                   "digits"])
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--long", action="store_true",
+                    help="T = 1000 for the B = 100 methods with the last run's tuned settings")
     ap.add_argument("--fig3-only", action="store_true",
                     help="re-run only Figure 3's sweeps from the last full run's JSON")
     args = ap.parse_args(argv)
     if args.fig3_only:
         return redo_fig3(args)
+    if args.long:
+        return long_run(args)
     q = args.quick
     R = args.runs or (2 if q else 10)
     T = args.rounds or (30 if q else 100)
