@@ -114,7 +114,8 @@ class SSCAResult:
         "fedavg" (method "fedavg").
       time: wall-clock seconds of the solve.
       solver_info: the subproblem solver's name, how many rounds needed a retry with fallback
-        settings, and the rounds it reported as only "optimal_inaccurate".
+        settings, the rounds it reported as only "optimal_inaccurate", and (CVXPY path) whether
+        the problem was compiled once with Parameters or rebuilt each round (d > 4096).
     """
 
     x: np.ndarray

@@ -295,6 +295,7 @@ def solve_ssca(problem, **options) -> SSCAResult:
                       solver_info={"solver": (opts.solver if isinstance(
                                        subproblem, CvxpySubproblem) else "closed_form"),
                                    "retries": subproblem.retries,
+                                   "parametrized": getattr(subproblem, "parametrize", None),
                                    "inaccurate_rounds": tuple(subproblem.inaccurate_rounds)})
 
 
