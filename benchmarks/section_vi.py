@@ -20,7 +20,6 @@ Writes benchmarks/results/section_vi[_quick].json, fig1/fig2/fig3 PNGs and a tab
 from __future__ import annotations
 
 import argparse
-import itertools
 import multiprocessing as mp
 import sys
 import time

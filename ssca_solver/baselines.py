@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -138,5 +138,3 @@ def solve_fedavg(problem, **options) -> SSCAResult:
                       stages=(), nit=opts.max_iter, subproblem="fedavg",
                       time=time.perf_counter() - start, solver_info={"solver": "fedavg"})
 
-
-OPTION_NAMES = [f.name for f in fields(FedAvgOptions)]

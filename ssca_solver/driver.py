@@ -15,12 +15,12 @@ is a loop over c_1 < c_2 < ... around the same step, warm-started from the last 
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from ._kernels import axpy, scaled
-from .federated import ClientMessage, combine
+from .federated import ClientMessage
 from .subproblems.base import SubproblemSolution
 
 

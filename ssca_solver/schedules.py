@@ -9,12 +9,9 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable
 
 from .errors import ScheduleError
-
-Schedule = Union["PowerStep", Callable[[int], float]]
-
 
 class ScheduleWarning(UserWarning):
     """A schedule violates a convergence condition of eq. (rho) or eq. (gamma)."""

@@ -131,7 +131,6 @@ def test_unconstrained_is_eq_omega_uncon():
 
 
 def test_writes_into_a_given_buffer():
-    rng = np.random.default_rng(1)
     out = np.empty(7)
     inst = make_instance(3, 2, 7, ["active", "active"], 10.0)
     sol = solve_closed_form(*inst, out=out)

@@ -1,7 +1,6 @@
 """Algorithm 2's penalty continuation (Theorem 2 and the paragraph after it)."""
 
 import numpy as np
-import pytest
 
 from problems.neyman_pearson import neyman_pearson
 
