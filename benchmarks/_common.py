@@ -28,8 +28,8 @@ def machine() -> dict:
                 if line.startswith("model name"):
                     cpu = line.split(":", 1)[1].strip()
                     break
-    except OSError:
-        pass
+    except OSError:  # no /proc (not Linux): keep platform.processor()
+        cpu = cpu or "unknown"
     try:
         from threadpoolctl import threadpool_info
         blas = [{k: i.get(k) for k in ("internal_api", "version", "num_threads",

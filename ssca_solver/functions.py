@@ -103,36 +103,43 @@ class StochasticConstraint:
 
 # -- checks on what user functions return ---------------------------------------------------------
 
-def checked_values(fn: SampleFunction, w, X, y, n: int, where: str) -> np.ndarray:
-    """Call ``fn.value`` and check shape (n,) and finiteness; ``where`` names client and round."""
+def _call(fn: SampleFunction, method: str, w, X, y, where: str):
     try:
-        v = fn.value(w, X, y)
+        return getattr(fn, method)(w, X, y)
     except Exception as exc:
-        raise UserFunctionError(f"{fn.name}.value raised on {where}: {exc!r}") from exc
+        raise UserFunctionError(f"{fn.name}.{method} raised on {where}: {exc!r}") from exc
+
+
+def _valid_values(name: str, v, n: int, where: str) -> np.ndarray:
     v = np.asarray(v, dtype=float)
     if v.shape != (n,):
-        raise UserFunctionError(f"{fn.name}.value must return per-sample values of shape ({n},) "
+        raise UserFunctionError(f"{name}.value must return per-sample values of shape ({n},) "
                                 f"for {n} rows; got shape {v.shape} on {where}")
     if not np.all(np.isfinite(v)):
         bad = int(np.flatnonzero(~np.isfinite(v))[0])
-        raise UserFunctionError(f"{fn.name}.value returned a non-finite value ({v[bad]}) at row "
+        raise UserFunctionError(f"{name}.value returned a non-finite value ({v[bad]}) at row "
                                 f"{bad} of the batch on {where}")
     return v
 
 
-def checked_grad(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray:
-    """Call ``fn.grad`` and check shape (d,) and finiteness; ``where`` names client and round."""
-    try:
-        g = fn.grad(w, X, y)
-    except Exception as exc:
-        raise UserFunctionError(f"{fn.name}.grad raised on {where}: {exc!r}") from exc
+def _valid_grad(name: str, g, d: int, where: str) -> np.ndarray:
     g = np.asarray(g, dtype=float)
     if g.shape != (d,):
-        raise UserFunctionError(f"{fn.name}.grad must return the gradient of the batch mean, of "
+        raise UserFunctionError(f"{name}.grad must return the gradient of the batch mean, of "
                                 f"shape ({d},) (the problem's dim); got shape {g.shape} on {where}")
     if not np.all(np.isfinite(g)):
-        raise UserFunctionError(f"{fn.name}.grad returned a non-finite entry on {where}")
+        raise UserFunctionError(f"{name}.grad returned a non-finite entry on {where}")
     return g
+
+
+def checked_values(fn: SampleFunction, w, X, y, n: int, where: str) -> np.ndarray:
+    """Call ``fn.value`` and check shape (n,) and finiteness; ``where`` names client and round."""
+    return _valid_values(fn.name, _call(fn, "value", w, X, y, where), n, where)
+
+
+def checked_grad(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray:
+    """Call ``fn.grad`` and check shape (d,) and finiteness; ``where`` names client and round."""
+    return _valid_grad(fn.name, _call(fn, "grad", w, X, y, where), d, where)
 
 
 def checked_value_and_grad(fn: SampleFunction, w, X, y, where: str):
@@ -140,12 +147,8 @@ def checked_value_and_grad(fn: SampleFunction, w, X, y, where: str):
     n, d = X.shape[0], w.size
     if fn.value_and_grad is None:
         return checked_values(fn, w, X, y, n, where), checked_grad(fn, w, X, y, d, where)
-    try:
-        v, g = fn.value_and_grad(w, X, y)
-    except Exception as exc:
-        raise UserFunctionError(f"{fn.name}.value_and_grad raised on {where}: {exc!r}") from exc
-    both = SampleFunction(lambda *_: v, lambda *_: g, name=fn.name)
-    return checked_values(both, w, X, y, n, where), checked_grad(both, w, X, y, d, where)
+    v, g = _call(fn, "value_and_grad", w, X, y, where)
+    return _valid_values(fn.name, v, n, where), _valid_grad(fn.name, g, d, where)
 
 
 def check_grad(fn: SampleFunction, w, X, y=None, eps: float = 1e-6, seed=0,
