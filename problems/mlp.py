@@ -159,7 +159,9 @@ class MLP:
 
         def value_and_grad(w, X, y):
             losses, g1, g2, gb1, gb2, _ = self._run(w, X, y, True)
-            return losses, self.flatten_grad(g1, g2, gb1, gb2) / X.shape[0]
+            g = self.flatten_grad(g1, g2, gb1, gb2)
+            g /= X.shape[0]
+            return losses, g
 
         def grad(w, X, y):
             return value_and_grad(w, X, y)[1]

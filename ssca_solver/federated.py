@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -175,10 +175,20 @@ class Client:
 # -- transports ------------------------------------------------------------------------------------
 
 class Transport:
-    """Carries one request to every client and brings their messages back, in client order."""
+    """Carries one request to every client and brings their messages back, in client order.
+
+    A transport implements ``stream``; ``exchange`` is ``list(stream(request))``. The server's
+    round (:func:`ssca_solver.driver.step`) consumes ``stream`` so it can fold each message into
+    the averaged statistics as soon as it arrives instead of holding all I of them.
+    """
+
+    def stream(self, request) -> Iterator:
+        """Send ``request`` to every client; yield their replies one by one, in client order."""
+        raise NotImplementedError
 
     def exchange(self, request) -> list:
-        raise NotImplementedError
+        """Send ``request`` to every client and return all replies, in client order."""
+        return list(self.stream(request))
 
     def close(self) -> None:
         pass
@@ -191,13 +201,18 @@ class Transport:
 
 
 class InProcessTransport(Transport):
-    """Clients in this process; requests are copied so clients cannot alias server arrays."""
+    """Clients in this process; requests are copied so clients cannot alias server arrays.
+
+    ``stream`` runs client i only when the server asks for message i, so the server's work on
+    message i - 1 happens while that message is still in cache.
+    """
 
     def __init__(self, clients: Sequence[Client]):
         self._clients = tuple(clients)
 
-    def exchange(self, request):
-        return [c.handle(_copy_request(request)) for c in self._clients]
+    def stream(self, request):
+        for c in self._clients:
+            yield c.handle(_copy_request(request))
 
 
 def _copy_request(request):
@@ -239,16 +254,20 @@ class ProcessTransport(Transport):
             self._conns.append(parent)
             self._procs.append(p)
 
-    def exchange(self, request):
+    def stream(self, request):
         for conn in self._conns:
             conn.send(request)
-        out = []
-        for conn in self._conns:
-            kind, payload = conn.recv()
-            if kind == "error":
-                raise payload
-            out.append(payload)
-        return out
+        pending = list(self._conns)
+        try:
+            while pending:
+                kind, payload = pending.pop(0).recv()
+                if kind == "error":
+                    raise payload
+                yield payload
+        finally:
+            # a reply left in a pipe would be read as the answer to the next request
+            for conn in pending:
+                conn.recv()
 
     def close(self):
         for conn in self._conns:

@@ -204,6 +204,32 @@ def make_clients(problem, seed) -> list[Client]:
             for i, (cd, s) in enumerate(zip(problem.data.clients, seeds))]
 
 
+class _Tally:
+    """Passes a round's messages through to the server, counting floats as they go by.
+
+    At round 1 (``problem`` given) the first message's statistics are checked for strong
+    convexity before the server uses them.
+    """
+
+    def __init__(self, problem=None):
+        self.problem = problem
+        self.count = self.floats = 0
+        self.first = None
+
+    def __call__(self, messages):
+        for msg in messages:
+            n = msg.num_floats()
+            if self.count == 0:
+                self.first = n
+                if self.problem is not None:
+                    p = self.problem
+                    for fn, b, st in zip(p.functions, p.builders, msg.stats):
+                        check_strongly_convex(b, st, p.dim, fn.name)
+            self.count += 1
+            self.floats += n
+            yield msg
+
+
 def solve_ssca(problem, **options) -> SSCAResult:
     """Solve ``problem`` by mini-batch SSCA: Algorithm 1 (no stochastic constraint) or
     Algorithm 2 (Problem 5 with slacks and penalty c) inside the penalty continuation of
@@ -237,14 +263,13 @@ def solve_ssca(problem, **options) -> SSCAResult:
             for k in range(opts.max_iter):
                 t = state.t + 1
                 r, g = step_value(rho, t, "rho"), step_value(gamma, t, "gamma")
-                msgs = transport.exchange(RoundRequest(t, state.w.copy(), B, float(opts.tau)))
-                if t == 1:
-                    for fn, b, st in zip(problem.functions, problem.builders, msgs[0].stats):
-                        check_strongly_convex(b, st, d, fn.name)
-                up_round = msgs[0].num_floats()
-                up += sum(m.num_floats() for m in msgs)
-                down += len(msgs) * d
+                tally = _Tally(problem if t == 1 else None)
+                msgs = tally(transport.stream(RoundRequest(t, state.w.copy(), B,
+                                                           float(opts.tau))))
                 state, info = driver.step(state, msgs, N, r, g, c, subproblem)
+                up_round = tally.first
+                up += tally.floats
+                down += tally.count * d
                 rec.round(info)
                 if eval_every and t % eval_every == 0:
                     ev = evaluate(transport, state.w, N, with_grad=False)

@@ -25,6 +25,7 @@ from typing import Callable, Mapping, Optional
 import cvxpy as cp
 import numpy as np
 
+from ._kernels import axpy
 from .functions import SampleFunction, checked_value_and_grad
 
 
@@ -129,10 +130,11 @@ class ProximalLinear(SurrogateBuilder):
     def statistics(self, fn, w, X, y, tau, where):
         n = X.shape[0]
         values, grad = checked_value_and_grad(fn, w, X, y, where)
-        v, g = values.sum(), n * grad
         nt = n * tau
-        return {"const": np.asarray(v - g @ w + nt * (w @ w)), "lin": g - 2.0 * nt * w,
-                "quad": np.asarray(nt)}
+        lin = np.multiply(grad, n)                 # g = n grad, the batch's gradient sum
+        const = values.sum() - lin @ w + nt * (w @ w)
+        axpy(-2.0 * nt, w, lin)                    # lin = g - 2 n tau w, in place
+        return {"const": np.asarray(const), "lin": lin, "quad": np.asarray(nt)}
 
     def expression(self, stats, w, w_sq):
         return stats["quad"] * w_sq + stats["lin"] @ w + stats["const"]

@@ -151,29 +151,41 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter):
     return nu, res
 
 
-def solve_closed_form(a0: float, b0: np.ndarray, c0: float, a: np.ndarray, bs, cs: np.ndarray,
-                      U: np.ndarray, penalty: float, out: np.ndarray | None = None,
+def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray, bs,
+                      cs: np.ndarray, U: np.ndarray, penalty: float,
+                      out: np.ndarray | None = None,
                       nu0: np.ndarray | None = None) -> SubproblemSolution:
     """Solve Problem 5 with scalar curvatures a_0 > 0, a_m >= 0 (see module docstring).
 
+    M = 0 is eqs. (omega1-uncon)/(omega2-uncon), M = 1 Lemma 1, M >= 2 the projected Newton
+    method on the dual box.
+
     Args:
-      a0, b0, c0: the objective's surrogate a_0 |w|^2 + b_0.w + c_0 (with any lambda |w|^2).
+      a0, b0, c0: the objective's surrogate a_0 |w|^2 + b_0.w + c_0 (with any lambda |w|^2);
+        ``b0=None`` means b_0 = 0 (a deterministic objective such as |w|^2 in
+        prob:class-con), which saves its passes over d floats.
       a, bs, cs: the constraints' surrogates (arrays of M curvatures, M vectors, M constants).
       U: the bounds U_m; penalty: c.
       out: optional buffer of shape (d,) for w-bar (no other d-sized array is allocated).
       nu0: warm start for the multipliers (M >= 2).
+
+    Cost: the Gram matrix's dot products (one per pair of nonzero vectors) and one pass that
+    forms w-bar; |w-bar|^2 and b_m.w-bar, hence the slacks and the value, come from G.
     """
     M = len(bs)
     if not a0 > 0:
         raise ValueError(f"the closed form needs objective curvature a_0 > 0, got {a0}")
-    w = np.empty_like(b0) if out is None else out
+    if b0 is None and M == 0:
+        raise ValueError("the closed form needs b0 or at least one constraint to know d")
+    ref = bs[0] if b0 is None else b0
+    w = np.empty(np.shape(ref)) if out is None else out
     if M == 0:                                   # eqs. (omega1-uncon)/(omega2-uncon)
         np.multiply(b0, -0.5 / a0, out=w)
         value = -float(b0 @ b0) / (4.0 * a0) + c0
         return SubproblemSolution(w, np.zeros(0), np.zeros(0), value)
     vecs = (b0,) + tuple(bs)
-    G = np.empty((M + 1, M + 1))
-    for j in range(M + 1):
+    G = np.zeros((M + 1, M + 1))                 # row and column 0 stay 0 when b_0 = 0
+    for j in range(0 if b0 is not None else 1, M + 1):
         for k in range(j, M + 1):
             G[j, k] = G[k, j] = float(vecs[j] @ vecs[k])
     a = np.asarray(a, dtype=float)
@@ -186,15 +198,21 @@ def solve_closed_form(a0: float, b0: np.ndarray, c0: float, a: np.ndarray, bs, c
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
         nu, residual = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c), 200)
     A = float(a0 + nu @ a)
-    w[:] = b0                                     # w = -(b_0 + sum nu_m b_m) / (2 A), in place
-    for m in range(M):
-        if nu[m] != 0.0:
-            axpy(float(nu[m]), vecs[m + 1], w)
-    w *= -0.5 / A
-    ww = float(w @ w)
-    h = a * ww + np.array([float(b @ w) for b in bs]) + d   # p_m(w) - U_m
+    coef = np.concatenate(([0.0 if b0 is None else 1.0], nu))
+    # w = -(b_0 + sum nu_m b_m) / (2 A): one pass (the first nonzero term scales into w)
+    terms = [(-0.5 * cf / A, v) for cf, v in zip(coef, vecs) if cf != 0.0]
+    if terms:
+        np.multiply(terms[0][1], terms[0][0], out=w)
+        for cf, v in terms[1:]:
+            axpy(cf, v, w)
+    else:
+        w[:] = 0.0
+    Gc = G @ coef
+    ww = float(coef @ Gc) / (4.0 * A * A)       # |w|^2
+    bw = -Gc / (2.0 * A)                         # b_j . w, j = 0..M
+    h = a * ww + bw[1:] + d                      # p_m(w) - U_m
     slack = np.maximum(h, 0.0)
-    value = a0 * ww + float(b0 @ w) + c0 + c * float(slack.sum())
+    value = a0 * ww + float(bw[0]) + c0 + c * float(slack.sum())
     return SubproblemSolution(w, slack, nu, value, float(residual))
 
 
@@ -216,7 +234,6 @@ class ClosedFormSubproblem:
         self.k = 1 if stochastic_objective else 0
         self.bounds = np.asarray(bounds, dtype=float)
         self.ridge = float(ridge)
-        self._zero = np.zeros(dim)
         self._nu = np.zeros(len(self.bounds))
         self.retries = 0
         self.inaccurate_rounds: list[int] = []
@@ -226,7 +243,7 @@ class ClosedFormSubproblem:
         if self.k:
             a0, b0, c0 = forms[0]
         else:
-            a0, b0, c0 = 0.0, self._zero, 0.0
+            a0, b0, c0 = 0.0, None, 0.0
         cons = forms[self.k:]
         sol = solve_closed_form(a0 + self.ridge, b0, c0, np.array([f[0] for f in cons]),
                                 [f[1] for f in cons], np.array([f[2] for f in cons]),
