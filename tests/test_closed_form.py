@@ -135,3 +135,23 @@ def test_writes_into_a_given_buffer():
     inst = make_instance(3, 2, 7, ["active", "active"], 10.0)
     sol = solve_closed_form(*inst, out=out)
     assert sol.w is out
+
+
+@pytest.mark.parametrize("M", [1, 2, 5])
+def test_zero_objective_vector_may_be_omitted(M):
+    """b0=None (a deterministic objective such as |w|^2) skips b_0's passes: same answer as an
+    explicit zero vector, and the slacks computed from the Gram matrix match w itself."""
+    a0, _, c0, a, bs, cs, U, c = make_instance(M, M, 30, ["active"] * M, 50.0)
+    ref = solve_closed_form(a0, np.zeros(30), c0, a, bs, cs, U, c)
+    sol = solve_closed_form(a0, None, c0, a, bs, cs, U, c)
+    np.testing.assert_allclose(sol.w, ref.w, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(sol.multipliers, ref.multipliers, rtol=1e-12, atol=1e-12)
+    h = a * (sol.w @ sol.w) + np.array([b @ sol.w for b in bs]) + cs - U
+    np.testing.assert_allclose(sol.slack, np.maximum(h, 0), atol=1e-12)
+    assert sol.value == pytest.approx(a0 * sol.w @ sol.w + c0 + c * np.maximum(h, 0).sum(),
+                                      rel=1e-12)
+
+
+def test_no_vector_at_all_is_refused():
+    with pytest.raises(ValueError, match="b0 or at least one constraint"):
+        solve_closed_form(1.0, None, 0.0, np.zeros(0), [], np.zeros(0), np.zeros(0), 1.0)

@@ -1,0 +1,99 @@
+"""The server's per-round arithmetic: the fused kernels, the bounded-memory averaging of the
+clients' messages and the transports' message streams."""
+
+import numpy as np
+import pytest
+
+from problems.neyman_pearson import neyman_pearson
+from ssca_solver import driver
+from ssca_solver._kernels import FOLD_WIDTH, convex_step, fold
+from ssca_solver.federated import InProcessTransport, ProcessTransport, RoundRequest, combine
+from ssca_solver.solve import make_clients
+
+
+@pytest.mark.parametrize("count", [0, 1, FOLD_WIDTH - 1, FOLD_WIDTH, FOLD_WIDTH + 1, 11])
+@pytest.mark.parametrize("shape", [(), (3,), (1000,), (40, 30)])
+def test_fold_is_the_linear_combination(count, shape):
+    rng = np.random.default_rng(count)
+    y = rng.normal(size=shape)
+    xs = [rng.normal(size=shape) for _ in range(count)]
+    wts = list(rng.normal(size=count))
+    expect = 0.7 * y + sum((wj * x for wj, x in zip(wts, xs)), np.zeros(shape))
+    out = fold(0.7, y, wts, xs, np.empty(shape))
+    np.testing.assert_allclose(out, expect, rtol=1e-13, atol=1e-13)
+    fold(0.7, y, wts, xs, y)                                     # in place
+    np.testing.assert_allclose(y, expect, rtol=1e-13, atol=1e-13)
+
+
+def test_fold_refuses_mismatched_input():
+    with pytest.raises(ValueError, match="2 weights for 1 arrays"):
+        fold(1.0, np.zeros(100), [1.0, 2.0], [np.zeros(100)], np.zeros(100))
+    with pytest.raises(ValueError, match=r"shape \(99,\)"):
+        fold(1.0, np.zeros(100), [1.0], [np.zeros(99)], np.zeros(100))
+
+
+@pytest.mark.parametrize("d", [1, 10, 100_003])
+def test_convex_step_and_its_distance(d):
+    rng = np.random.default_rng(d)
+    w, target = rng.normal(size=d), rng.normal(size=d)
+    new, dist = convex_step(w, 0.3, target)
+    np.testing.assert_allclose(new, 0.7 * w + 0.3 * target, rtol=1e-14, atol=1e-15)
+    assert dist == pytest.approx(np.linalg.norm(target - w), rel=1e-12)
+
+
+@pytest.mark.parametrize("buffer_bytes", [1, 2000, 64 * 2 ** 20])
+def test_streamed_average_equals_combine_then_average(cancer_data, monkeypatch, buffer_bytes):
+    """Whatever the buffer (one message per flush, a few, all), the streamed fold is eqs.
+    (Fs0bar)/(Fsmbar) on the combined statistics."""
+    monkeypatch.setattr(driver, "FOLD_BUFFER_BYTES", buffer_bytes)
+    prob = neyman_pearson(cancer_data, alpha=0.2)
+    transport = InProcessTransport(make_clients(prob, 0))
+    req = RoundRequest(1, np.full(prob.dim, 0.1), 7, 0.1)
+    msgs = transport.exchange(req)
+    prev = driver.init(np.ones(prob.dim), prob.builders, 0.1, "tau").stats
+    ref = driver.average_statistics(prev, combine(msgs, cancer_data.num_samples), 0.3)
+    streamed = driver.average_with_messages(prev, iter(msgs), cancer_data.num_samples, 0.3)
+    for x, z in zip(streamed, ref):
+        assert set(x) == set(z)
+        for k in x:
+            np.testing.assert_allclose(x[k], z[k], rtol=1e-13, atol=1e-14)
+
+
+def test_average_refuses_no_messages_and_foreign_statistics(cancer_data):
+    from dataclasses import replace
+
+    prob = neyman_pearson(cancer_data, alpha=0.2)
+    prev = driver.init(np.zeros(prob.dim), prob.builders, 0.1, "tau").stats
+    with pytest.raises(ValueError, match="no client messages"):
+        driver.average_with_messages(prev, [], cancer_data.num_samples, 0.5)
+    msg = InProcessTransport(make_clients(prob, 0)).exchange(
+        RoundRequest(1, np.zeros(prob.dim), 7, 0.1))[0]
+    bad = replace(msg, stats=msg.stats[:1])
+    with pytest.raises(ValueError, match="client 0: statistics"):
+        driver.average_with_messages(prev, [msg, bad], cancer_data.num_samples, 0.5)
+
+
+def test_in_process_stream_runs_each_client_when_asked(cancer_data):
+    prob = neyman_pearson(cancer_data, alpha=0.2)
+    clients = make_clients(prob, 0)
+    calls = []
+    for c in clients:
+        original = c.handle
+        c.handle = (lambda req, c=c, original=original: calls.append(c.index) or original(req))
+    stream = InProcessTransport(clients).stream(RoundRequest(1, np.zeros(prob.dim), 7, 0.1))
+    assert calls == []
+    assert next(stream).client == 0 and calls == [0]
+    assert [m.client for m in stream] == [1, 2, 3, 4] and calls == [0, 1, 2, 3, 4]
+
+
+def test_process_stream_left_early_does_not_leak_replies(cancer_data):
+    """A stream abandoned after one message must not leave the other replies in the pipes,
+    where they would be read as the answers to the next request."""
+    prob = neyman_pearson(cancer_data, alpha=0.2)
+    with ProcessTransport(make_clients(prob, 0)) as transport:
+        stream = transport.stream(RoundRequest(1, np.zeros(prob.dim), 7, 0.1))
+        assert next(stream).round == 1
+        stream.close()
+        msgs = transport.exchange(RoundRequest(2, np.zeros(prob.dim), 7, 0.1))
+        assert [m.round for m in msgs] == [2] * cancer_data.num_clients
+        assert [m.client for m in msgs] == list(range(cancer_data.num_clients))
