@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kkt_reference import polished_reference
 from ssca_solver.subproblems.closed_form import solve_closed_form
 
 KINDS = ("inactive", "active", "unsatisfiable")
@@ -103,6 +104,16 @@ def test_closed_form_agrees_with_clarabel(seed, M, d, kinds, penalty):
     for m, kind in enumerate(kinds[:M]):
         if kind == "unsatisfiable":                                    # Lemma 1's nu = c
             assert sol.multipliers[m] == penalty and sol.slack[m] > 0
+    # the issue's criterion: primal relative error <= 1e-6, against Clarabel itself when there
+    # is no constraint (Problem 2 is a QP it solves to ~1e-11) and else against Clarabel
+    # polished from its own active set (measured: <= 2.8e-12 over 2,100 random instances)
+    if not M:
+        assert np.linalg.norm(sol.w - w) <= 1e-6 * max(np.linalg.norm(w), 1e-12)
+    else:
+        w_p, s_p, nu_p = polished_reference(inst, w, nu)
+        assert np.linalg.norm(sol.w - w_p) <= 1e-6 * max(np.linalg.norm(w_p), 1e-12)
+        np.testing.assert_allclose(sol.slack, s_p, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(sol.multipliers, nu_p, rtol=1e-6, atol=1e-9 * penalty)
 
 
 def test_lemma1_is_the_papers_formula():
