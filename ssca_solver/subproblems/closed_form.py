@@ -25,7 +25,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .._kernels import axpy
+from .._kernels import fold
 from .base import SubproblemSolution
 
 
@@ -52,6 +52,17 @@ def _dual(G, a0, a, d, nu):
             H[m, k] = -jj / (2.0 * A)
     scale = BB / (4.0 * A) + np.sum(np.abs(nu * d))
     return g, grad, H, scale
+
+
+@njit(cache=True)
+def _summary(G, coef, a0, a, d, c0, c):
+    """A(nu), |w|^2, b_j.w, the slacks and the value of Problem 5 at w(nu), from G alone."""
+    A = a0 + np.dot(coef[1:], a)
+    Gc = G @ coef
+    ww = np.dot(coef, Gc) / (4.0 * A * A)       # |w|^2
+    bw = -Gc / (2.0 * A)                         # b_j . w, j = 0..M
+    slack = np.maximum(a * ww + bw[1:] + d, 0.0)  # [p_m(w) - U_m]_+
+    return A, ww, bw, slack, a0 * ww + bw[0] + c0 + c * np.sum(slack)
 
 
 @njit(cache=True)
@@ -197,22 +208,14 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
         nu, residual = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c), 200)
-    A = float(a0 + nu @ a)
     coef = np.concatenate(([0.0 if b0 is None else 1.0], nu))
-    # w = -(b_0 + sum nu_m b_m) / (2 A): one pass (the first nonzero term scales into w)
+    A, ww, bw, slack, value = _summary(G, coef, float(a0), a, d, float(c0), c)
+    # w = -(b_0 + sum nu_m b_m) / (2 A): one pass for up to FOLD_WIDTH + 1 vectors
     terms = [(-0.5 * cf / A, v) for cf, v in zip(coef, vecs) if cf != 0.0]
     if terms:
-        np.multiply(terms[0][1], terms[0][0], out=w)
-        for cf, v in terms[1:]:
-            axpy(cf, v, w)
+        fold(terms[0][0], terms[0][1], [t[0] for t in terms[1:]], [t[1] for t in terms[1:]], w)
     else:
         w[:] = 0.0
-    Gc = G @ coef
-    ww = float(coef @ Gc) / (4.0 * A * A)       # |w|^2
-    bw = -Gc / (2.0 * A)                         # b_j . w, j = 0..M
-    h = a * ww + bw[1:] + d                      # p_m(w) - U_m
-    slack = np.maximum(h, 0.0)
-    value = a0 * ww + float(bw[0]) + c0 + c * float(slack.sum())
     return SubproblemSolution(w, slack, nu, value, float(residual))
 
 
