@@ -274,7 +274,8 @@ def plot(res, path):
         ax[1].semilogx(d, [r["speedup_vs_clarabel_alone"] for r in rr], "x:", color=col,
                        label=f"M={M}, vs Clarabel alone")
     ax[0].set(xlabel="d", ylabel="seconds per solve (median)", title="Problem 5: time per solve")
-    ax[0].legend(fontsize=7)
+    # in the empty band between the two families of curves
+    ax[0].legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, 0.41))
     ax[1].set(xlabel="d", ylabel="time / closed-form time", title="speed-up", yscale="log")
     ax[1].legend(fontsize=7)
     rt = {f"{k}\n{'session 1' if m == 'axpy_per_message' else 'library'}": v[m] for k, v in res["round_time"].items()
