@@ -1,5 +1,6 @@
 """The worked examples of problems/ against independent references (CVXPY, SciPy)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +119,10 @@ def test_box_domain_next_to_a_stochastic_constraint(cancer, cancer_data):
                                     "box_domain"])
 def test_example_scripts_run(script):
     root = Path(__file__).resolve().parents[1]
+    # the repository on the path, so the scripts run from a checkout that is not installed
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     out = subprocess.run([sys.executable, str(root / "docs" / "examples" / f"{script}.py")],
-                         capture_output=True, text=True, cwd=root, timeout=120)
+                         capture_output=True, text=True, cwd=root, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "status" in out.stdout or "rounds to a 1 % gap" in out.stdout
