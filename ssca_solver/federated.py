@@ -201,24 +201,30 @@ class Transport:
 
 
 class InProcessTransport(Transport):
-    """Clients in this process; requests are copied so clients cannot alias server arrays.
+    """Clients in this process, handed one read-only copy of each request's w.
 
-    ``stream`` runs client i only when the server asks for message i, so the server's work on
-    message i - 1 happens while that message is still in cache.
+    The copy is made once per request and shared by the clients: none of them can alias the
+    server's arrays or change what the next client receives (a user function that writes into
+    w raises a :class:`UserFunctionError` saying so). ``stream`` runs client i only when the
+    server asks for message i.
     """
 
     def __init__(self, clients: Sequence[Client]):
         self._clients = tuple(clients)
 
     def stream(self, request):
+        request = _read_only_request(request)
         for c in self._clients:
-            yield c.handle(_copy_request(request))
+            yield c.handle(request)
 
 
-def _copy_request(request):
+def _read_only_request(request):
+    """The request with its own read-only copy of w (the in-process broadcast)."""
     from dataclasses import replace
 
-    return replace(request, w=request.w.copy())
+    w = np.array(request.w, dtype=float)
+    w.flags.writeable = False
+    return replace(request, w=w)
 
 
 def _client_loop(conn, client: Client):
@@ -226,6 +232,7 @@ def _client_loop(conn, client: Client):
         request = conn.recv()
         if request is None:
             break
+        request.w.flags.writeable = False      # as with InProcessTransport: w is read-only
         try:
             conn.send(("ok", client.handle(request)))
         except BaseException as exc:  # the error travels to the server and is raised there

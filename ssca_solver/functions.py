@@ -30,6 +30,7 @@ class SampleFunction:
         instead of two separate calls when it is given.
 
     ``f <= U`` (or ``f >= L``) makes a stochastic constraint F(w) <= U of Problem 3.
+    The ``w`` the callables receive is read-only (shared by the clients of a round).
     """
 
     def __init__(self, value: Callable, grad: Callable, name: Optional[str] = None,
@@ -107,7 +108,11 @@ def _call(fn: SampleFunction, method: str, w, X, y, where: str):
     try:
         return getattr(fn, method)(w, X, y)
     except Exception as exc:
-        raise UserFunctionError(f"{fn.name}.{method} raised on {where}: {exc!r}") from exc
+        hint = ""
+        if isinstance(exc, ValueError) and "read-only" in str(exc):
+            hint = (" (the w handed to user functions is shared by the clients and read-only: "
+                    "copy it, e.g. w = w.copy(), before changing it in place)")
+        raise UserFunctionError(f"{fn.name}.{method} raised on {where}: {exc!r}{hint}") from exc
 
 
 def _valid_values(name: str, v, n: int, where: str) -> np.ndarray:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import driver
+from ._kernels import BufferPool
 from .diagnostics import ProblemTerms, evaluate, kkt_report, split_values
 from .errors import DataError, ModelError
 from .federated import Client, InProcessTransport, ProcessTransport, RoundRequest
@@ -252,6 +253,7 @@ def solve_ssca(problem, **options) -> SSCAResult:
     transport = (ProcessTransport if opts.transport == "process" else InProcessTransport)(clients)
 
     state = driver.init(x0, problem.builders, opts.tau, opts.surrogate_init)
+    pool = BufferPool()
     rec = driver.Recorder(M)
     up = down = eval_up = eval_down = 0
     up_round = None
@@ -264,9 +266,8 @@ def solve_ssca(problem, **options) -> SSCAResult:
                 t = state.t + 1
                 r, g = step_value(rho, t, "rho"), step_value(gamma, t, "gamma")
                 tally = _Tally(problem if t == 1 else None)
-                msgs = tally(transport.stream(RoundRequest(t, state.w.copy(), B,
-                                                           float(opts.tau))))
-                state, info = driver.step(state, msgs, N, r, g, c, subproblem)
+                msgs = tally(transport.stream(RoundRequest(t, state.w, B, float(opts.tau))))
+                state, info = driver.step(state, msgs, N, r, g, c, subproblem, pool)
                 up_round = tally.first
                 up += tally.floats
                 down += tally.count * d

@@ -97,3 +97,101 @@ def test_process_stream_left_early_does_not_leak_replies(cancer_data):
         msgs = transport.exchange(RoundRequest(2, np.zeros(prob.dim), 7, 0.1))
         assert [m.round for m in msgs] == [2] * cancer_data.num_clients
         assert [m.client for m in msgs] == list(range(cancer_data.num_clients))
+
+
+def _writes_into_w():
+    import ssca_solver as ss
+
+    def value(w, X, y):
+        return np.sum(X * w, axis=1)
+
+    def grad(w, X, y):
+        w[0] = 0.0                                # a user function changing its input
+        return X.mean(axis=0)
+
+    return ss.SampleFunction(value, grad, name="mutating")
+
+
+@pytest.mark.parametrize("transport", ["inprocess", "process"])
+def test_clients_get_a_read_only_w(cancer_data, transport):
+    """One copy of w per request, shared by the clients: it must not be writable, or one
+    client could change what the next receives (and, without the copy, the server's state)."""
+    import ssca_solver as ss
+
+    prob = ss.Problem(_writes_into_w(), dim=cancer_data.clients[0].X.shape[1], data=cancer_data)
+    with pytest.raises(ss.UserFunctionError, match="read-only: copy it"):
+        prob.solve(batch_size=5, max_iter=2, eval_every=None, transport=transport)
+
+
+def test_in_process_clients_share_one_copy_not_the_servers_array(cancer_data):
+    prob = neyman_pearson(cancer_data, alpha=0.2)
+    clients = make_clients(prob, 0)
+    seen = []
+    for c in clients:
+        original = c.handle
+        c.handle = (lambda req, original=original: seen.append(req.w) or original(req))
+    w = np.full(prob.dim, 0.1)
+    InProcessTransport(clients).exchange(RoundRequest(1, w, 7, 0.1))
+    assert all(v is seen[0] for v in seen)        # one copy per request, not one per client
+    assert not np.shares_memory(seen[0], w) and not seen[0].flags.writeable
+    np.testing.assert_array_equal(seen[0], w)
+
+
+def test_buffer_pool_reuses_only_what_nobody_holds():
+    from ssca_solver._kernels import BufferPool
+
+    pool = BufferPool()
+    a = pool.empty(10_000)
+    assert pool.empty(10_000) is not a            # a is held by a variable
+    view = a[:5]
+    del a
+    b = pool.empty(10_000)                        # the first array is still held by the view
+    assert not np.shares_memory(b, view)
+    keep = [b]
+    del view, b
+    c = pool.empty(10_000)                        # now the first array is free again
+    assert not np.shares_memory(c, keep[0])
+    assert pool.empty((100, 100)).shape == (100, 100) and pool.empty(10).shape == (10,)
+    small = pool.empty(10)
+    assert pool.empty(10) is not small            # small arrays are not pooled at all
+
+
+def test_buffer_pool_is_bounded():
+    from ssca_solver._kernels import BufferPool
+
+    pool = BufferPool(max_bytes=3 * 8 * 10_000)
+    held = [pool.empty(10_000) for _ in range(10)]
+    assert sum(a.nbytes for a in pool._arrays) <= pool.max_bytes
+    assert len({id(a) for a in held}) == 10
+
+
+def test_kept_iterates_never_change(cancer_data, monkeypatch):
+    """Arrays handed to the user (states, w, statistics, w-bar) are never recycled while held:
+    a callback that keeps them without copying sees them unchanged at the end."""
+    from ssca_solver._kernels import BufferPool
+
+    monkeypatch.setattr(BufferPool, "min_size", 1)   # pool even this problem's d = 31
+    prob = neyman_pearson(cancer_data, alpha=0.2)
+    kept, snapshots = [], []
+
+    def cb(state, info):
+        kept.append((state.w, state.stats[0]["lin"], info.solution.w))
+        snapshots.append(tuple(x.copy() for x in kept[-1]))
+
+    prob.solve(batch_size=20, max_iter=30, eval_every=None, callback=cb, seed=0)
+    for held, snap in zip(kept, snapshots):
+        for x, y in zip(held, snap):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_pool_is_used_when_nothing_is_kept(cancer_data, monkeypatch):
+    """The other half: with no references kept, the server's arrays are recycled (a handful of
+    distinct arrays over 30 rounds, not one per round)."""
+    from ssca_solver._kernels import BufferPool
+
+    monkeypatch.setattr(BufferPool, "min_size", 1)
+    ids = set()
+    neyman_pearson(cancer_data, alpha=0.2).solve(
+        batch_size=20, max_iter=30, eval_every=None, seed=0,
+        callback=lambda state, info: ids.update({id(state.w), id(info.solution.w)}))
+    assert len(ids) <= 8
