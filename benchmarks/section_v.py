@@ -14,7 +14,6 @@ Writes benchmarks/results/section_v.json and section_v.png.
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,6 @@ import ssca_solver as ss  # noqa: E402
 from _common import RESULTS, log, machine, median_time, write_json  # noqa: E402
 from problems.mlp import MLP, _forward_backward, classification_con, classification_uncon  # noqa: E402,E501
 from ssca_solver import driver  # noqa: E402
-from ssca_solver._kernels import BufferPool  # noqa: E402
 from ssca_solver.datasets import fashion_mnist  # noqa: E402
 from ssca_solver.federated import (InProcessTransport, RoundRequest, _read_only_request,  # noqa: E402,E501
                                    combine)
@@ -165,8 +163,7 @@ def _reference_step(state, messages, num_samples, rho, gamma, penalty, subproble
 
 
 def _part2(X, y, rounds):
-    """The library's round (``driver.step`` on the in-process stream with a BufferPool, as
-    ``solve`` runs it)
+    """The library's round (``driver.step`` on the in-process stream, as ``solve`` runs it)
     against the session-1 server (``_reference_step``), in alternating blocks, same subproblem.
     Clients = time inside the clients' ``handle``; broadcast = the copies of w_t the in-process
     transport makes for them; server = the rest of the round: averaging, subproblem, eq.
@@ -175,8 +172,7 @@ def _part2(X, y, rounds):
     data = ss.FederatedData.split(X, y, num_clients=10, seed=0)
     net = MLP(784, 128, 10)
     for kind in ("uncon", "con"):
-        modes = {"axpy_per_message": _reference_step,
-                 "library": functools.partial(driver.step, pool=BufferPool())}
+        modes = {"axpy_per_message": _reference_step, "library": driver.step}
         prob = classification_uncon(data, net, 1e-5) if kind == "uncon" else \
             classification_con(data, net, 0.13)
         runs = {}

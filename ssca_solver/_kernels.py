@@ -8,8 +8,6 @@ allocates nothing but its output.
 from __future__ import annotations
 
 import math
-import sys
-import threading
 from typing import Sequence
 
 import numpy as np
@@ -96,57 +94,17 @@ def fold(beta: float, y: np.ndarray, weights: Sequence[float], arrays: Sequence[
     return out
 
 
-def convex_step(w: np.ndarray, gamma: float, target: np.ndarray,
-                out: np.ndarray | None = None) -> tuple[np.ndarray, float]:
-    """(1 - gamma) w + gamma target, and |target - w|, in one pass (eq. (updatew)).
+def convex_step(w: np.ndarray, gamma: float, target: np.ndarray) -> tuple[np.ndarray, float]:
+    """(1 - gamma) w + gamma target as a new array, and |target - w|, in one pass (eq. (updatew)).
 
-    The result goes to ``out`` (float64, contiguous, not aliasing w or target) or a new array.
+    New arrays rather than recycled buffers: the allocator hands back memory the clients just
+    freed, still in cache, and writing there measured faster than into buffers kept from two
+    rounds back (server 0.74-0.86 ms against 0.9-1.3 ms per round at d = 101,632).
     """
     w, target = _flat(w), _flat(target)
     if w.shape != target.shape:
         raise ValueError(f"convex_step: shapes {w.shape} and {target.shape} differ")
-    if out is None:
-        out = np.empty(w.shape)
-    elif out.shape != w.shape or np.shares_memory(out, w) or np.shares_memory(out, target):
-        raise ValueError("convex_step: out must have w's shape and share no memory with w or "
-                         "target")
+    out = np.empty(w.shape)
     dist2 = _convex_step(w, float(gamma), target, out)
     return out, math.sqrt(dist2)
 
-
-class BufferPool:
-    """Float64 arrays for the server's per-round results, reused once nothing refers to them.
-
-    The server makes a few d-sized arrays every round (the averaged statistics, w-bar, w_{t+1})
-    while those of two rounds back become garbage. Fresh arrays from the C allocator sometimes
-    come as fresh pages, and touching them costs a page fault per 4 KiB (measured: 562 faults,
-    about 0.2 ms, per round at d = 101,632 in some runs and none in others). The pool hands out
-    an array it made before only when its reference count shows that no one else holds it (no
-    variable, state, result or view of it), so reuse is never visible; arrays a caller keeps
-    are simply not reused. At most ``max_bytes`` are pooled.
-    """
-
-    min_size = 4096  # smaller arrays are cheap to allocate: plain np.empty
-
-    def __init__(self, max_bytes: int = 256 * 2**20):
-        self.max_bytes = int(max_bytes)
-        self._arrays: list[np.ndarray] = []
-        self._lock = threading.Lock()
-
-    def empty(self, shape) -> np.ndarray:
-        """An uninitialised float64 array of ``shape``, recycled when one is free."""
-        shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(n) for n in shape)
-        if math.prod(shape) < self.min_size:
-            return np.empty(shape)
-        with self._lock:
-            arrays = self._arrays
-            for i in range(len(arrays)):
-                # 2 references: the pool's list and getrefcount's argument, i.e. nobody else
-                if arrays[i].shape == shape and sys.getrefcount(arrays[i]) == 2:
-                    return arrays[i]
-            out = np.empty(shape)
-            arrays.append(out)
-            total = sum(a.nbytes for a in arrays)
-            while total > self.max_bytes and len(arrays) > 1:
-                total -= arrays.pop(0).nbytes
-            return out

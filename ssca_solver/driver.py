@@ -19,7 +19,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from ._kernels import BufferPool, axpy, convex_step, fold, scaled
+from ._kernels import axpy, convex_step, fold, scaled
 from .federated import ClientMessage
 from .subproblems.base import SubproblemSolution
 
@@ -83,7 +83,7 @@ def average_statistics(previous: tuple, new: tuple, rho: float) -> tuple:
 
 
 def average_with_messages(previous: tuple, messages: Iterable[ClientMessage], num_samples: int,
-                          rho: float, pool: BufferPool | None = None) -> tuple:
+                          rho: float) -> tuple:
     """(1 - rho) previous + rho sum_i N_i/(B_i N) q_i, with a bounded number of messages held.
 
     The same numbers as ``average_statistics(previous, combine(messages, N), rho)`` (eqs.
@@ -92,17 +92,15 @@ def average_with_messages(previous: tuple, messages: Iterable[ClientMessage], nu
     held until they add up to ``FOLD_BUFFER_BYTES`` (or run out), then added FOLD_WIDTH per
     pass over the statistics (:func:`ssca_solver._kernels.fold`) and dropped: the server's
     memory stays bounded however many clients answer, and at the paper's scale (ten messages
-    of 0.8 MB) all of them are added in two passes. The new statistics' arrays come from
-    ``pool`` when one is given.
+    of 0.8 MB) all of them are added in two passes.
     """
-    empty = np.empty if pool is None else pool.empty
     out, group, held = None, [], 0
 
     def flush():
         nonlocal out, held
         wgts = [rho * g.num_rows / (g.batch_size * num_samples) for g in group]
         if out is None:
-            out = tuple({k: empty(np.shape(v)) for k, v in p.items()} for p in previous)
+            out = tuple({k: np.empty(np.shape(v)) for k, v in p.items()} for p in previous)
             sources, beta = previous, 1.0 - rho
         else:
             sources, beta = out, 1.0
@@ -130,20 +128,17 @@ def average_with_messages(previous: tuple, messages: Iterable[ClientMessage], nu
 
 
 def step(state: SSCAState, messages: Iterable[ClientMessage], num_samples: int, rho: float,
-         gamma: float, penalty: float, subproblem,
-         pool: BufferPool | None = None) -> tuple[SSCAState, StepInfo]:
+         gamma: float, penalty: float, subproblem) -> tuple[SSCAState, StepInfo]:
     """One round of Algorithm 1 (M = 0) or Algorithm 2 from the clients' messages.
 
     ``messages`` may be a list or a transport's ``stream`` (the server then holds a bounded
     number of messages, see :func:`average_with_messages`); eq. (updatew) and the step norm
-    |wbar - w_t| are one pass. The new state's arrays come from ``pool`` when one is given
-    (:class:`ssca_solver._kernels.BufferPool`: recycled only once nothing refers to them).
+    |wbar - w_t| are one pass.
     """
     t = state.t + 1
-    stats = average_with_messages(state.stats, messages, num_samples, rho, pool)
+    stats = average_with_messages(state.stats, messages, num_samples, rho)
     sol = subproblem.solve(stats, penalty, round=t)
-    out = None if pool is None else pool.empty(np.shape(state.w))
-    w_next, step_norm = convex_step(state.w, gamma, sol.w, out)     # eq. (updatew)
+    w_next, step_norm = convex_step(state.w, gamma, sol.w)     # eq. (updatew)
     info = StepInfo(t, rho, gamma, penalty, sol, step_norm)
     return SSCAState(t, w_next, stats), info
 

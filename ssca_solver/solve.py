@@ -17,7 +17,6 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import driver
-from ._kernels import BufferPool
 from .diagnostics import ProblemTerms, evaluate, kkt_report, split_values
 from .errors import DataError, ModelError
 from .federated import Client, InProcessTransport, ProcessTransport, RoundRequest
@@ -253,7 +252,6 @@ def solve_ssca(problem, **options) -> SSCAResult:
     transport = (ProcessTransport if opts.transport == "process" else InProcessTransport)(clients)
 
     state = driver.init(x0, problem.builders, opts.tau, opts.surrogate_init)
-    pool = BufferPool()
     rec = driver.Recorder(M)
     up = down = eval_up = eval_down = 0
     up_round = None
@@ -267,7 +265,7 @@ def solve_ssca(problem, **options) -> SSCAResult:
                 r, g = step_value(rho, t, "rho"), step_value(gamma, t, "gamma")
                 tally = _Tally(problem if t == 1 else None)
                 msgs = tally(transport.stream(RoundRequest(t, state.w, B, float(opts.tau))))
-                state, info = driver.step(state, msgs, N, r, g, c, subproblem, pool)
+                state, info = driver.step(state, msgs, N, r, g, c, subproblem)
                 up_round = tally.first
                 up += tally.floats
                 down += tally.count * d

@@ -25,7 +25,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .._kernels import BufferPool, fold
+from .._kernels import fold
 from .base import SubproblemSolution
 
 
@@ -238,7 +238,6 @@ class ClosedFormSubproblem:
         self.bounds = np.asarray(bounds, dtype=float)
         self.ridge = float(ridge)
         self._nu = np.zeros(len(self.bounds))
-        self._pool = BufferPool()         # w-bar's array, reused once nothing refers to it
         self.retries = 0
         self.inaccurate_rounds: list[int] = []
 
@@ -251,8 +250,7 @@ class ClosedFormSubproblem:
         cons = forms[self.k:]
         sol = solve_closed_form(a0 + self.ridge, b0, c0, np.array([f[0] for f in cons]),
                                 [f[1] for f in cons], np.array([f[2] for f in cons]),
-                                self.bounds, penalty, out=self._pool.empty(self.dim),
-                                nu0=self._nu)
+                                self.bounds, penalty, nu0=self._nu)
         # the dual residual is p_m(w) - U_m in the constraints' units: a stop far above
         # rounding (iteration limit, stalled line search) is reported like an inaccurate solve
         if sol.residual > 1e-9 * (1.0 + penalty):
