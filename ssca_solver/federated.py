@@ -178,8 +178,8 @@ class Transport:
     """Carries one request to every client and brings their messages back, in client order.
 
     A transport implements ``stream``; ``exchange`` is ``list(stream(request))``. The server's
-    round (:func:`ssca_solver.driver.step`) consumes ``stream`` so it can fold each message into
-    the averaged statistics as soon as it arrives instead of holding all I of them.
+    round (:func:`ssca_solver.driver.step`) consumes ``stream``, adding messages to the averaged
+    statistics as they come, so it never needs to hold more than a bounded number of them.
     """
 
     def stream(self, request) -> Iterator:
@@ -274,7 +274,10 @@ class ProcessTransport(Transport):
         finally:
             # a reply left in a pipe would be read as the answer to the next request
             for conn in pending:
-                conn.recv()
+                try:
+                    conn.recv()
+                except (EOFError, OSError):   # that client's process is gone: nothing left
+                    pass
 
     def close(self):
         for conn in self._conns:
