@@ -62,10 +62,12 @@ def fold(beta: float, y: np.ndarray, weights: Sequence[float], arrays: Sequence[
          out: np.ndarray) -> np.ndarray:
     """out = beta y + sum_j weights[j] arrays[j], reading FOLD_WIDTH arrays per pass.
 
-    ``out`` may be ``y`` (in place). Against one axpy per array this cuts the traffic over
-    ``out`` from one read and one write per array to one per FOLD_WIDTH arrays; the server's
-    averaging of I client messages (eqs. (Fs0bar)/(Fsmbar)) is this with y the previous
-    statistics. A last, shorter group is padded with zero weights on an array already read.
+    ``out`` (C-contiguous float64) may be ``y`` itself (in place) but must not overlap any of
+    ``arrays`` or be a different view of ``y``. Against one axpy per array this cuts the
+    traffic over ``out`` from one read and one write per array to one per FOLD_WIDTH arrays;
+    the server's averaging of I client messages (eqs. (Fs0bar)/(Fsmbar)) is this with y the
+    previous statistics. A last, shorter group is padded with zero weights on an array already
+    read.
     """
     if len(weights) != len(arrays):
         raise ValueError(f"fold: {len(weights)} weights for {len(arrays)} arrays")
@@ -78,9 +80,14 @@ def fold(beta: float, y: np.ndarray, weights: Sequence[float], arrays: Sequence[
                              f"output's {out.shape}")
         out[...] = acc
         return out
+    if out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise ValueError("fold: out must be a C-contiguous float64 array")
     for x in (y, *arrays):
         if np.shape(x) != out.shape:
             raise ValueError(f"fold: shape {np.shape(x)} differs from the output's {out.shape}")
+    if (y is not out and np.may_share_memory(y, out)) or any(
+            np.may_share_memory(x, out) for x in arrays):
+        raise ValueError("fold: out overlaps an input (only y itself may be out)")
     flat = out.reshape(-1)
     src, b = _flat(y), float(beta)
     if not arrays:

@@ -30,6 +30,13 @@ def test_fold_refuses_mismatched_input():
         fold(1.0, np.zeros(100), [1.0, 2.0], [np.zeros(100)], np.zeros(100))
     with pytest.raises(ValueError, match=r"shape \(99,\)"):
         fold(1.0, np.zeros(100), [1.0], [np.zeros(99)], np.zeros(100))
+    x = np.zeros(100)
+    with pytest.raises(ValueError, match="overlaps an input"):
+        fold(1.0, np.zeros(100), [1.0], [x], x)
+    with pytest.raises(ValueError, match="overlaps an input"):
+        fold(1.0, x[::-1], [], [], x)
+    with pytest.raises(ValueError, match="C-contiguous float64"):
+        fold(1.0, np.zeros(100), [], [], np.zeros(200)[::2])
 
 
 @pytest.mark.parametrize("d", [1, 10, 100_003])
