@@ -19,7 +19,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from ._kernels import axpy, convex_step, fold, scaled
+from ._kernels import FOLD_WIDTH, axpy, convex_step, fold, scaled
 from .federated import ClientMessage
 from .subproblems.base import SubproblemSolution
 
@@ -138,7 +138,9 @@ def step(state: SSCAState, messages: Iterable[ClientMessage], num_samples: int, 
     t = state.t + 1
     stats = average_with_messages(state.stats, messages, num_samples, rho)
     sol = subproblem.solve(stats, penalty, round=t)
-    w_next, step_norm = convex_step(state.w, gamma, sol.w)     # eq. (updatew)
+    # eq. (updatew) straight from w-bar's terms when the solver gives few enough of them
+    target = sol.terms if len(sol.terms) <= FOLD_WIDTH else sol.w
+    w_next, step_norm = convex_step(state.w, gamma, target)
     info = StepInfo(t, rho, gamma, penalty, sol, step_norm)
     return SSCAState(t, w_next, stats), info
 

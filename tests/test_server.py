@@ -143,3 +143,62 @@ def test_in_process_clients_share_one_copy_not_the_servers_array(cancer_data):
     assert not np.shares_memory(seen[0], w) and not seen[0].flags.writeable
     np.testing.assert_array_equal(seen[0], w)
 
+
+
+@pytest.mark.parametrize("count", [1, 2, FOLD_WIDTH])
+def test_convex_step_from_terms(count):
+    rng = np.random.default_rng(count)
+    w = rng.normal(size=5000)
+    terms = [(float(rng.normal()), rng.normal(size=5000)) for _ in range(count)]
+    target = sum(c * v for c, v in terms)
+    new, dist = convex_step(w, 0.3, terms)
+    np.testing.assert_allclose(new, 0.7 * w + 0.3 * target, rtol=1e-12, atol=1e-12)
+    assert dist == pytest.approx(np.linalg.norm(target - w), rel=1e-12)
+
+
+def test_convex_step_refuses_bad_terms():
+    with pytest.raises(ValueError, match="1 to 5 terms"):
+        convex_step(np.zeros(10), 0.5, [(1.0, np.zeros(10))] * (FOLD_WIDTH + 1))
+    with pytest.raises(ValueError, match="shapes"):
+        convex_step(np.zeros(10), 0.5, [(1.0, np.zeros(9))])
+
+
+def test_solution_from_terms_forms_w_once_when_read():
+    from ssca_solver.subproblems.base import SubproblemSolution
+
+    v = [np.arange(100.0), np.ones(100)]
+    sol = SubproblemSolution(None, np.zeros(1), np.zeros(1), 0.0, terms=[(2.0, v[0]), (-1.0, v[1])])
+    assert sol.terms[1][1] is v[1]
+    w = sol.w
+    np.testing.assert_array_equal(w, 2.0 * v[0] - v[1])
+    assert sol.w is w
+    direct = SubproblemSolution(w, np.zeros(1), np.zeros(1), 0.0)
+    assert direct.terms == ((1.0, w),)
+    with pytest.raises(ValueError, match="exactly one of w and terms"):
+        SubproblemSolution(w, np.zeros(1), np.zeros(1), 0.0, terms=[(1.0, w)])
+
+
+def test_step_with_more_terms_than_one_pass_takes(cancer_data):
+    """A solution with more than FOLD_WIDTH terms (e.g. M = 5 with a stochastic objective) is
+    formed first; the step is eq. (updatew) either way."""
+    import ssca_solver as ss
+    from problems.logistic import logistic_loss
+    from ssca_solver.subproblems.base import SubproblemSolution
+
+    prob = ss.Problem(logistic_loss(), dim=31, data=cancer_data)
+    rng = np.random.default_rng(0)
+    terms = [(float(rng.normal()), rng.normal(size=prob.dim)) for _ in range(FOLD_WIDTH + 2)]
+
+    class Fixed:
+        name = "fixed"
+
+        def solve(self, stats, penalty, round):
+            return SubproblemSolution(None, np.zeros(0), np.zeros(0), 0.0, terms=terms)
+
+    w0 = rng.normal(size=prob.dim)
+    state = driver.init(w0, prob.builders, 0.1, "tau")
+    msgs = InProcessTransport(make_clients(prob, 0)).stream(RoundRequest(1, w0, 7, 0.1))
+    new, info = driver.step(state, msgs, cancer_data.num_samples, 0.5, 0.25, 1.0, Fixed())
+    target = sum(c * v for c, v in terms)
+    np.testing.assert_allclose(new.w, 0.75 * w0 + 0.25 * target, rtol=1e-12, atol=1e-12)
+    assert info.step_norm == pytest.approx(np.linalg.norm(target - w0), rel=1e-12)

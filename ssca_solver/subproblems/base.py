@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import numpy as np
 
 
-@dataclass(frozen=True)
 class SubproblemSolution:
     """Solution of Problem 5 (Problem 2 when M = 0) at one round.
 
@@ -18,10 +17,46 @@ class SubproblemSolution:
       value: the subproblem's optimal value (surrogate objective + deterministic terms + c sum s).
       residual: for iterative dual solves, the projected-gradient residual at the stop (0 when
         the solution is exact up to rounding).
+      terms: w-bar as a linear combination ((coef, vector), ...) of arrays the solver already
+        had (the closed form's w-bar = -(b_0 + sum_m nu_m b_m) / (2 A)); ``((1.0, w),)`` when w
+        was given as an array.
+
+    A solver may give ``terms`` instead of ``w``: the server then forms eq. (updatew) straight
+    from them in one pass (:func:`ssca_solver._kernels.convex_step`) and ``w`` is only formed,
+    once, if somebody reads it. The vectors must not change afterwards (the server's averaged
+    statistics never do: every round makes new arrays).
     """
 
-    w: np.ndarray
-    slack: np.ndarray
-    multipliers: np.ndarray
-    value: float
-    residual: float = 0.0
+    __slots__ = ("_w", "slack", "multipliers", "value", "residual", "_terms")
+
+    def __init__(self, w: Optional[np.ndarray], slack: np.ndarray, multipliers: np.ndarray,
+                 value: float, residual: float = 0.0,
+                 terms: Optional[Sequence[tuple[float, np.ndarray]]] = None):
+        if (w is None) == (terms is None):
+            raise ValueError("SubproblemSolution needs exactly one of w and terms")
+        if terms is not None and not terms:
+            raise ValueError("SubproblemSolution: terms must not be empty")
+        self._w = w
+        self._terms = None if terms is None else tuple((float(c), v) for c, v in terms)
+        self.slack = slack
+        self.multipliers = multipliers
+        self.value = value
+        self.residual = residual
+
+    @property
+    def w(self) -> np.ndarray:
+        if self._w is None:
+            from .._kernels import fold
+
+            (c0, v0), rest = self._terms[0], self._terms[1:]
+            self._w = fold(c0, v0, [c for c, _ in rest], [v for _, v in rest],
+                           np.empty(np.shape(v0)))
+        return self._w
+
+    @property
+    def terms(self) -> tuple:
+        return ((1.0, self._w),) if self._terms is None else self._terms
+
+    def __repr__(self):
+        return (f"SubproblemSolution(value={self.value!r}, slack={self.slack!r}, "
+                f"multipliers={self.multipliers!r}, residual={self.residual!r})")

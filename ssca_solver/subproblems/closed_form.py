@@ -177,23 +177,23 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
         prob:class-con), which saves its passes over d floats.
       a, bs, cs: the constraints' surrogates (arrays of M curvatures, M vectors, M constants).
       U: the bounds U_m; penalty: c.
-      out: optional buffer of shape (d,) for w-bar (no other d-sized array is allocated).
+      out: optional buffer of shape (d,) to form w-bar in; without it the solution carries
+        w-bar as its terms (the server forms eq. (updatew) from them in one pass, and
+        ``sol.w`` is formed only when read).
       nu0: warm start for the multipliers (M >= 2).
 
-    Cost: the Gram matrix's dot products (one per pair of nonzero vectors) and one pass that
-    forms w-bar; |w-bar|^2 and b_m.w-bar, hence the slacks and the value, come from G.
+    Cost: the Gram matrix's dot products (one per pair of nonzero vectors), and one pass to form
+    w-bar if it is asked for; |w-bar|^2 and b_m.w-bar, hence the slacks and the value, come from
+    G.
     """
     M = len(bs)
     if not a0 > 0:
         raise ValueError(f"the closed form needs objective curvature a_0 > 0, got {a0}")
     if b0 is None and M == 0:
         raise ValueError("the closed form needs b0 or at least one constraint to know d")
-    ref = bs[0] if b0 is None else b0
-    w = np.empty(np.shape(ref)) if out is None else out
     if M == 0:                                   # eqs. (omega1-uncon)/(omega2-uncon)
-        np.multiply(b0, -0.5 / a0, out=w)
         value = -float(b0 @ b0) / (4.0 * a0) + c0
-        return SubproblemSolution(w, np.zeros(0), np.zeros(0), value)
+        return _solution([(-0.5 / a0, b0)], np.zeros(0), np.zeros(0), value, 0.0, b0, out)
     vecs = (b0,) + tuple(bs)
     G = np.zeros((M + 1, M + 1))                 # row and column 0 stay 0 when b_0 = 0
     for j in range(0 if b0 is not None else 1, M + 1):
@@ -210,13 +210,21 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
         nu, residual = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c), 200)
     coef = np.concatenate(([0.0 if b0 is None else 1.0], nu))
     A, ww, bw, slack, value = _summary(G, coef, float(a0), a, d, float(c0), c)
-    # w = -(b_0 + sum nu_m b_m) / (2 A): one pass for up to FOLD_WIDTH + 1 vectors
+    # w = -(b_0 + sum nu_m b_m) / (2 A), left to the server as its terms unless out is given
     terms = [(-0.5 * cf / A, v) for cf, v in zip(coef, vecs) if cf != 0.0]
+    return _solution(terms, slack, nu, value, float(residual), bs[0], out)
+
+
+def _solution(terms, slack, nu, value, residual, like, out) -> SubproblemSolution:
+    """w-bar as its terms, or formed in ``out`` (one pass) when a buffer is given or it is 0."""
+    if out is None and terms:
+        return SubproblemSolution(None, slack, nu, value, residual, terms=terms)
+    w = np.empty(np.shape(like)) if out is None else out
     if terms:
         fold(terms[0][0], terms[0][1], [t[0] for t in terms[1:]], [t[1] for t in terms[1:]], w)
     else:
         w[:] = 0.0
-    return SubproblemSolution(w, slack, nu, value, float(residual))
+    return SubproblemSolution(w, slack, nu, value, residual)
 
 
 class ClosedFormSubproblem:
