@@ -43,6 +43,13 @@ def _flat(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
 
 
+def _five_wide(pairs: list) -> list:
+    """(coef, flat array) pairs as the argument list of a five-wide kernel; missing pairs are
+    zero coefficients on an array already read."""
+    pairs = pairs + [(0.0, pairs[0][1])] * (FOLD_WIDTH - len(pairs))
+    return [x for pair in pairs for x in pair]
+
+
 def axpy(alpha: float, x: np.ndarray, y: np.ndarray) -> None:
     """y += alpha x in place, without temporaries (y float64 and contiguous)."""
     if y.ndim == 0 or y.size < _SMALL:
@@ -95,8 +102,7 @@ def fold(beta: float, y: np.ndarray, weights: Sequence[float], arrays: Sequence[
     for s in range(0, len(arrays), FOLD_WIDTH):
         group = [(float(wj), _flat(x)) for wj, x in zip(weights[s:s + FOLD_WIDTH],
                                                         arrays[s:s + FOLD_WIDTH])]
-        group += [(0.0, group[0][1])] * (FOLD_WIDTH - len(group))
-        _fold5(b, src, *[v for pair in group for v in pair], flat)
+        _fold5(b, src, *_five_wide(group), flat)
         src, b = flat, 1.0
     return out
 
@@ -118,7 +124,12 @@ def convex_step(w: np.ndarray, gamma: float, target) -> tuple[np.ndarray, float]
     for _, v in flat:
         if v.shape != w.shape:
             raise ValueError(f"convex_step: shapes {w.shape} and {v.shape} differ")
-    flat += [(0.0, flat[0][1])] * (FOLD_WIDTH - len(flat))
     out = np.empty(w.shape)
-    dist2 = _convex_step5(w, float(gamma), *[x for pair in flat for x in pair], out)
+    dist2 = _convex_step5(w, float(gamma), *_five_wide(flat), out)
     return out, math.sqrt(dist2)
+
+
+def combination(terms, out: np.ndarray) -> np.ndarray:
+    """out = sum_j c_j v_j for terms ((c_j, v_j), ...) (w-bar from its terms), with `fold`."""
+    (c0, v0), rest = terms[0], terms[1:]
+    return fold(c0, v0, [c for c, _ in rest], [v for _, v in rest], out)

@@ -11,6 +11,7 @@ messages; the client objects that hold rows live behind a :class:`Transport`.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
@@ -274,10 +275,8 @@ class ProcessTransport(Transport):
         finally:
             # a reply left in a pipe would be read as the answer to the next request
             for conn in pending:
-                try:
+                with contextlib.suppress(EOFError, OSError):   # a dead client left nothing
                     conn.recv()
-                except (EOFError, OSError):   # that client's process is gone: nothing left
-                    pass
 
     def close(self):
         for conn in self._conns:

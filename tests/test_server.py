@@ -80,13 +80,19 @@ def test_average_refuses_no_messages_and_foreign_statistics(cancer_data):
         driver.average_with_messages(prev, [msg, bad], cancer_data.num_samples, 0.5)
 
 
-def test_in_process_stream_runs_each_client_when_asked(cancer_data):
-    prob = neyman_pearson(cancer_data, alpha=0.2)
+def _recording_clients(prob, record):
+    """The problem's clients, each calling record(client, request) before it answers."""
     clients = make_clients(prob, 0)
-    calls = []
     for c in clients:
         original = c.handle
-        c.handle = (lambda req, c=c, original=original: calls.append(c.index) or original(req))
+        c.handle = (lambda req, c=c, original=original: record(c, req) or original(req))
+    return clients
+
+
+def test_in_process_stream_runs_each_client_when_asked(cancer_data):
+    prob = neyman_pearson(cancer_data, alpha=0.2)
+    calls = []
+    clients = _recording_clients(prob, lambda c, req: calls.append(c.index))
     stream = InProcessTransport(clients).stream(RoundRequest(1, np.zeros(prob.dim), 7, 0.1))
     assert calls == []
     assert next(stream).client == 0 and calls == [0]
@@ -132,11 +138,8 @@ def test_clients_get_a_read_only_w(cancer_data, transport):
 
 def test_in_process_clients_share_one_copy_not_the_servers_array(cancer_data):
     prob = neyman_pearson(cancer_data, alpha=0.2)
-    clients = make_clients(prob, 0)
     seen = []
-    for c in clients:
-        original = c.handle
-        c.handle = (lambda req, original=original: seen.append(req.w) or original(req))
+    clients = _recording_clients(prob, lambda c, req: seen.append(req.w))
     w = np.full(prob.dim, 0.1)
     InProcessTransport(clients).exchange(RoundRequest(1, w, 7, 0.1))
     assert all(v is seen[0] for v in seen)        # one copy per request, not one per client

@@ -46,11 +46,9 @@ class SubproblemSolution:
     @property
     def w(self) -> np.ndarray:
         if self._w is None:
-            from .._kernels import fold
+            from .._kernels import combination
 
-            (c0, v0), rest = self._terms[0], self._terms[1:]
-            self._w = fold(c0, v0, [c for c, _ in rest], [v for _, v in rest],
-                           np.empty(np.shape(v0)))
+            self._w = combination(self._terms, np.empty(np.shape(self._terms[0][1])))
         return self._w
 
     @property

@@ -25,7 +25,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .._kernels import fold
+from .._kernels import combination
 from .base import SubproblemSolution
 
 
@@ -221,7 +221,7 @@ def _solution(terms, slack, nu, value, residual, like, out) -> SubproblemSolutio
         return SubproblemSolution(None, slack, nu, value, residual, terms=terms)
     w = np.empty(np.shape(like)) if out is None else out
     if terms:
-        fold(terms[0][0], terms[0][1], [t[0] for t in terms[1:]], [t[1] for t in terms[1:]], w)
+        combination(terms, w)
     else:
         w[:] = 0.0
     return SubproblemSolution(w, slack, nu, value, residual)
