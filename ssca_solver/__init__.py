@@ -5,16 +5,19 @@ Implements Algorithms 1 and 2 of Ye & Cui, "Sample-based Federated Learning via 
 """
 
 from .data import ClientData, FederatedData
-from .errors import (DataError, ModelError, ScheduleError, SSCAError, SubproblemError,
-                     UserFunctionError)
+from .errors import (ClientError, DataError, ModelError, ScheduleError, SSCAError,
+                     SubproblemError, UserFunctionError)
 from .functions import SampleFunction, StochasticConstraint, check_grad
 from .problem import Problem, register_method
-from .result import Communication, History, KKTReport, SSCAResult, Stage
+from .history import History
+from .options import FedAvgOptions, RunOptions, SSCAOptions
+from .result import Communication, KKTReport, Result, SSCAResult, Stage
+from .runner import Iteration
 from .schedules import PowerStep, ScheduleWarning
-from .solve import SSCAOptions, solve_ssca
+from .solve import solve_ssca
 from .surrogates import DiagonalCurvature, ProximalLinear, Statistic, SurrogateBuilder
 
-from .baselines import FedAvgOptions, solve_fedavg  # noqa: E402
+from .baselines import solve_fedavg  # noqa: E402
 
 register_method("ssca", solve_ssca)
 register_method("fedavg", solve_fedavg)
@@ -23,8 +26,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClientData", "FederatedData", "SampleFunction", "StochasticConstraint", "check_grad",
-    "Problem", "register_method", "FedAvgOptions", "solve_fedavg", "PowerStep", "ScheduleWarning", "SSCAOptions", "solve_ssca",
-    "SSCAResult", "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder",
-    "Statistic", "ProximalLinear", "DiagonalCurvature", "SSCAError", "DataError", "ModelError",
-    "UserFunctionError", "ScheduleError", "SubproblemError", "__version__",
+    "Problem", "register_method", "RunOptions", "FedAvgOptions", "solve_fedavg", "PowerStep",
+    "ScheduleWarning", "SSCAOptions", "solve_ssca", "Result", "SSCAResult", "Iteration",
+    "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder", "Statistic",
+    "ProximalLinear", "DiagonalCurvature", "SSCAError", "DataError", "ModelError",
+    "UserFunctionError", "ScheduleError", "SubproblemError", "ClientError", "__version__",
 ]

@@ -28,6 +28,7 @@ class ClientData:
 
 
 def _as_client(item, index: int) -> ClientData:
+    """One client's ``(X, y)`` as arrays, checked; DataError naming the client otherwise."""
     if isinstance(item, ClientData):
         X, y = item.X, item.y
     elif isinstance(item, np.ndarray):
@@ -38,20 +39,61 @@ def _as_client(item, index: int) -> ClientData:
     else:
         raise DataError(f"client {index}: expected an array X or a pair (X, y), "
                         f"got {type(item).__name__}")
-    X = np.asarray(X)
+    X = _as_array(X, "X", f"client {index}")
     if X.ndim == 0:
         raise DataError(f"client {index}: X must have at least one dimension (rows)")
     if X.shape[0] == 0:
         raise DataError(f"client {index} has no rows; every client must hold at least one sample")
-    if not np.issubdtype(X.dtype, np.number):
-        raise DataError(f"client {index}: X must be numeric, got dtype {X.dtype}")
+    _check_values(X, "X", f"client {index}", allow_bool=False)
     if y is not None:
-        y = np.asarray(y)
+        y = _as_array(y, "y", f"client {index}")
         if y.ndim == 0 or y.shape[0] != X.shape[0]:
             raise DataError(f"client {index}: X has {X.shape[0]} rows but y has "
                             f"{y.shape[0] if y.ndim else 0}; arrays of one client must have "
                             "the same length")
+        _check_values(y, "y", f"client {index}", allow_bool=True)
     return ClientData(X, y)
+
+
+def _as_array(a, name: str, where: str) -> np.ndarray:
+    """``np.asarray(a)`` (no copy of an array), with ragged nested lists as a DataError."""
+    try:
+        return np.asarray(a)
+    except ValueError as exc:
+        raise DataError(f"{where}: {name} is not a rectangular array ({exc}); give every row "
+                        "the same length") from None
+
+
+def _check_values(a: np.ndarray, name: str, where: str, allow_bool: bool) -> None:
+    """Refuse non-numeric and complex dtypes and non-finite entries, naming the first bad row.
+
+    Vectorised and copy-free for valid data: integer and bool arrays cannot hold a non-finite
+    value; a float array is scanned row by row only when its sum is not finite.
+    """
+    if np.iscomplexobj(a):
+        raise DataError(f"{where}: {name} has complex dtype {a.dtype}; the solver works with "
+                        f"real data: pass the real part ({name}.real) or put the real and "
+                        "imaginary parts in separate columns")
+    if a.dtype == np.bool_ and allow_bool:
+        return
+    if not np.issubdtype(a.dtype, np.number):
+        raise DataError(f"{where}: {name} must be numeric (float or int), got dtype {a.dtype}; "
+                        f"convert it, e.g. np.asarray({name}, dtype=float), after replacing "
+                        "entries that are not numbers")
+    if not np.issubdtype(a.dtype, np.inexact):
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(a.sum()):  # NaN and +-inf propagate; an overflow falls through
+            return
+    row_ok = np.isfinite(a).reshape(a.shape[0], -1).all(axis=1)
+    if row_ok.all():
+        return
+    row = int(np.flatnonzero(~row_ok)[0])
+    values = np.ravel(a[row])
+    bad = values[~np.isfinite(values)][0]
+    raise DataError(f"{where}, row {row}: {name} has a non-finite value ({bad}); the solver "
+                    "needs finite numbers: drop or impute such rows before building "
+                    "FederatedData")
 
 
 class FederatedData:
@@ -95,9 +137,7 @@ class FederatedData:
         This is the paper's setting (Section VI: N = 60000 split over I = 10 clients). When
         I does not divide N the sizes differ by at most one.
         """
-        X = np.asarray(X)
-        n = X.shape[0] if X.ndim else 0
-        _check_split_args(X, y, num_clients, n)
+        X, y, n = _check_split_args(X, y, num_clients)
         perm = np.random.default_rng(seed).permutation(n)
         parts = np.array_split(perm, num_clients)
         return cls._from_index_sets(X, y, parts)
@@ -115,9 +155,7 @@ class FederatedData:
           labels: the class of each row when ``y`` is not a label vector (e.g. one-hot rows);
             by default ``y`` itself (or its argmax when y is 2-D).
         """
-        X = np.asarray(X)
-        n = X.shape[0] if X.ndim else 0
-        _check_split_args(X, y, num_clients, n)
+        X, y, n = _check_split_args(X, y, num_clients)
         if not (np.isfinite(alpha) and alpha > 0):
             raise DataError(f"dirichlet: alpha must be > 0, got {alpha!r}")
         if labels is None:
@@ -176,7 +214,11 @@ class FederatedData:
                 f"client_sizes={self.client_sizes})")
 
 
-def _check_split_args(X, y, num_clients, n):
+def _check_split_args(X, y, num_clients):
+    """(X, y, N) for split/dirichlet, checked; a bad value names its row of the unsplit data."""
+    X = _as_array(X, "X", "data to split")
+    y = None if y is None else _as_array(y, "y", "data to split")
+    n = X.shape[0] if X.ndim else 0
     if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
         raise DataError(f"num_clients must be a positive integer, got {num_clients!r}")
     if n == 0:
@@ -184,5 +226,9 @@ def _check_split_args(X, y, num_clients, n):
     if num_clients > n:
         raise DataError(f"cannot split {n} rows over {num_clients} clients: a client would "
                         "have no rows")
-    if y is not None and np.asarray(y).shape[:1] != (n,):
-        raise DataError(f"X has {n} rows but y has {np.asarray(y).shape[:1]}; they must match")
+    if y is not None and y.shape[:1] != (n,):
+        raise DataError(f"X has {n} rows but y has {y.shape[:1]}; they must match")
+    _check_values(X, "X", "data to split", allow_bool=False)
+    if y is not None:
+        _check_values(y, "y", "data to split", allow_bool=True)
+    return X, y, n

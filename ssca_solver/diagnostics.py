@@ -11,8 +11,12 @@ from typing import NamedTuple, Optional
 import numpy as np
 from scipy.optimize import nnls
 
-from .federated import EvaluationRequest
+from .federated import Request, array
+from .functions import checked_value_and_grad, checked_values
 from .result import KKTReport
+
+#: The task name of full-data evaluations (registered with every algorithm's tasks).
+EVALUATE = "evaluate"
 
 
 class Evaluation(NamedTuple):
@@ -24,12 +28,24 @@ class Evaluation(NamedTuple):
     floats_down: int
 
 
-def evaluate(transport, w: np.ndarray, num_samples: int, with_grad: bool) -> Evaluation:
-    """Ask every client for full-data sums at ``w`` and average them (eq. (Fs0) and F_m)."""
-    msgs = transport.exchange(EvaluationRequest(np.asarray(w, dtype=float), with_grad))
-    values = sum(m.values for m in msgs) / num_samples
-    grads = sum(m.grads for m in msgs) / num_samples if with_grad else None
-    return Evaluation(values, grads, sum(m.num_floats() for m in msgs), len(msgs) * w.size)
+class EvaluateTask:
+    """Client side of a full-data evaluation: sums over all N_i rows of f_m(w, x_n) for every
+    stochastic function m (``values``) and, with ``config["with_grad"]``, of their gradients
+    (``grads``, shape (number of functions, d))."""
+
+    def __init__(self, functions):
+        self.functions = tuple(functions)
+
+    def __call__(self, client, request):
+        X, y, n, w = client.X, client.y, client.num_rows, request.w
+        where = f"client {client.index}, full-data evaluation"
+        if not request.config.get("with_grad"):
+            vals = np.array([checked_values(f, w, X, y, n, where).sum() for f in self.functions])
+            return client.reply(request, {"values": vals})
+        both = [checked_value_and_grad(f, w, X, y, where) for f in self.functions]
+        vals = np.array([v.sum() for v, _ in both])
+        grads = np.array([n * g for _, g in both]).reshape(len(self.functions), w.size)
+        return client.reply(request, {"values": vals, "grads": grads})
 
 
 class ProblemTerms(NamedTuple):
@@ -45,6 +61,41 @@ def split_values(values: np.ndarray, terms: ProblemTerms) -> tuple[float, np.nda
     k = 1 if terms.stochastic_objective else 0
     f0 = float(values[0]) if k else 0.0
     return f0, np.asarray(values[k:], dtype=float) - terms.bounds
+
+
+class Evaluator:
+    """Full-data evaluations through the federated layer (the server never reads rows).
+
+    ``tasks`` is what the clients must be able to run; :meth:`evaluate` asks every client for
+    sums at w and divides by N (eq. (Fs0) and the F_m of Problem 3).
+    """
+
+    def __init__(self, problem):
+        self.terms = ProblemTerms(problem.objective is not None, problem.bounds,
+                                  problem.deterministic)
+        self.num_samples = problem.data.num_samples
+        self.tasks = {EVALUATE: EvaluateTask(problem.functions)}
+
+    def evaluate(self, transport, w: np.ndarray, with_grad: bool) -> Evaluation:
+        request = Request(EVALUATE, 0, np.asarray(w, dtype=float), {"with_grad": bool(with_grad)})
+        up = count = 0
+        values = grads = None
+        for m in transport.stream(request):      # summed as they come: O(1) replies held
+            v = array(m, "values")
+            values = v.copy() if values is None else values + v
+            if with_grad:
+                g = array(m, "grads")
+                grads = g.copy() if grads is None else grads + g
+            up += m.num_floats()
+            count += 1
+        N = self.num_samples
+        return Evaluation(values / N, grads / N if with_grad else None, up,
+                          count * request.num_floats())
+
+    def split(self, values: np.ndarray, w: np.ndarray) -> tuple[float, np.ndarray]:
+        """(full objective F_0(w) + deterministic terms, F_m(w) - U_m)."""
+        f0, cons = split_values(values, self.terms)
+        return f0 + self.terms.deterministic.value(w), cons
 
 
 def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms,

@@ -20,12 +20,24 @@ from typing import Iterable, NamedTuple, Sequence
 import numpy as np
 
 from ._kernels import FOLD_WIDTH, axpy, convex_step, fold, scaled
-from .federated import ClientMessage
+from .federated import Reply
 from .subproblems.base import SubproblemSolution
 
 
-FOLD_BUFFER_BYTES = 64 * 2**20
-"""Client messages the server holds before adding them to the averaged statistics."""
+FOLD_BUFFER_BYTES = 8 * 2**20
+"""Bytes of client messages the server holds before adding them to the averaged statistics:
+all ten 0.8 MB messages of the paper's network (added FOLD_WIDTH per pass), but only one
+message at a time from d ~ 10^6 on, so a round's memory stays a few copies of d floats."""
+
+
+def stat_key(m: int, name: str) -> str:
+    """The name under which a client's reply carries statistic ``name`` of function m."""
+    return f"{m}:{name}"
+
+
+def pack_statistics(stats: Sequence[dict]) -> dict:
+    """Statistics of every function (a tuple of dicts) as one flat dict of named arrays."""
+    return {stat_key(m, k): v for m, st in enumerate(stats) for k, v in st.items()}
 
 
 class SSCAState(NamedTuple):
@@ -36,11 +48,15 @@ class SSCAState(NamedTuple):
       w: current point w_t, shape (d,).
       stats: recursively averaged statistics, one dict per stochastic function (objective first
         when it is stochastic): the surrogates Fbar_m^(t) in the form of their statistics.
+      penalty: c in force (Algorithm 2; 0 for Algorithm 1).
+      nu: the last round's subproblem multipliers (M,), the next solve's warm start.
     """
 
     t: int
     w: np.ndarray
     stats: tuple
+    penalty: float = 0.0
+    nu: np.ndarray = np.zeros(0)
 
 
 class StepInfo(NamedTuple):
@@ -54,7 +70,8 @@ class StepInfo(NamedTuple):
     step_norm: float  # |wbar - w_t|: zero exactly at a fixed point of the iteration
 
 
-def init(w0: np.ndarray, builders: Sequence, tau: float, surrogate_init: str) -> SSCAState:
+def init(w0: np.ndarray, builders: Sequence, tau: float, surrogate_init: str,
+         num_constraints: int = 0, penalty: float = 0.0) -> SSCAState:
     """Initial state: w_1 = w0 and Fbar^(0) as chosen by ``surrogate_init`` ("tau" or "zero").
 
     ``"zero"`` is eq. (Fs0bar) literally (Fbar^(0) = 0); ``"tau"`` starts the curvature at
@@ -64,7 +81,7 @@ def init(w0: np.ndarray, builders: Sequence, tau: float, surrogate_init: str) ->
     w0 = np.asarray(w0, dtype=float).copy()
     stats = tuple(b.initial_statistics(w0.size, b.tau if b.tau is not None else tau,
                                        surrogate_init) for b in builders)
-    return SSCAState(0, w0, stats)
+    return SSCAState(0, w0, stats, float(penalty), np.zeros(num_constraints))
 
 
 def average_statistics(previous: tuple, new: tuple, rho: float) -> tuple:
@@ -82,7 +99,7 @@ def average_statistics(previous: tuple, new: tuple, rho: float) -> tuple:
     return tuple(out)
 
 
-def average_with_messages(previous: tuple, messages: Iterable[ClientMessage], num_samples: int,
+def average_with_messages(previous: tuple, messages: Iterable[Reply], num_samples: int,
                           rho: float) -> tuple:
     """(1 - rho) previous + rho sum_i N_i/(B_i N) q_i, with a bounded number of messages held.
 
@@ -106,19 +123,19 @@ def average_with_messages(previous: tuple, messages: Iterable[ClientMessage], nu
             sources, beta = out, 1.0
         for m, (acc, src) in enumerate(zip(out, sources)):
             for k, v in acc.items():
-                fold(beta, src[k], wgts, [g.stats[m][k] for g in group], v)
+                key = stat_key(m, k)
+                fold(beta, src[k], wgts, [g.arrays[key] for g in group], v)
         group.clear()
         held = 0
 
+    expected = {stat_key(m, k) for m, p in enumerate(previous) for k in p}
     for msg in messages:
-        if len(msg.stats) != len(previous) or any(
-                set(new) != set(p) for new, p in zip(msg.stats, previous)):
-            raise ValueError(f"client {msg.client}: statistics "
-                             f"{[sorted(s) for s in msg.stats]}, the server expects "
-                             f"{[sorted(p) for p in previous]}")
+        if set(msg.arrays) != expected:
+            raise ValueError(f"client {msg.client}: statistics {sorted(msg.arrays)}, the server "
+                             f"expects {sorted(expected)}")
         group.append(msg)
         held += 8 * msg.num_floats()
-        if held >= FOLD_BUFFER_BYTES:
+        if held >= FOLD_BUFFER_BYTES or len(group) >= 2 * FOLD_WIDTH:
             flush()
     if group:
         flush()
@@ -127,9 +144,10 @@ def average_with_messages(previous: tuple, messages: Iterable[ClientMessage], nu
     return out
 
 
-def step(state: SSCAState, messages: Iterable[ClientMessage], num_samples: int, rho: float,
-         gamma: float, penalty: float, subproblem) -> tuple[SSCAState, StepInfo]:
-    """One round of Algorithm 1 (M = 0) or Algorithm 2 from the clients' messages.
+def step(state: SSCAState, messages: Iterable[Reply], num_samples: int, rho: float,
+         gamma: float, subproblem) -> tuple[SSCAState, StepInfo]:
+    """One round of Algorithm 1 (M = 0) or Algorithm 2 (penalty ``state.penalty``) from the
+    clients' messages.
 
     ``messages`` may be a list or a transport's ``stream`` (the server then holds a bounded
     number of messages, see :func:`average_with_messages`); eq. (updatew) and the step norm
@@ -137,51 +155,13 @@ def step(state: SSCAState, messages: Iterable[ClientMessage], num_samples: int, 
     """
     t = state.t + 1
     stats = average_with_messages(state.stats, messages, num_samples, rho)
-    sol = subproblem.solve(stats, penalty, round=t)
+    penalty = state.penalty
+    sol = subproblem.solve(stats, penalty, round=t, nu0=state.nu)
     # eq. (updatew) straight from w-bar's terms when the solver gives few enough of them
     target = sol.terms if len(sol.terms) <= FOLD_WIDTH else sol.w
     w_next, step_norm = convex_step(state.w, gamma, target)
     info = StepInfo(t, rho, gamma, penalty, sol, step_norm)
-    return SSCAState(t, w_next, stats), info
-
-
-class Recorder:
-    """Collects per-round and every-k-round records and turns them into arrays."""
-
-    def __init__(self, num_constraints: int):
-        self.M = num_constraints
-        self.rows = {k: [] for k in ("t", "rho", "gamma", "penalty", "surrogate_value",
-                                     "step_norm")}
-        self.slack, self.dual = [], []
-        self.eval_t, self.eval_obj, self.eval_cons = [], [], []
-
-    def round(self, info: StepInfo):
-        r = self.rows
-        r["t"].append(info.t)
-        r["rho"].append(info.rho)
-        r["gamma"].append(info.gamma)
-        r["penalty"].append(info.penalty)
-        r["surrogate_value"].append(info.solution.value)
-        r["step_norm"].append(info.step_norm)
-        self.slack.append(info.solution.slack)
-        self.dual.append(info.solution.multipliers)
-
-    def evaluation(self, t: int, objective: float, constraints: np.ndarray):
-        self.eval_t.append(t)
-        self.eval_obj.append(objective)
-        self.eval_cons.append(np.asarray(constraints, dtype=float))
-
-    def history(self):
-        from .result import History
-
-        arr = {k: np.asarray(v, dtype=int if k == "t" else float) for k, v in self.rows.items()}
-        def table(rows):
-            return np.asarray(rows, dtype=float).reshape(len(rows), self.M)
-
-        return History(slack=table(self.slack), multipliers=table(self.dual),
-                       eval_t=np.asarray(self.eval_t, dtype=int),
-                       objective=np.asarray(self.eval_obj, dtype=float),
-                       constraints=table(self.eval_cons), **arr)
+    return SSCAState(t, w_next, stats, penalty, np.asarray(sol.multipliers, dtype=float)), info
 
 
 def stage_slack(slack_rows: Sequence[np.ndarray], rounds: int) -> float:

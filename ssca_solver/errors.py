@@ -36,3 +36,33 @@ class SubproblemError(SSCAError, RuntimeError):
 
     The message names the round and the solver status.
     """
+
+
+class ClientError(SSCAError, RuntimeError):
+    """A client failed to answer a round: it timed out, its process died, or it raised an
+    exception that could not be sent back as itself.
+
+    Attributes:
+      client: the client's index.
+      round: the round (or "evaluation") of the request it did not answer.
+      cause: what happened, in words.
+      remote_traceback: the client's traceback text when it raised (else None).
+      state: the solver's last good state (after the last completed round), set by the runner.
+      checkpoint: the path of the checkpoint written with that state, when ``checkpoint=`` was
+        given (else None), for ``solve(..., resume=checkpoint)``.
+    """
+
+    def __init__(self, client, round, cause: str, remote_traceback=None):
+        self.client = client
+        self.round = round
+        self.cause = cause
+        self.remote_traceback = remote_traceback
+        self.state = None
+        self.checkpoint = None
+        text = f"client {client}, round {round}: {cause}"
+        if remote_traceback:
+            text += "\n\nclient traceback:\n" + remote_traceback.rstrip()
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (type(self), (self.client, self.round, self.cause, self.remote_traceback))

@@ -7,6 +7,7 @@ per-sample gradients.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -81,12 +82,24 @@ class SampleFunction:
 
 
 def _as_bound(bound) -> float:
-    try:
-        b = float(bound)
-    except (TypeError, ValueError):
-        raise TypeError(f"a stochastic constraint bound must be a number, got {bound!r}") from None
+    """The bound U of ``f <= U`` (or L of ``f >= L``) as a finite Python float.
+
+    Accepts a real number: int, float, a NumPy integer or floating scalar, or a 0-d array of
+    one. Refuses strings, bools, None, complex numbers and sequences (TypeError) instead of
+    letting ``float()`` turn ``"0.5"`` or ``True`` into a bound; NaN and inf are a ValueError.
+    """
+    if isinstance(bound, np.ndarray) and bound.ndim == 0:
+        bound = bound[()]  # a 0-d array counts as the scalar it holds
+    if isinstance(bound, (bool, np.bool_)) or not isinstance(bound, numbers.Real):
+        got = (f"an array of shape {bound.shape}" if isinstance(bound, np.ndarray)
+               else f"{type(bound).__name__} {bound!r}")
+        raise TypeError(f"a stochastic constraint bound must be a real number (int, float or a "
+                        f"NumPy scalar), got {got}; write e.g. f <= 0.5, one constraint per "
+                        "bound")
+    b = float(bound)
     if not np.isfinite(b):
-        raise ValueError(f"a stochastic constraint bound must be finite, got {bound!r}")
+        raise ValueError(f"a stochastic constraint bound must be finite, got {bound!r}; drop "
+                         "the constraint if it should not bind")
     return b
 
 

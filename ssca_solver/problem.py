@@ -91,7 +91,14 @@ class Problem:
             raise ModelError("a problem with SampleFunctions needs data=FederatedData(...), got "
                              f"{type(data).__name__}")
         self.data = data
-        self.builders = tuple(builder_of(f) for f in self.functions)
+        self.builders  # checks every function's surrogate now, not at the first solve
+
+    @property
+    def builders(self) -> tuple:
+        """The surrogate builder of each stochastic function (objective first), read from the
+        functions now: a surrogate set on a function after the problem was built is used by the
+        next solve."""
+        return tuple(builder_of(f) for f in self.functions)
 
     @property
     def functions(self) -> tuple[SampleFunction, ...]:

@@ -7,29 +7,7 @@ from typing import Optional
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class History:
-    """Per-round arrays (length = rounds run) and every-k-round full-data evaluations.
-
-    Per round: ``t``, ``rho``, ``gamma``, ``penalty`` (c in force), ``slack`` (rounds, M),
-    ``multipliers`` (subproblem duals, rounds x M), ``surrogate_value`` (optimal value of
-    Problem 2/5), ``step_norm`` (|wbar_t - w_t|).
-    Every ``eval_every`` rounds: ``eval_t``, ``objective`` (full-data F_0 + deterministic terms
-    at w_t) and ``constraints`` (full-data F_m(w_t) - U_m, len(eval_t) x M).
-    """
-
-    t: np.ndarray
-    rho: np.ndarray
-    gamma: np.ndarray
-    penalty: np.ndarray
-    slack: np.ndarray
-    multipliers: np.ndarray
-    surrogate_value: np.ndarray
-    step_norm: np.ndarray
-    eval_t: np.ndarray
-    objective: np.ndarray
-    constraints: np.ndarray
+from .history import History
 
 
 @dataclass(frozen=True)
@@ -95,12 +73,12 @@ class Stage:
 
 
 @dataclass(frozen=True)
-class SSCAResult:
-    """What ``Problem.solve(method="ssca")`` returns.
+class Result:
+    """What ``Problem.solve`` returns, for every method.
 
     Attributes:
       x: the point w returned, shape (d,).
-      status: "converged" | "infeasible" | "max_iter".
+      status: "converged" | "infeasible" | "max_iter" | "stopped" (by the callback).
       message: a sentence saying why.
       fun: full-data objective F_0(x) + deterministic terms.
       constraints: full-data F_m(x) - U_m, shape (M,) (<= 0 when feasible).
@@ -110,12 +88,20 @@ class SSCAResult:
       communication: :class:`Communication`.
       stages: one :class:`Stage` per penalty value run.
       nit: rounds run in all.
-      subproblem: which subproblem solver ran: "closed_form" or "cvxpy" (method "ssca"), or
-        "fedavg" (method "fedavg").
-      time: wall-clock seconds of the solve.
-      solver_info: the subproblem solver's name, how many rounds needed a retry with fallback
-        settings, the rounds it reported as only "optimal_inaccurate", and (CVXPY path) whether
-        the problem was compiled once with Parameters or rebuilt each round (d > 4096).
+      method: the method that ran ("ssca", "fedavg", ...).
+      subproblem: which subproblem solver ran: "closed_form" or "cvxpy" (method "ssca"); None
+        for methods without one.
+      time: wall-clock seconds of the solve (summed over resumed parts).
+      solver_info: method "ssca": ``solver`` ("closed_form" or the CVXPY solver's name),
+        ``retries`` (total fallback attempts of the CVXPY path over all rounds; each attempt
+        re-solves one round's subproblem with other Clarabel settings), ``inaccurate_rounds``
+        (rounds whose subproblem solve was flagged inaccurate: CVXPY's "optimal_inaccurate",
+        or the closed form's dual iteration stopping above rounding) and ``parametrized``
+        (CVXPY path: compiled once with Parameters, or rebuilt each round for d > 4096; None
+        for the closed form).
+      extras: method-specific settings worth keeping with the result (e.g. FedAvg's E).
+
+    ``success`` is True only when the method's own stopping test passed (status "converged").
     """
 
     x: np.ndarray
@@ -130,21 +116,26 @@ class SSCAResult:
     communication: Communication
     stages: tuple
     nit: int
-    subproblem: str
+    method: str
+    subproblem: Optional[str]
     time: float
     constraint_names: tuple = field(default=())
     solver_info: dict = field(default_factory=dict)
+    extras: dict = field(default_factory=dict)
 
     @property
     def success(self) -> bool:
-        return self.status == "converged" or (self.status == "max_iter" and not self.slack.size)
+        """True only when the method's own stopping test passed (never for a run that used
+        up ``max_iter`` or was stopped by its callback)."""
+        return self.status == "converged"
 
     def report(self) -> str:
         """A readable account of the solve (what the demo prints)."""
         k = self.kkt
         lines = [f"status        {self.status}: {self.message}",
-                 f"rounds        {self.nit}   subproblem solver: {self.subproblem}   "
-                 f"time: {self.time:.2f} s",
+                 f"rounds        {self.nit}   method: {self.method}"
+                 + (f"   subproblem solver: {self.subproblem}" if self.subproblem else "")
+                 + f"   time: {self.time:.2f} s",
                  f"objective     {self.fun:.6g}   (full data, with deterministic terms)"]
         if self.stages and self.slack.size:
             lines.append("penalty steps")
@@ -175,7 +166,11 @@ class SSCAResult:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return (f"SSCAResult(status={self.status!r}, fun={self.fun:.6g}, nit={self.nit}, "
+        return (f"Result(method={self.method!r}, status={self.status!r}, fun={self.fun:.6g}, nit={self.nit}, "
                 f"max_constraint={np.max(self.constraints, initial=-np.inf):.3g}, "
                 f"slack_norm={np.linalg.norm(self.slack):.3g}, "
                 f"stationarity={self.kkt.stationarity:.3g})")
+
+
+#: The name of :class:`Result` before it served every method.
+SSCAResult = Result

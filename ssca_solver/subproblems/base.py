@@ -17,6 +17,9 @@ class SubproblemSolution:
       value: the subproblem's optimal value (surrogate objective + deterministic terms + c sum s).
       residual: for iterative dual solves, the projected-gradient residual at the stop (0 when
         the solution is exact up to rounding).
+      retries: how many fallback settings the solver needed this round (CVXPY path).
+      inaccurate: the solver could not certify its answer to full accuracy (CVXPY's
+        "optimal_inaccurate", or the closed form's dual iteration stopping above rounding).
       terms: w-bar as a linear combination ((coef, vector), ...) of arrays the solver already
         had (the closed form's w-bar = -(b_0 + sum_m nu_m b_m) / (2 A)); ``((1.0, w),)`` when w
         was given as an array.
@@ -27,11 +30,13 @@ class SubproblemSolution:
     statistics never do: every round makes new arrays).
     """
 
-    __slots__ = ("_w", "slack", "multipliers", "value", "residual", "_terms")
+    __slots__ = ("_w", "slack", "multipliers", "value", "residual", "_terms", "retries",
+                 "inaccurate")
 
     def __init__(self, w: Optional[np.ndarray], slack: np.ndarray, multipliers: np.ndarray,
                  value: float, residual: float = 0.0,
-                 terms: Optional[Sequence[tuple[float, np.ndarray]]] = None):
+                 terms: Optional[Sequence[tuple[float, np.ndarray]]] = None,
+                 retries: int = 0, inaccurate: bool = False):
         if (w is None) == (terms is None):
             raise ValueError("SubproblemSolution needs exactly one of w and terms")
         if terms is not None and not terms:
@@ -42,6 +47,8 @@ class SubproblemSolution:
         self.multipliers = multipliers
         self.value = value
         self.residual = residual
+        self.retries = int(retries)
+        self.inaccurate = bool(inaccurate)
 
     @property
     def w(self) -> np.ndarray:
@@ -57,4 +64,5 @@ class SubproblemSolution:
 
     def __repr__(self):
         return (f"SubproblemSolution(value={self.value!r}, slack={self.slack!r}, "
-                f"multipliers={self.multipliers!r}, residual={self.residual!r})")
+                f"multipliers={self.multipliers!r}, residual={self.residual!r}, "
+                f"retries={self.retries}, inaccurate={self.inaccurate})")

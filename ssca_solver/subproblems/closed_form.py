@@ -165,7 +165,7 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter):
 def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray, bs,
                       cs: np.ndarray, U: np.ndarray, penalty: float,
                       out: np.ndarray | None = None,
-                      nu0: np.ndarray | None = None) -> SubproblemSolution:
+                      nu0: np.ndarray | None = None, max_iter: int = 200) -> SubproblemSolution:
     """Solve Problem 5 with scalar curvatures a_0 > 0, a_m >= 0 (see module docstring).
 
     M = 0 is eqs. (omega1-uncon)/(omega2-uncon), M = 1 Lemma 1, M >= 2 the projected Newton
@@ -181,6 +181,7 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
         w-bar as its terms (the server forms eq. (updatew) from them in one pass, and
         ``sol.w`` is formed only when read).
       nu0: warm start for the multipliers (M >= 2).
+      max_iter: iteration limit of the projected Newton method (M >= 2).
 
     Cost: the Gram matrix's dot products (one per pair of nonzero vectors), and one pass to form
     w-bar if it is asked for; |w-bar|^2 and b_m.w-bar, hence the slacks and the value, come from
@@ -207,7 +208,8 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
         nu = np.array([_lemma1(G, float(a0), float(a[0]), float(d[0]), c)])
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
-        nu, residual = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c), 200)
+        nu, residual = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c),
+                                         int(max_iter))
     coef = np.concatenate(([0.0 if b0 is None else 1.0], nu))
     A, ww, bw, slack, value = _summary(G, coef, float(a0), a, d, float(c0), c)
     # w = -(b_0 + sum nu_m b_m) / (2 A), left to the server as its terms unless out is given
@@ -235,21 +237,26 @@ class ClosedFormSubproblem:
       stochastic_objective: whether builders[0] is the objective's.
       bounds: U_m.
       ridge: lambda of the deterministic terms, which must add up to lambda |w|^2.
+      newton_max_iter: iteration limit of the projected Newton method (M >= 2).
+
+    Holds no state between rounds: the multipliers' warm start comes in as ``nu0``.
     """
 
     name = "closed_form"
+    #: a dual residual above this (times 1 + c) flags the round's solve as inaccurate
+    INACCURATE = 1e-9
 
-    def __init__(self, dim: int, builders, stochastic_objective: bool, bounds, ridge: float):
+    def __init__(self, dim: int, builders, stochastic_objective: bool, bounds, ridge: float,
+                 newton_max_iter: int = 200):
         self.dim = dim
         self.builders = tuple(builders)
         self.k = 1 if stochastic_objective else 0
         self.bounds = np.asarray(bounds, dtype=float)
         self.ridge = float(ridge)
-        self._nu = np.zeros(len(self.bounds))
-        self.retries = 0
-        self.inaccurate_rounds: list[int] = []
+        self.newton_max_iter = int(newton_max_iter)
 
-    def solve(self, stats, penalty: float, round: int) -> SubproblemSolution:
+    def solve(self, stats, penalty: float, round: int, nu0=None) -> SubproblemSolution:
+        """Problem 5 (Problem 2 when M = 0) at the averaged statistics, in closed form."""
         forms = [b.quadratic_form(s) for b, s in zip(self.builders, stats)]
         if self.k:
             a0, b0, c0 = forms[0]
@@ -258,10 +265,8 @@ class ClosedFormSubproblem:
         cons = forms[self.k:]
         sol = solve_closed_form(a0 + self.ridge, b0, c0, np.array([f[0] for f in cons]),
                                 [f[1] for f in cons], np.array([f[2] for f in cons]),
-                                self.bounds, penalty, nu0=self._nu)
+                                self.bounds, penalty, nu0=nu0, max_iter=self.newton_max_iter)
         # the dual residual is p_m(w) - U_m in the constraints' units: a stop far above
-        # rounding (iteration limit, stalled line search) is reported like an inaccurate solve
-        if sol.residual > 1e-9 * (1.0 + penalty):
-            self.inaccurate_rounds.append(round)
-        self._nu = sol.multipliers
+        # rounding (iteration limit, stalled line search) is reported as an inaccurate solve
+        sol.inaccurate = sol.residual > self.INACCURATE * (1.0 + penalty)
         return sol

@@ -79,9 +79,7 @@ class CvxpySubproblem:
         self._stochastic_objective = stochastic_objective
         self._bounds = [float(U) for U in bounds]
         self._deterministic = deterministic
-        self.retries = 0
         self._value = None
-        self.inaccurate_rounds: list[int] = []  # rounds where the solver said "inaccurate"
         self.parametrize = dim <= DPP_MAX_DIM if parametrize is None else bool(parametrize)
         if self.parametrize:
             self._params = [{s.name: _parameter(s, m) for s in b.statistic_specs(dim)}
@@ -138,19 +136,17 @@ class CvxpySubproblem:
             raise ModelError("the subproblem is not DCP; check the surrogate builders and "
                              "deterministic terms")
 
-    def _solve_with_retries(self, round: int) -> str:
+    def _solve_with_retries(self, round: int) -> tuple[str, int]:
         """Solve; on a failure retry with each fallback setting, then raise SubproblemError.
 
         Clarabel sometimes stalls ("InsufficientProgress", "AlmostSolved") after it has
         converged, when its static regularisation or equilibration interacts badly with the
         degenerate optimum of an unsatisfiable constraint surrogate; turning either off solves
-        those instances to full accuracy. Retries are counted in ``self.retries``.
+        those instances to full accuracy. Returns the status and the number of retries.
         """
         attempts = [{}] + (_CLARABEL_FALLBACKS if self.solver.upper() == "CLARABEL" else [])
         statuses, errors, fallback = [], [], None
         for k, extra in enumerate(attempts):
-            if k:
-                self.retries += 1
             try:
                 with warnings.catch_warnings():  # the status is checked here, not by CVXPY
                     warnings.filterwarnings("ignore", message="Solution may be inaccurate")
@@ -163,12 +159,12 @@ class CvxpySubproblem:
             if self._w.value is None:
                 continue
             if statuses[-1] == cp.OPTIMAL:
-                return statuses[-1]
+                return statuses[-1], k
             if statuses[-1] == cp.OPTIMAL_INACCURATE and fallback is None:
                 fallback = self._snapshot()
         if fallback is not None:  # keep the first inaccurate answer if nothing better came
             self._restore(fallback)
-            return cp.OPTIMAL_INACCURATE
+            return cp.OPTIMAL_INACCURATE, len(attempts) - 1
         tried = ", ".join(f"'{st}'" for st in statuses)
         detail = f" ({errors[-1]})" if errors else ""
         which = "Problem 5" if self.num_constraints else "Problem 2"
@@ -187,9 +183,11 @@ class CvxpySubproblem:
         for c, dv in zip(self._sur_cons, duals):
             c.dual_variables[0].value = dv
 
-    def solve(self, stats: Sequence[dict], penalty: float, round: int) -> SubproblemSolution:
+    def solve(self, stats: Sequence[dict], penalty: float, round: int,
+              nu0=None) -> SubproblemSolution:
         """Set the Parameters to ``stats`` and ``penalty`` (or rebuild with them) and solve;
-        raise SubproblemError on failure."""
+        raise SubproblemError on failure. ``nu0`` is accepted for the common contract and
+        unused (Clarabel has no dual warm start through CVXPY)."""
         values = []
         for b, st in zip(self._builders, stats):
             vals = {}
@@ -210,13 +208,12 @@ class CvxpySubproblem:
         else:
             self._build([{k: cp.Constant(v) for k, v in vals.items()} for vals in values],
                         cp.Constant(float(penalty)))
-        status = self._solve_with_retries(round)
-        if status == cp.OPTIMAL_INACCURATE:
-            self.inaccurate_rounds.append(round)
+        status, retries = self._solve_with_retries(round)
         M = self.num_constraints
         slack = np.maximum(self._s.value, 0.0) if M else np.zeros(0)
         mult = (np.array([float(np.atleast_1d(c.dual_value)[0]) for c in self._sur_cons])
                 if M else np.zeros(0))
         value = self._value if status == cp.OPTIMAL_INACCURATE else float(self.problem.value)
         return SubproblemSolution(np.array(self._w.value, dtype=float), slack,
-                                  np.maximum(mult, 0.0), value)
+                                  np.maximum(mult, 0.0), value, retries=retries,
+                                  inaccurate=status == cp.OPTIMAL_INACCURATE)

@@ -1,0 +1,10 @@
+"""Methods of the one runner: mini-batch SSCA (Algorithms 1 and 2) and the SGD baselines.
+
+Each is an object implementing the protocol of :mod:`ssca_solver.algorithms.base`.
+"""
+
+from .base import Algorithm
+from .fedavg import FedAvg, FedAvgState, LocalSGDTask
+from .ssca import SSCA, SSCARoundTask
+
+__all__ = ["Algorithm", "SSCA", "SSCARoundTask", "FedAvg", "FedAvgState", "LocalSGDTask"]

@@ -1,0 +1,127 @@
+"""FedAvg / FedSGD with optional server momentum, as an algorithm of the one runner.
+
+The comparisons of the paper's Section VI (McMahan et al. 2017). Each round the server sends
+w_t; client i runs E local SGD steps of batch B on its own rows with learning rate
+r_t = abar / t^alphabar,
+
+    w <- w - r_t (grad F_0(w; batch) + 2 lambda w)        (lambda: an exact ridge term)
+
+and sends its model back; the server averages the models with weights N_i / N,
+wbar_t = sum_i N_i/N w_i, and with heavy-ball momentum beta
+
+    v_t = beta v_{t-1} + (w_t - wbar_t),   w_{t+1} = w_t - v_t.
+
+With E = 1 and beta = 0 this is FedSGD (mini-batch SGD with batch B per client). Local step k
+of round t draws its batch from (seed, client, t, k), like every client task.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, NamedTuple, Optional
+
+import numpy as np
+
+from ..federated.messages import Request, array, optional_int
+from ..functions import checked_value_and_grad
+from ..schedules import ScheduleError
+
+TASK = "fedavg.local_sgd"
+
+
+class LocalSGDTask:
+    """Client side: ``config["steps"]`` local SGD steps on the objective from w_t with learning
+    rate ``config["lr"]`` and batch ``config["batch_size"]``; ``config["ridge"]`` adds
+    2 lambda w to the gradient. Replies with the local model ``w`` (d floats)."""
+
+    def __init__(self, objective):
+        self.objective = objective
+
+    def __call__(self, client, request: Request):
+        cfg = request.config
+        B, lr, ridge = optional_int(cfg.get("batch_size")), float(cfg["lr"]), float(cfg["ridge"])
+        w = np.array(request.w, dtype=float)
+        b = client.num_rows
+        for k in range(int(cfg["steps"])):
+            X, y, b = client.batch(request.round, B, draw=k)
+            where = f"client {client.index}, round {request.round}, local step {k + 1}"
+            _, g = checked_value_and_grad(self.objective, w, X, y, where)
+            w -= lr * (g + 2.0 * ridge * w)
+        return client.reply(request, {"w": w}, batch_size=b)
+
+
+class FedAvgState(NamedTuple):
+    """t: rounds done; w: w_t; v: the momentum buffer."""
+
+    t: int
+    w: np.ndarray
+    v: np.ndarray
+
+
+class FedAvgInfo(NamedTuple):
+    t: int
+    lr: float
+    step_norm: float
+
+
+def lr_value(lr, t: int) -> float:
+    """r_t from a PowerStep, a callable or a number; must be finite and > 0."""
+    try:
+        v = float(lr(t)) if callable(lr) else float(lr)
+    except Exception as exc:
+        raise ScheduleError(f"lr: the schedule raised at t={t}: {exc!r}") from exc
+    if not (math.isfinite(v) and v > 0):
+        raise ScheduleError(f"lr_t must be a finite number > 0; lr({t}) = {v!r}")
+    return v
+
+
+class FedAvg:
+    """FedAvg (E local steps), FedSGD (E = 1), server momentum beta."""
+
+    name = "fedavg"
+    columns = {"lr": (), "step_norm": ()}
+
+    def __init__(self, problem, batch_size: Optional[int], local_steps: int, lr,
+                 momentum: float, ridge: float):
+        self.objective = problem.objective
+        self.batch_size = batch_size
+        self.local_steps = int(local_steps)
+        self.lr = lr
+        self.momentum = float(momentum)
+        self.ridge = float(ridge)
+        self.num_samples = problem.data.num_samples
+
+    def tasks(self) -> Mapping:
+        return {TASK: LocalSGDTask(self.objective)}
+
+    def init(self, x0: np.ndarray) -> FedAvgState:
+        x0 = np.array(x0, dtype=float)
+        return FedAvgState(0, x0, np.zeros_like(x0))
+
+    def request(self, state) -> Request:
+        return Request(TASK, state.t + 1, state.w,
+                       {"batch_size": self.batch_size, "steps": self.local_steps,
+                        "lr": lr_value(self.lr, state.t + 1), "ridge": self.ridge})
+
+    def step(self, state, replies):
+        t = state.t + 1
+        avg = np.zeros_like(state.w)
+        for reply in replies:              # summed as they come
+            avg += (reply.num_rows / self.num_samples) * array(reply, "w")
+        v = self.momentum * state.v + (state.w - avg)
+        w = state.w - v
+        return FedAvgState(t, w, v), FedAvgInfo(t, lr_value(self.lr, t),
+                                                float(np.linalg.norm(v)))
+
+    def record(self, info: FedAvgInfo) -> dict:
+        return {"lr": info.lr, "step_norm": info.step_norm}
+
+    def describe(self, info: FedAvgInfo) -> str:
+        return f"round {info.t:>5d}  lr={info.lr:.3g}"
+
+    def state_arrays(self, state: FedAvgState) -> dict:
+        return {"t": np.asarray(state.t), "w": state.w, "v": state.v}
+
+    def state_from_arrays(self, arrays) -> FedAvgState:
+        return FedAvgState(int(arrays["t"]), np.array(arrays["w"], dtype=float),
+                           np.array(arrays["v"], dtype=float))

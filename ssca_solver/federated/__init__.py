@@ -1,0 +1,14 @@
+"""The federated layer: clients keep their rows and answer tasks by name.
+
+Algorithms 1 and 2, steps 3-4: the server broadcasts w_t; client i draws its own mini-batch and
+returns statistics. This layer only carries requests to task handlers that an algorithm
+registered (:mod:`ssca_solver.algorithms`) and brings the replies back; it knows no algorithm.
+"""
+
+from .client import Client, TaskHandler, build_clients
+from .messages import Reply, Request, array
+from .transports import (DEFAULT_CLIENT_TIMEOUT, InProcessTransport, ProcessTransport,
+                         Transport)
+
+__all__ = ["Client", "TaskHandler", "build_clients", "Reply", "Request", "array",
+           "DEFAULT_CLIENT_TIMEOUT", "InProcessTransport", "ProcessTransport", "Transport"]

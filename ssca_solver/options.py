@@ -1,0 +1,266 @@
+"""Solve options: one dataclass per method, parsed and validated once, here.
+
+``parse(cls, options, method, problem)`` rejects unknown names with a suggestion (TypeError, as
+scipy and cvxpy users expect), checks every value (ValueError naming the option; bools and
+strings are refused where a number is expected, NumPy scalars of any type are accepted) and
+returns the dataclass with normalised values (floats, ints, tuples).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .errors import DataError
+from .federated import DEFAULT_CLIENT_TIMEOUT
+from .schedules import PowerStep
+
+TRANSPORTS = ("inprocess", "process")
+
+
+# -- value checks -------------------------------------------------------------------------------
+
+def _is_real(value) -> bool:
+    return (isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))) or (
+        isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf")
+
+
+def real(name: str, value, *, low: float = -math.inf, high: float = math.inf,
+         low_open: bool = False) -> float:
+    """``value`` as a finite float in [low, high] (or (low, high] with ``low_open``)."""
+    if not _is_real(value):
+        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    v = float(value)
+    ok = math.isfinite(v) and (v > low if low_open else v >= low) and v <= high
+    if not ok:
+        lo = "(" if low_open else "["
+        raise ValueError(f"{name} must be a finite number in {lo}{low:g}, {high:g}], got {value!r}")
+    return v
+
+
+def integer(name: str, value, *, low: int = 1) -> int:
+    """``value`` as an int >= low (bools refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r} "
+                         f"({type(value).__name__})")
+    if value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def flag(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def seed_entropy(seed) -> int:
+    """The run's seed as one integer, from anything ``np.random.default_rng`` accepts.
+
+    None draws fresh entropy (recorded in checkpoints, so a resumed run draws the same batches).
+    """
+    if isinstance(seed, (bool, np.bool_)):
+        raise ValueError(f"seed must be None, a non-negative integer, a sequence of them, a "
+                         f"SeedSequence or a Generator, got {seed!r}")
+    if isinstance(seed, np.random.Generator):
+        seed = seed.bit_generator
+    if isinstance(seed, np.random.BitGenerator):
+        seed = seed.seed_seq
+    if isinstance(seed, np.random.SeedSequence):
+        ss = seed
+    else:
+        try:
+            ss = np.random.SeedSequence(seed)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"seed must be None, a non-negative integer, a sequence of them, a "
+                             f"SeedSequence or a Generator (what np.random.default_rng "
+                             f"accepts), got {seed!r}: {exc}") from None
+    # one integer that determines the stream: entropy and spawn key mixed by generate_state
+    return int.from_bytes(ss.generate_state(4, np.uint32).tobytes(), "little")
+
+
+def batch_size(value, data) -> Optional[int]:
+    """B as an int, or None for the full batch ("full" or None); B <= every client's N_i."""
+    if value is None or (isinstance(value, str) and value == "full"):
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"batch_size must be a positive integer or 'full', got {value!r}")
+    sizes = data.client_sizes
+    i = int(np.argmin(sizes))
+    if value > sizes[i]:
+        raise DataError(f"batch_size={value} is larger than client {i}'s {sizes[i]} rows; "
+                        f"each client draws B <= N_i rows (use batch_size<={sizes[i]} or 'full')")
+    return int(value)
+
+
+def penalties(value) -> tuple[float, ...]:
+    """c_1 < c_2 < ... as floats (Theorem 2)."""
+    seq = [value] if (_is_real(value) or isinstance(value, (bool, np.bool_, str))) else list(value)
+    if not seq:
+        raise ValueError("penalty: give at least one value c > 0")
+    out = tuple(real("penalty: every c", c, low=0.0, low_open=True) for c in seq)
+    if any(b <= a for a, b in zip(out, out[1:])):
+        raise ValueError(f"penalty: the sequence must be strictly increasing "
+                         f"(c_1 < c_2 < ..., Theorem 2), got {list(out)}")
+    return out
+
+
+def start_point(value, dim: int) -> np.ndarray:
+    """x0 as a finite float array of shape (dim,), zeros by default."""
+    if value is None:
+        return np.zeros(dim)
+    try:
+        x0 = np.array(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"x0 must be a finite real array of shape ({dim},), got {value!r}") \
+            from None
+    if x0.shape != (dim,) or not np.all(np.isfinite(x0)):
+        raise ValueError(f"x0 must be a finite array of shape ({dim},), got shape {x0.shape}")
+    return x0
+
+
+def choice(name: str, value, allowed: tuple) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, "
+                         f"got {value!r}")
+    return value
+
+
+def path_or_none(name: str, value) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{name} must be a file path, got {value!r}")
+    return os.fspath(value)
+
+
+# -- the options --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Options every method shares (the runner's).
+
+    Attributes:
+      max_iter: rounds (per penalty value c_j for Algorithm 2).
+      seed: seeds the clients' mini-batches: anything ``np.random.default_rng`` accepts. The
+        batch of client i at round t is drawn from ``SeedSequence(seed, spawn_key=(i, t, k))``.
+      x0: starting point w_1 (default zeros).
+      eval_every: evaluate the full-data objective and constraints every k rounds for the
+        history (None or 0: never; the final point is always evaluated).
+      transport: "inprocess" (default) or "process" (each client in its own process).
+      client_timeout: seconds a client process may take to answer one request before the
+        solve stops with ClientError (default 600; None waits forever). Process transport only:
+        in-process clients cannot be interrupted.
+      callback: ``callback(it)`` after each round with an :class:`ssca_solver.runner.Iteration`
+        (t, x, stage, penalty, step_norm, the latest full-data evaluation, the method's own
+        round record and state). Return True (or raise StopIteration) to stop the run: status
+        "stopped".
+      progress: print a progress line to stderr every tenth of the rounds.
+      checkpoint: a file path; the whole solver state is saved there (NumPy .npz, no pickled
+        code) every ``checkpoint_every`` rounds, when the run stops, and when a client fails.
+      checkpoint_every: rounds between checkpoints (default 100).
+      resume: a checkpoint path to continue from (same problem and options; the seed is read
+        from the checkpoint when not given).
+    """
+
+    max_iter: int = 200
+    seed: Any = None
+    x0: Any = None
+    eval_every: Optional[int] = 10
+    transport: str = "inprocess"
+    client_timeout: Optional[float] = DEFAULT_CLIENT_TIMEOUT
+    callback: Optional[Callable] = None
+    progress: bool = False
+    checkpoint: Any = None
+    checkpoint_every: int = 100
+    resume: Any = None
+
+
+@dataclass(frozen=True)
+class SSCAOptions(RunOptions):
+    """Options of ``Problem.solve(method="ssca")`` with their defaults (and :class:`RunOptions`).
+
+    Attributes:
+      batch_size: B, rows each client draws per round (paper: 1, 10, 100); "full" (or None)
+        uses every row of every client (deterministic SCA).
+      tau: proximal weight of eqs. (fs0bar)/(fsmbar), > 0 (paper: 0.1).
+      rho: schedule of eq. (rho) (PowerStep, callable t -> value, or constant in (0, 1]).
+        Default PowerStep(0.9, 0.4).
+      gamma: schedule of eq. (gamma). Default PowerStep(0.9, 0.55). Both defaults satisfy every
+        condition of eqs. (rho)/(gamma); the paper's Section VI choices violate
+        sum gamma^2 < inf and draw a warning.
+      penalty: c, a number or an increasing sequence c_1 < c_2 < ... (Theorem 2). Only used
+        with stochastic constraints.
+      slack_tol: the continuation stops at the first c_j whose slack norm (the mean of |s^(t)|
+        over the stage's last tenth of rounds) is <= this. Absolute, in the units of the
+        constraint functions: scale constraints to O(1).
+      subproblem: "auto" (closed form when it applies, else CVXPY), "closed_form" or "cvxpy".
+      solver: CVXPY solver name for the subproblem (default "CLARABEL", interior point).
+      solver_options: dict of keyword arguments for that solver.
+      surrogate_init: "tau" (Fbar^(0) = tau |w|^2, the paper's Section V convention, default)
+        or "zero" (Fbar^(0) = 0, eq. (Fs0bar) as written); see PAPER_NOTES item 4.
+    """
+
+    batch_size: Any = 10
+    tau: float = 0.1
+    rho: Any = field(default_factory=lambda: PowerStep(0.9, 0.4))
+    gamma: Any = field(default_factory=lambda: PowerStep(0.9, 0.55))
+    penalty: Any = (1e2, 1e3, 1e4, 1e5)
+    slack_tol: float = 1e-3
+    subproblem: str = "auto"
+    solver: str = "CLARABEL"
+    solver_options: Optional[dict] = None
+    surrogate_init: str = "tau"
+
+
+@dataclass(frozen=True)
+class FedAvgOptions(RunOptions):
+    """Options of ``Problem.solve(method="fedavg")`` (and :class:`RunOptions`).
+
+    Attributes:
+      batch_size: B rows per local step ("full" for all rows).
+      local_steps: E local SGD steps per round (E = 1: FedSGD).
+      lr: the learning rate r_t: a PowerStep(abar, alphabar), a callable t -> value > 0 or a
+        number. Default PowerStep(0.5, 0.3).
+      momentum: server-side heavy-ball coefficient beta in [0, 1) (0: plain FedAvg).
+    """
+
+    max_iter: int = 100
+    batch_size: Any = 10
+    local_steps: int = 1
+    lr: Any = field(default_factory=lambda: PowerStep(0.5, 0.3))
+    momentum: float = 0.0
+
+
+def parse(cls, options: dict, method: str):
+    """Build the options dataclass ``cls``, rejecting unknown names with a suggestion, and check
+    the options every method shares."""
+    names = [f.name for f in fields(cls)]
+    for key in options:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"unknown solve option {key!r} for method '{method}'{hint} "
+                            f"Valid options: {', '.join(names)}")
+    opts = cls(**options)
+    every = opts.eval_every
+    if every is not None and not (not isinstance(every, (bool, np.bool_)) and every == 0):
+        every = integer("eval_every (None or 0: never)", every, low=1)
+    timeout = opts.client_timeout
+    if timeout is not None:
+        timeout = real("client_timeout (seconds, or None)", timeout, low=0.0, low_open=True)
+    if opts.callback is not None and not callable(opts.callback):
+        raise TypeError("callback must be callable(iteration) -> bool | None")
+    return replace(
+        opts, max_iter=integer("max_iter", opts.max_iter), eval_every=every or 0,
+        transport=choice("transport", opts.transport, TRANSPORTS), client_timeout=timeout,
+        progress=flag("progress", opts.progress),
+        checkpoint=path_or_none("checkpoint", opts.checkpoint),
+        checkpoint_every=integer("checkpoint_every", opts.checkpoint_every),
+        resume=path_or_none("resume", opts.resume))

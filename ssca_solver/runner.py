@@ -1,0 +1,207 @@
+"""ONE round loop for every algorithm and transport.
+
+:class:`Runner` drives any :class:`~ssca_solver.algorithms.base.Algorithm`: each round it sends
+the algorithm's request through the transport, counts the floats that cross, lets the algorithm
+step, records the round, evaluates the full-data objective and constraints every ``eval_every``
+rounds, calls the user's callback (which can stop the run), prints progress and writes
+checkpoints. A method's outer loop (Algorithm 2's penalty continuation) calls :meth:`Runner.run`
+once per stage.
+
+On any failure inside a round (a client error, a user-function error, Ctrl-C) the exception
+carries the last good state (``exc.state``) and, when ``checkpoint=`` was given, the path of the
+checkpoint written with it (``exc.checkpoint``), from which ``solve(..., resume=path)`` goes on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from .history import Recorder
+
+
+class Iteration(NamedTuple):
+    """What the callback receives after each round (the same for every method).
+
+    Attributes:
+      t: rounds done. x: the current point w_{t+1} (read-only view; copy it to keep it).
+      method: the method's name. stage: the penalty stage j (0 without one). penalty: c in
+      force (None without one). step_norm: the round's step length (method-specific, see
+      History). eval_t, objective, constraints: the latest full-data evaluation (None before
+      the first). record: the round's history row (dict). state: the algorithm's state.
+    """
+
+    t: int
+    x: np.ndarray
+    method: str
+    stage: int
+    penalty: Optional[float]
+    step_norm: float
+    eval_t: Optional[int]
+    objective: Optional[float]
+    constraints: Optional[np.ndarray]
+    record: dict
+    state: Any
+
+
+@dataclass
+class Tally:
+    """Floats that crossed the client-server line, counted from the messages themselves."""
+
+    up: int = 0
+    down: int = 0
+    eval_up: int = 0
+    eval_down: int = 0
+    up_per_client_round: int = 0
+    down_per_client_round: int = 0
+
+    def arrays(self) -> dict:
+        return {f"tally/{k}": np.asarray(v, dtype=np.int64) for k, v in vars(self).items()}
+
+    def load(self, arrays) -> None:
+        for k in vars(self):
+            setattr(self, k, int(arrays[f"tally/{k}"]))
+
+
+class Runner:
+    """The loop. One per solve; :meth:`run` may be called once per stage.
+
+    Args:
+      algorithm: the method (see :mod:`ssca_solver.algorithms.base`).
+      transport: carries requests to the clients.
+      evaluator: full-data evaluations (:class:`ssca_solver.diagnostics.Evaluator`).
+      opts: the parsed :class:`ssca_solver.options.RunOptions` (eval_every, callback, progress,
+        checkpoint, checkpoint_every).
+      recorder: the history so far (restored on resume).
+      tally: the communication counts so far.
+      meta: metadata saved with every checkpoint (method, seed, fingerprint); the runner adds the
+        round, the stage and the elapsed time.
+      penalty_of: the penalty c in force for a state (None for methods without one).
+    """
+
+    def __init__(self, algorithm, transport, evaluator, opts, recorder: Recorder, tally: Tally,
+                 meta: dict, penalty_of: Callable = lambda state: None, elapsed: float = 0.0):
+        self.algorithm = algorithm
+        self.transport = transport
+        self.evaluator = evaluator
+        self.opts = opts
+        self.recorder = recorder
+        self.tally = tally
+        self.meta = meta
+        self.penalty_of = penalty_of
+        self.stage = int(meta.get("stage", 0))
+        self._start = time.perf_counter() - elapsed
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._start
+
+    # -- one round's messages ----------------------------------------------------------------------
+    def _counted(self, replies, request):
+        down = request.num_floats()
+        for reply in replies:
+            n = reply.num_floats()
+            self.tally.up += n
+            self.tally.down += down
+            self.tally.up_per_client_round = max(self.tally.up_per_client_round, n)
+            self.tally.down_per_client_round = down
+            yield reply
+
+    def evaluate(self, w, with_grad: bool):
+        ev = self.evaluator.evaluate(self.transport, w, with_grad)
+        self.tally.eval_up += ev.floats_up
+        self.tally.eval_down += ev.floats_down
+        return ev
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, state, rounds: int, stage: int = 0):
+        """Run up to ``rounds`` rounds from ``state``; return (state, "max_iter" | "stopped")."""
+        self.stage = stage
+        alg, opts = self.algorithm, self.opts
+        every = max(1, rounds // 10)
+        for k in range(rounds):
+            try:
+                request = alg.request(state)
+                new, info = alg.step(state, self._counted(self.transport.stream(request),
+                                                          request))
+                record = dict(alg.record(info))
+                self.recorder.round(new.t, stage, record)
+                if opts.eval_every and new.t % opts.eval_every == 0:
+                    ev = self.evaluate(new.w, with_grad=False)
+                    f0, cons = self.evaluator.split(ev.values, new.w)
+                    self.recorder.evaluation(new.t, f0, cons)
+            except BaseException as exc:
+                self._failed(exc, state)
+                raise
+            state = new
+            stop = self._callback(state, record)
+            if opts.progress and ((k + 1) % every == 0 or k == 0 or stop):
+                self._progress(alg.describe(info), k + 1, rounds)
+            due = opts.checkpoint and state.t % opts.checkpoint_every == 0
+            if stop or due:
+                self.save(state)
+            if stop:
+                return state, "stopped"
+        return state, "max_iter"
+
+    def _callback(self, state, record) -> bool:
+        cb = self.opts.callback
+        if cb is None:
+            return False
+        last = self.recorder.last_evaluation()
+        x = state.w.view()
+        x.flags.writeable = False
+        it = Iteration(state.t, x, self.algorithm.name, self.stage, self.penalty_of(state),
+                       float(record.get("step_norm", np.nan)), *(last or (None, None, None)),
+                       record, state)
+        try:
+            return bool(cb(it))
+        except StopIteration:
+            return True
+
+    def _failed(self, exc: BaseException, state) -> None:
+        """Attach the last good state (and its checkpoint) to ``exc``."""
+        path = None
+        if self.opts.checkpoint:
+            try:
+                path = self.save(state)
+            except Exception as save_exc:  # never hide the original failure
+                exc.add_note(f"(writing the checkpoint failed too: {save_exc!r})") \
+                    if hasattr(exc, "add_note") else None
+        try:
+            exc.state, exc.checkpoint = state, path
+        except AttributeError:  # exceptions with __slots__
+            return
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"ssca-solver: the last good state is after round {state.t}"
+                         + (f"; checkpoint written to {path!r} (resume with "
+                            f"solve(..., resume={path!r}))" if path else
+                            " (exc.state); pass checkpoint=PATH to be able to resume"))
+
+    # -- checkpoints and progress ----------------------------------------------------------------
+    def save(self, state) -> str:
+        arrays = {**{f"state/{k}": v for k, v in self.algorithm.state_arrays(state).items()},
+                  **self.recorder.arrays(), **self.tally.arrays()}
+        meta = {**self.meta, "round": int(state.t), "stage": int(self.stage),
+                "elapsed": self.elapsed}
+        return ckpt.save(self.opts.checkpoint, arrays, meta)
+
+    def _progress(self, fragment: str, k: int, rounds: int) -> None:
+        parts = [f"[{self.algorithm.name}] {fragment}", f"{k:>5d}/{rounds}"]
+        last = self.recorder.last_evaluation()
+        if last is not None:
+            t, f0, cons = last
+            parts.append(f"F0={f0:.5g} (t={t})")
+            if cons.size:
+                parts.append(f"max F-U={np.max(cons):.3g}")
+        print("  ".join(parts), file=sys.stderr, flush=True)
+
+
+def state_arrays_from(arrays: dict) -> dict:
+    """The algorithm-state part of a checkpoint's arrays (prefix ``state/`` removed)."""
+    return {k[len("state/"):]: v for k, v in arrays.items() if k.startswith("state/")}

@@ -1,0 +1,96 @@
+"""What every method's front door does around the runner: clients and transport, a fresh or
+resumed start, and the final full-data report. The method-specific parts stay in the front
+doors (:mod:`ssca_solver.solve`, :mod:`ssca_solver.baselines`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from .diagnostics import Evaluator, kkt_report
+from .federated import InProcessTransport, ProcessTransport, build_clients
+from .history import Recorder
+from .options import seed_entropy, start_point
+from .result import Communication
+from .runner import Runner, Tally, state_arrays_from
+
+
+def fingerprint(problem, method: str, **options) -> dict:
+    """What must match between a checkpoint and the solve that resumes it (JSON values)."""
+    fp = {"method": method, "dim": problem.dim, "client_sizes": list(problem.data.client_sizes),
+          "constraints": [c.name for c in problem.constraints],
+          "functions": [f.name for f in problem.functions], **options}
+    return json.loads(json.dumps(fp, default=repr))
+
+
+class Session:
+    """A solve in progress: the runner, its transport, and where to start.
+
+    Attributes:
+      runner: the :class:`~ssca_solver.runner.Runner`.
+      state: the state to start from (fresh, or restored from ``opts.resume``).
+      stage: the stage to start in (0, or the checkpoint's).
+      resumed: whether the state came from a checkpoint.
+    """
+
+    def __init__(self, problem, algorithm, opts, fp: dict, init_state,
+                 penalty_of=lambda state: None):
+        self.problem, self.algorithm, self.opts = problem, algorithm, opts
+        self.evaluator = Evaluator(problem)
+        recorder = Recorder(algorithm.columns, problem.num_constraints)
+        tally = Tally()
+        seed, stage, elapsed = None, 0, 0.0
+        state = None
+        if opts.resume:
+            arrays, meta = ckpt.load(opts.resume)
+            ckpt.check_matches(meta, fp, opts.resume)
+            saved_seed = int(meta["seed"])
+            if opts.seed is not None and seed_entropy(opts.seed) != saved_seed:
+                raise ValueError(f"resume: the checkpoint {opts.resume!r} was written with "
+                                 "another seed; omit seed= (it is read from the checkpoint) "
+                                 "or give the same one")
+            seed, stage, elapsed = saved_seed, int(meta["stage"]), float(meta["elapsed"])
+            state = algorithm.state_from_arrays(state_arrays_from(arrays))
+            recorder.load(arrays)
+            tally.load(arrays)
+        else:
+            seed = seed_entropy(opts.seed)
+            state = init_state(start_point(opts.x0, problem.dim))
+        self.state, self.stage, self.resumed = state, stage, bool(opts.resume)
+        tasks = {**algorithm.tasks(), **self.evaluator.tasks}
+        clients = build_clients(problem.data, seed, tasks)
+        self.transport = (ProcessTransport(clients, opts.client_timeout)
+                          if opts.transport == "process" else InProcessTransport(clients))
+        meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp}
+        self.runner = Runner(algorithm, self.transport, self.evaluator, opts, recorder, tally,
+                             {**meta, "stage": stage}, penalty_of, elapsed)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.transport.close()
+
+    def final_report(self, state, dual_multipliers: Optional[np.ndarray] = None,
+                     solver: str = "CLARABEL"):
+        """(fun, constraints, kkt, communication, history) at ``state.w`` on the full data."""
+        try:
+            final = self.runner.evaluate(state.w, with_grad=True)
+        except BaseException as exc:
+            self.runner._failed(exc, state)
+            raise
+        fun, cons = self.evaluator.split(final.values, state.w)
+        M = self.problem.num_constraints
+        duals = np.zeros(M) if dual_multipliers is None else dual_multipliers
+        kkt = kkt_report(state.w, final, self.evaluator.terms, duals, solver)
+        t = self.runner.tally
+        comm = Communication(rounds=state.t, num_clients=self.transport.num_clients,
+                             up_per_client_round=t.up_per_client_round,
+                             down_per_client_round=t.down_per_client_round or self.problem.dim,
+                             up_total=t.up, down_total=t.down, eval_up_total=t.eval_up,
+                             eval_down_total=t.eval_down)
+        return fun, cons, kkt, comm, self.runner.recorder.history()
