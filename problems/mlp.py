@@ -143,13 +143,21 @@ class MLP:
         return np.concatenate(parts)
 
     def _run(self, w, X, y, want_grad):
+        """The kernel on rows X, labels y; both are checked first (a bad label would index
+        out of bounds inside the kernel and crash the process)."""
         w1, w2, b1, b2 = self.unflatten(w)
-        X = np.ascontiguousarray(X, dtype=float)
-        y = np.ascontiguousarray(y, dtype=np.int64)
-        if X.ndim != 2 or X.shape[1] != self.K:
-            raise ValueError(f"X must have shape (n, {self.K}), got {X.shape}")
+        X = self._features(X, "batch")
+        y = class_labels(y, X.shape[0], self.L, "batch")
         return _forward_backward(w1, w2, b1, b2, X, y, SWISH if self.activation == "swish"
                                  else RELU, want_grad)
+
+    def _features(self, X, where: str) -> np.ndarray:
+        """X as a C-contiguous float array of shape (n, K), or a ValueError."""
+        X = np.ascontiguousarray(X, dtype=float)
+        if X.ndim != 2 or X.shape[1] != self.K:
+            raise ValueError(f"{where}: X must have shape (n, {self.K}) for a network with "
+                             f"K = {self.K} inputs, got {X.shape}")
+        return X
 
     def cross_entropy(self, name: str = "cross-entropy") -> ss.SampleFunction:
         """F of eq. (Fcost) as a SampleFunction (labels y in {0..L-1})."""
@@ -170,12 +178,55 @@ class MLP:
 
     def evaluate(self, w, X, y, chunk: int = 8192) -> tuple[float, float]:
         """Full-data cost F(w) and accuracy, in chunks of rows (no gradient)."""
+        X = self._features(X, "evaluate")
+        y = class_labels(y, X.shape[0], self.L, "evaluate")
         total, correct = 0.0, 0
         for s in range(0, len(y), chunk):
             losses, *_, c = self._run(w, X[s:s + chunk], y[s:s + chunk], False)
             total += float(losses.sum())
             correct += int(c)
         return total / len(y), correct / len(y)
+
+
+def class_labels(y, n: int, L: int, where: str) -> np.ndarray:
+    """Labels y as int64 class indices in 0..L-1, one per row; DataError naming the first bad one.
+
+    Integer labels (any int dtype, or bool) and floats that are exact integers (3.0) are
+    accepted; a label outside 0..L-1, a NaN or a fraction is refused. Cost: a min and a max
+    for integer labels, so it runs on every batch before the Numba kernel, which does not check
+    bounds.
+    """
+    y = np.asarray(y)
+    if y.shape != (n,):
+        raise ss.DataError(f"{where}: labels y must be a vector of {n} class indices, one per row "
+                           f"of X, got shape {y.shape}; for one-hot rows pass y.argmax(axis=1)")
+    if y.dtype == np.bool_ or n == 0:
+        return np.ascontiguousarray(y, dtype=np.int64)
+    if np.issubdtype(y.dtype, np.integer):
+        ok = None if 0 <= y.min() and y.max() < L else (y >= 0) & (y < L)
+    elif np.issubdtype(y.dtype, np.floating):
+        with np.errstate(invalid="ignore"):
+            ok = (y >= 0) & (y < L) & (y == np.floor(y))  # False for NaN and +-inf
+    else:
+        raise ss.DataError(f"{where}: labels y must be integers 0..{L - 1}, got dtype {y.dtype}")
+    if ok is not None and not ok.all():
+        row = int(np.flatnonzero(~ok)[0])
+        raise ss.DataError(f"{where}, row {row}: label {y[row]} is not a class index: labels "
+                           f"must be integers 0..{L - 1} for a network with L = {L} outputs; "
+                           "fix the labels or build the MLP with a matching L")
+    return np.ascontiguousarray(y, dtype=np.int64)
+
+
+def _check_data(data: ss.FederatedData, net: MLP) -> None:
+    """Every client's rows fit the network: K features and labels in 0..L-1 (DataError)."""
+    for i, c in enumerate(data.clients):
+        if c.X.shape[1:] != (net.K,):
+            raise ss.DataError(f"client {i}: rows of X have shape {c.X.shape[1:]}, the network "
+                               f"expects ({net.K},) (K = {net.K} inputs)")
+        if c.y is None:
+            raise ss.DataError("the network's cross-entropy needs labels: build FederatedData "
+                               "with (X, y) pairs")
+        class_labels(c.y, c.num_rows, net.L, f"client {i}")
 
 
 def classification_uncon(data: ss.FederatedData, net: MLP, lam: float = 1e-5,
@@ -188,6 +239,7 @@ def classification_uncon(data: ss.FederatedData, net: MLP, lam: float = 1e-5,
     """
     if lam_mode not in ("exact", "linearised"):
         raise ValueError(f"lam_mode must be 'exact' or 'linearised', got {lam_mode!r}")
+    _check_data(data, net)
     ce = net.cross_entropy()
     if lam_mode == "exact" or lam == 0:
         reg = (lambda w: lam * cp.sum_squares(w)) if lam else None
@@ -207,5 +259,6 @@ def classification_uncon(data: ss.FederatedData, net: MLP, lam: float = 1e-5,
 
 def classification_con(data: ss.FederatedData, net: MLP, U: float = 0.13) -> ss.Problem:
     """prob:class-con: minimise |w|^2 subject to F(w) <= U."""
+    _check_data(data, net)
     return ss.Problem(lambda w: cp.sum_squares(w), [net.cross_entropy() <= U], dim=net.dim,
                       data=data)
