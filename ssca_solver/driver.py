@@ -84,6 +84,26 @@ def init(w0: np.ndarray, builders: Sequence, tau: float, surrogate_init: str,
     return SSCAState(0, w0, stats, float(penalty), np.zeros(num_constraints))
 
 
+def combine(replies: Sequence[Reply], num_samples: int) -> tuple:
+    """sum_i N_i / (B_i N) q_{m,i}: the mini-batch estimate of eqs. (Fs0bar)/(Fsmbar), as one
+    dict of statistics per function (the plain reference of :func:`average_with_messages`).
+
+    With B_i = B for every client this is exactly the paper's weight N_i / (B N); each client's
+    sums are turned into an unbiased estimate of its share N_i/N of the full average.
+    """
+    out: dict = {}
+    for msg in replies:
+        wgt = msg.num_rows / (msg.batch_size * num_samples)
+        for key, v in msg.arrays.items():
+            m, name = key.split(":", 1)
+            acc = out.setdefault(int(m), {})
+            if name in acc:
+                axpy(wgt, v, acc[name])
+            else:
+                acc[name] = scaled(wgt, v)
+    return tuple(out[m] for m in sorted(out))
+
+
 def average_statistics(previous: tuple, new: tuple, rho: float) -> tuple:
     """(1 - rho) previous + rho new, statistic by statistic (eqs. (Fs0bar)/(Fsmbar)).
 

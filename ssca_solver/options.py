@@ -39,8 +39,12 @@ def real(name: str, value, *, low: float = -math.inf, high: float = math.inf,
     v = float(value)
     ok = math.isfinite(v) and (v > low if low_open else v >= low) and v <= high
     if not ok:
-        lo = "(" if low_open else "["
-        raise ValueError(f"{name} must be a finite number in {lo}{low:g}, {high:g}], got {value!r}")
+        rel = ">" if low_open else ">="
+        if high == math.inf:
+            want = "a finite number" + ("" if low == -math.inf else f" {rel} {low:g}")
+        else:
+            want = f"a number {rel} {low:g} and <= {high:g}"
+        raise ValueError(f"{name} must be {want}, got {value!r}")
     return v
 
 

@@ -142,8 +142,7 @@ class Runner:
             stop = self._callback(state, record)
             if opts.progress and ((k + 1) % every == 0 or k == 0 or stop):
                 self._progress(alg.describe(info), k + 1, rounds)
-            due = opts.checkpoint and state.t % opts.checkpoint_every == 0
-            if stop or due:
+            if opts.checkpoint and (stop or state.t % opts.checkpoint_every == 0):
                 self.save(state)
             if stop:
                 return state, "stopped"
@@ -160,9 +159,12 @@ class Runner:
                        float(record.get("step_norm", np.nan)), *(last or (None, None, None)),
                        record, state)
         try:
-            return bool(cb(it))
+            answer = cb(it)
         except StopIteration:
             return True
+        # only an explicit True stops: a lambda that returns what list.append returns, or a
+        # tuple of such, must not end the run by accident
+        return answer is True or (isinstance(answer, np.bool_) and bool(answer))
 
     def _failed(self, exc: BaseException, state) -> None:
         """Attach the last good state (and its checkpoint) to ``exc``."""

@@ -26,3 +26,22 @@ def quadratic_function(name="quad"):
         return w - X.mean(axis=0)
 
     return ss.SampleFunction(value, grad, name=name)
+
+
+def ssca_clients(prob, seed=0):
+    """The clients a solve of ``prob`` by method "ssca" would build (round and evaluation
+    tasks), for tests that drive rounds by hand."""
+    from ssca_solver.algorithms.ssca import SSCARoundTask
+    from ssca_solver.diagnostics import Evaluator
+    from ssca_solver.federated import build_clients
+    from ssca_solver.options import seed_entropy
+
+    tasks = {"ssca.round": SSCARoundTask(prob.functions, prob.builders), **Evaluator(prob).tasks}
+    return build_clients(prob.data, seed_entropy(seed), tasks)
+
+
+def round_request(t, w, batch_size, tau=0.1):
+    """The request of SSCA's round t at w (batch_size None: full batch)."""
+    from ssca_solver.federated import Request
+
+    return Request("ssca.round", t, w, {"batch_size": batch_size, "tau": tau})

@@ -26,7 +26,7 @@ def test_full_batch_fedsgd_is_gradient_descent(cancer, cancer_data, momentum):
     ws = []
     ridge_logistic(cancer_data).solve(
         method="fedavg", batch_size="full", local_steps=1, lr=0.3, momentum=momentum,
-        max_iter=5, eval_every=None, callback=lambda w, info: ws.append(w.copy()))
+        max_iter=5, eval_every=None, callback=lambda it: ws.append(it.x.copy()))
     w, v = np.zeros(31), np.zeros(31)
     for t in range(5):
         v = momentum * v + 0.3 * full_gradient(w, X, y)
@@ -40,7 +40,7 @@ def test_fedavg_with_local_steps_averages_local_models(cancer_data):
     ws = []
     ridge_logistic(cancer_data).solve(method="fedavg", batch_size="full", local_steps=2, lr=0.3,
                                       max_iter=1, eval_every=None,
-                                      callback=lambda w, info: ws.append(w.copy()))
+                                      callback=lambda it: ws.append(it.x.copy()))
     expected = np.zeros(31)
     for c in cancer_data.clients:
         w = np.zeros(31)
@@ -58,7 +58,8 @@ def test_fedavg_reaches_the_pooled_optimum(cancer, cancer_data):
     ref.solve(solver="CLARABEL")
     res = ridge_logistic(cancer_data).solve(method="fedavg", batch_size=20, lr=ss.PowerStep(
         1.0, 0.3), max_iter=300, seed=0, eval_every=50)
-    assert res.subproblem == "fedavg" and res.status == "max_iter"
+    assert res.method == "fedavg" and res.subproblem is None
+    assert res.status == "max_iter" and not res.success
     assert (res.fun - ref.value) / ref.value <= 1e-2
     assert res.communication.up_per_client_round == 31
     assert res.communication.up_total == 300 * 5 * 31
@@ -87,7 +88,7 @@ def test_ssca_with_rho_one_is_fedsgd(cancer_data):
     wa, wb = [], []
     with pytest.warns(ss.ScheduleWarning, match="constant"):
         prob.solve(method="ssca", batch_size=15, tau=0.5, rho=1.0, gamma=0.2, max_iter=8,
-                   seed=4, eval_every=None, callback=lambda s, i: wa.append(s.w.copy()))
+                   seed=4, eval_every=None, callback=lambda it: wa.append(it.x.copy()))
     prob.solve(method="fedavg", batch_size=15, lr=0.2 / (2 * 0.5), max_iter=8, seed=4,
-               eval_every=None, callback=lambda w, i: wb.append(w.copy()))
+               eval_every=None, callback=lambda it: wb.append(it.x.copy()))
     np.testing.assert_allclose(np.array(wa), np.array(wb), rtol=1e-12, atol=1e-14)

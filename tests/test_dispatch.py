@@ -14,7 +14,7 @@ RUN = dict(batch_size=20, max_iter=40, seed=0, eval_every=None)
 
 def iterates(prob, **kw):
     ws = []
-    res = prob.solve(callback=lambda state, info: ws.append(state.w.copy()), **RUN, **kw)
+    res = prob.solve(callback=lambda it: ws.append(it.x.copy()), **RUN, **kw)
     return res, np.array(ws)
 
 
@@ -74,7 +74,7 @@ class PolishedCvxpy:
     def __init__(self, cvx, cf):
         self.cvx, self.cf = cvx, cf      # cf only lends the problem's data: k, bounds, ridge
 
-    def solve(self, stats, penalty, round):
+    def solve(self, stats, penalty, round, nu0=None):
         from kkt_reference import polished_reference
         from ssca_solver.subproblems.base import SubproblemSolution
 
@@ -92,21 +92,22 @@ def test_same_iterates_constrained_against_polished_clarabel(cancer_data):
     """The issue's 1e-6 for a whole constrained run: 40 rounds of Algorithm 2 through
     driver.step, closed form against CVXPY + Clarabel polished each round."""
     from ssca_solver import driver
-    from ssca_solver.federated import InProcessTransport, RoundRequest
-    from ssca_solver.solve import make_clients, make_subproblem, parse_options
+    from conftest import round_request, ssca_clients
+    from ssca_solver.federated import InProcessTransport
+    from ssca_solver.subproblems import make_subproblem
 
     prob = neyman_pearson(cancer_data, 0.2, lam=1e-2)
-    cf = make_subproblem(prob, parse_options({"subproblem": "closed_form"}))
-    ref = PolishedCvxpy(make_subproblem(prob, parse_options({"subproblem": "cvxpy"})), cf)
+    cf = make_subproblem(prob, prob.builders, "closed_form")
+    ref = PolishedCvxpy(make_subproblem(prob, prob.builders, "cvxpy"), cf)
     runs = []
     for sub in (cf, ref):
-        transport = InProcessTransport(make_clients(prob, 0))
-        state = driver.init(np.zeros(prob.dim), prob.builders, 0.1, "tau")
+        transport = InProcessTransport(ssca_clients(prob, 0))
+        state = driver.init(np.zeros(prob.dim), prob.builders, 0.1, "tau", 1, 10.0)
         ws, nus = [], []
         for t in range(1, 41):
-            msgs = transport.stream(RoundRequest(t, state.w, 20, 0.1))
+            msgs = transport.stream(round_request(t, state.w, 20))
             state, info = driver.step(state, msgs, cancer_data.num_samples, 0.9 / t ** 0.4,
-                                      0.9 / t ** 0.55, 10.0, sub)
+                                      0.9 / t ** 0.55, sub)
             ws.append(state.w)
             nus.append(info.solution.multipliers)
         runs.append((np.array(ws), np.array(nus)))

@@ -7,36 +7,35 @@ import pytest
 
 import ssca_solver as ss
 from problems.neyman_pearson import neyman_pearson
-from ssca_solver.federated import (ClientMessage, EvaluationRequest, InProcessTransport,
-                                   RoundRequest, combine)
-from ssca_solver.solve import make_clients
+from conftest import round_request, ssca_clients
+from ssca_solver.diagnostics import Evaluator
+from ssca_solver.driver import combine, stat_key
+from ssca_solver.federated import InProcessTransport, Reply
 
 
 def test_messages_hold_only_declared_statistics(cancer_data):
     prob = neyman_pearson(cancer_data, alpha=0.2)
     d = prob.dim
-    transport = InProcessTransport(make_clients(prob, seed=0))
-    msgs = transport.exchange(RoundRequest(1, np.zeros(d), 7, 0.1))
+    transport = InProcessTransport(ssca_clients(prob, seed=0))
+    msgs = transport.exchange(round_request(1, np.zeros(d), 7))
     assert len(msgs) == cancer_data.num_clients
     for i, m in enumerate(msgs):
-        assert isinstance(m, ClientMessage) and m.client == i and m.batch_size == 7
-        assert m.num_rows == cancer_data.client_sizes[i]
-        assert len(m.stats) == 2  # objective and one constraint
-        for builder, st in zip(prob.builders, m.stats):
-            specs = {s.name: s.shape for s in builder.statistic_specs(d)}
-            assert {k: np.shape(v) for k, v in st.items()} == specs
+        assert isinstance(m, Reply) and m.client == i and m.batch_size == 7
+        assert m.num_rows == cancer_data.client_sizes[i] and m.task == "ssca.round"
+        specs = {stat_key(j, s.name): s.shape for j, builder in enumerate(prob.builders)
+                 for s in builder.statistic_specs(d)}   # objective and one constraint
+        assert {k: np.shape(v) for k, v in m.arrays.items()} == specs
         assert m.num_floats() == 2 * (d + 2)
         clone = pickle.loads(pickle.dumps(m))  # plain data: it can cross a process or network
-        for a, b in zip(clone.stats, m.stats):
-            for k in a:
-                np.testing.assert_array_equal(a[k], b[k])
-    ev = transport.exchange(EvaluationRequest(np.zeros(d)))
-    assert ev[0].values.shape == (2,) and ev[0].grads.shape == (2, d)
+        for k in m.arrays:
+            np.testing.assert_array_equal(clone.arrays[k], m.arrays[k])
+    ev = Evaluator(prob).evaluate(transport, np.zeros(d), with_grad=True)
+    assert ev.values.shape == (2,) and ev.grads.shape == (2, d)
 
 
 def test_combine_uses_weights_Ni_over_B_N():
-    a = ClientMessage(0, 1, num_rows=3, batch_size=2, stats=({"x": np.array([1.0, 2.0])},))
-    b = ClientMessage(1, 1, num_rows=7, batch_size=2, stats=({"x": np.array([10.0, 0.0])},))
+    a = Reply(0, "ssca.round", 1, num_rows=3, batch_size=2, arrays={"0:x": np.array([1.0, 2.0])})
+    b = Reply(1, "ssca.round", 1, num_rows=7, batch_size=2, arrays={"0:x": np.array([10.0, 0.0])})
     out = combine([a, b], num_samples=10)
     np.testing.assert_allclose(out[0]["x"], 3 / 20 * np.array([1.0, 2.0]) + 7 / 20 * np.array(
         [10.0, 0.0]))
@@ -48,7 +47,7 @@ def test_full_batch_estimate_is_the_full_data_surrogate(cancer):
     data = ss.FederatedData([(X[:100], y[:100]), (X[100:350], y[100:350]), (X[350:], y[350:])])
     prob = neyman_pearson(data, alpha=0.2)
     w = np.random.default_rng(0).normal(size=prob.dim) * 0.1
-    msgs = InProcessTransport(make_clients(prob, 0)).exchange(RoundRequest(1, w, None, 0.1))
+    msgs = InProcessTransport(ssca_clients(prob, 0)).exchange(round_request(1, w, None))
     est = combine(msgs, data.num_samples)
     f = prob.functions[1]
     assert np.isclose(prob.builders[1].evaluate(est[1], w), f.value(w, X, y).mean())
@@ -69,11 +68,11 @@ def test_communication_is_counted_from_messages(cancer_data):
 
 
 def _poison_after_first_round(data, log):
-    def callback(state, info):
-        if info.t == 1:
+    def callback(it):
+        if it.t == 1:
             for c in data.clients:
                 c.X[:] = np.nan
-        log.append(info.t)
+        log.append(it.t)
     return callback
 
 
@@ -108,8 +107,8 @@ def test_fused_average_equals_combine_then_average(cancer_data):
     from ssca_solver import driver
 
     prob = neyman_pearson(cancer_data, alpha=0.2)
-    msgs = InProcessTransport(make_clients(prob, 0)).exchange(
-        RoundRequest(1, np.full(prob.dim, 0.1), 7, 0.1))
+    msgs = InProcessTransport(ssca_clients(prob, 0)).exchange(
+        round_request(1, np.full(prob.dim, 0.1), 7))
     prev = driver.init(np.zeros(prob.dim), prob.builders, 0.1, "tau").stats
     a = driver.average_with_messages(prev, msgs, cancer_data.num_samples, 0.3)
     b = driver.average_statistics(prev, combine(msgs, cancer_data.num_samples), 0.3)

@@ -7,14 +7,14 @@ import pytest
 import ssca_solver as ss
 from problems.logistic import logistic_loss
 from problems.neyman_pearson import neyman_pearson, pooled_reference
-from ssca_solver.diagnostics import ProblemTerms, evaluate, kkt_report
+from conftest import ssca_clients
+from ssca_solver.diagnostics import Evaluator, ProblemTerms, kkt_report
 from ssca_solver.federated import InProcessTransport
-from ssca_solver.solve import make_clients
 
 
 def _report(prob, w, duals=None):
-    transport = InProcessTransport(make_clients(prob, 0))
-    ev = evaluate(transport, w, prob.data.num_samples, with_grad=True)
+    transport = InProcessTransport(ssca_clients(prob, 0))
+    ev = Evaluator(prob).evaluate(transport, w, with_grad=True)
     terms = ProblemTerms(prob.objective is not None, prob.bounds, prob.deterministic)
     duals = np.zeros(prob.num_constraints) if duals is None else duals
     return kkt_report(w, ev, terms, duals)

@@ -8,8 +8,9 @@ import pytest
 import ssca_solver as ss
 from problems.mlp import MLP, classification_con, classification_uncon
 from ssca_solver.datasets import DatasetNotFound, digits, load_idx_dataset, read_idx
-from ssca_solver.federated import InProcessTransport, RoundRequest, combine
-from ssca_solver.solve import make_clients
+from conftest import round_request, ssca_clients
+from ssca_solver.driver import combine
+from ssca_solver.federated import InProcessTransport
 from ssca_solver.subproblems import ClosedFormSubproblem, CvxpySubproblem
 
 
@@ -81,7 +82,7 @@ def test_one_step_closed_form_equals_cvxpy_on_the_network(kind):
     prob = (classification_uncon(data, net, lam=1e-3) if kind == "uncon"
             else classification_con(data, net, U=1.0))
     w = net.init(0)
-    msgs = InProcessTransport(make_clients(prob, 0)).exchange(RoundRequest(1, w, 10, 0.1))
+    msgs = InProcessTransport(ssca_clients(prob, 0)).exchange(round_request(1, w, 10))
     stats = combine(msgs, data.num_samples)
     lam = prob.deterministic.norm2_coefficient()
     cf = ClosedFormSubproblem(net.dim, prob.builders, prob.objective is not None, prob.bounds,

@@ -7,8 +7,9 @@ import pytest
 from problems.neyman_pearson import neyman_pearson
 from ssca_solver import driver
 from ssca_solver._kernels import FOLD_WIDTH, convex_step, fold
-from ssca_solver.federated import InProcessTransport, ProcessTransport, RoundRequest, combine
-from ssca_solver.solve import make_clients
+from conftest import round_request, ssca_clients
+from ssca_solver.driver import combine
+from ssca_solver.federated import InProcessTransport, ProcessTransport
 
 
 @pytest.mark.parametrize("count", [0, 1, FOLD_WIDTH - 1, FOLD_WIDTH, FOLD_WIDTH + 1, 11])
@@ -54,8 +55,8 @@ def test_streamed_average_equals_combine_then_average(cancer_data, monkeypatch, 
     (Fs0bar)/(Fsmbar) on the combined statistics."""
     monkeypatch.setattr(driver, "FOLD_BUFFER_BYTES", buffer_bytes)
     prob = neyman_pearson(cancer_data, alpha=0.2)
-    transport = InProcessTransport(make_clients(prob, 0))
-    req = RoundRequest(1, np.full(prob.dim, 0.1), 7, 0.1)
+    transport = InProcessTransport(ssca_clients(prob, 0))
+    req = round_request(1, np.full(prob.dim, 0.1), 7)
     msgs = transport.exchange(req)
     prev = driver.init(np.ones(prob.dim), prob.builders, 0.1, "tau").stats
     ref = driver.average_statistics(prev, combine(msgs, cancer_data.num_samples), 0.3)
@@ -73,16 +74,16 @@ def test_average_refuses_no_messages_and_foreign_statistics(cancer_data):
     prev = driver.init(np.zeros(prob.dim), prob.builders, 0.1, "tau").stats
     with pytest.raises(ValueError, match="no client messages"):
         driver.average_with_messages(prev, [], cancer_data.num_samples, 0.5)
-    msg = InProcessTransport(make_clients(prob, 0)).exchange(
-        RoundRequest(1, np.zeros(prob.dim), 7, 0.1))[0]
-    bad = replace(msg, stats=msg.stats[:1])
+    msg = InProcessTransport(ssca_clients(prob, 0)).exchange(
+        round_request(1, np.zeros(prob.dim), 7))[0]
+    bad = replace(msg, arrays={k: v for k, v in msg.arrays.items() if k.startswith("0:")})
     with pytest.raises(ValueError, match="client 0: statistics"):
         driver.average_with_messages(prev, [msg, bad], cancer_data.num_samples, 0.5)
 
 
 def _recording_clients(prob, record):
     """The problem's clients, each calling record(client, request) before it answers."""
-    clients = make_clients(prob, 0)
+    clients = ssca_clients(prob, 0)
     for c in clients:
         original = c.handle
         c.handle = (lambda req, c=c, original=original: record(c, req) or original(req))
@@ -93,7 +94,7 @@ def test_in_process_stream_runs_each_client_when_asked(cancer_data):
     prob = neyman_pearson(cancer_data, alpha=0.2)
     calls = []
     clients = _recording_clients(prob, lambda c, req: calls.append(c.index))
-    stream = InProcessTransport(clients).stream(RoundRequest(1, np.zeros(prob.dim), 7, 0.1))
+    stream = InProcessTransport(clients).stream(round_request(1, np.zeros(prob.dim), 7))
     assert calls == []
     assert next(stream).client == 0 and calls == [0]
     assert [m.client for m in stream] == [1, 2, 3, 4] and calls == [0, 1, 2, 3, 4]
@@ -103,11 +104,11 @@ def test_process_stream_left_early_does_not_leak_replies(cancer_data):
     """A stream abandoned after one message must not leave the other replies in the pipes,
     where they would be read as the answers to the next request."""
     prob = neyman_pearson(cancer_data, alpha=0.2)
-    with ProcessTransport(make_clients(prob, 0)) as transport:
-        stream = transport.stream(RoundRequest(1, np.zeros(prob.dim), 7, 0.1))
+    with ProcessTransport(ssca_clients(prob, 0)) as transport:
+        stream = transport.stream(round_request(1, np.zeros(prob.dim), 7))
         assert next(stream).round == 1
         stream.close()
-        msgs = transport.exchange(RoundRequest(2, np.zeros(prob.dim), 7, 0.1))
+        msgs = transport.exchange(round_request(2, np.zeros(prob.dim), 7))
         assert [m.round for m in msgs] == [2] * cancer_data.num_clients
         assert [m.client for m in msgs] == list(range(cancer_data.num_clients))
 
@@ -141,7 +142,7 @@ def test_in_process_clients_share_one_copy_not_the_servers_array(cancer_data):
     seen = []
     clients = _recording_clients(prob, lambda c, req: seen.append(req.w))
     w = np.full(prob.dim, 0.1)
-    InProcessTransport(clients).exchange(RoundRequest(1, w, 7, 0.1))
+    InProcessTransport(clients).exchange(round_request(1, w, 7))
     assert all(v is seen[0] for v in seen)        # one copy per request, not one per client
     assert not np.shares_memory(seen[0], w) and not seen[0].flags.writeable
     np.testing.assert_array_equal(seen[0], w)
@@ -195,13 +196,13 @@ def test_step_with_more_terms_than_one_pass_takes(cancer_data):
     class Fixed:
         name = "fixed"
 
-        def solve(self, stats, penalty, round):
+        def solve(self, stats, penalty, round, nu0=None):
             return SubproblemSolution(None, np.zeros(0), np.zeros(0), 0.0, terms=terms)
 
     w0 = rng.normal(size=prob.dim)
     state = driver.init(w0, prob.builders, 0.1, "tau")
-    msgs = InProcessTransport(make_clients(prob, 0)).stream(RoundRequest(1, w0, 7, 0.1))
-    new, info = driver.step(state, msgs, cancer_data.num_samples, 0.5, 0.25, 1.0, Fixed())
+    msgs = InProcessTransport(ssca_clients(prob, 0)).stream(round_request(1, w0, 7))
+    new, info = driver.step(state, msgs, cancer_data.num_samples, 0.5, 0.25, Fixed())
     target = sum(c * v for c, v in terms)
     np.testing.assert_allclose(new.w, 0.75 * w0 + 0.25 * target, rtol=1e-12, atol=1e-12)
     assert info.step_norm == pytest.approx(np.linalg.norm(target - w0), rel=1e-12)

@@ -24,7 +24,7 @@ def test_problem_is_compiled_once_and_resolved_by_parameter_updates(cancer_data,
     progs = []
     res = prob.solve(batch_size=10, max_iter=25, penalty=[10.0, 100.0], slack_tol=0.0, seed=0,
                      subproblem="cvxpy",
-                     eval_every=None, callback=lambda s, i: progs.append(len(compiles)))
+                     eval_every=None, callback=lambda it: progs.append(len(compiles)))
     assert res.nit == 50
     assert progs == [1] * 50  # one compilation, at round 1, for 50 rounds and two penalties
 
