@@ -36,7 +36,8 @@ class Column:
         return self._data[:self.size]
 
     def load(self, rows: np.ndarray) -> None:
-        rows = np.asarray(rows, dtype=self._data.dtype).reshape(-1, *self.shape)
+        rows = np.asarray(rows, dtype=self._data.dtype)
+        rows = rows.reshape((rows.shape[0] if rows.ndim else 0,) + self.shape)
         self._data = np.empty((max(256, 2 * len(rows)), *self.shape), dtype=self._data.dtype)
         self._data[:len(rows)] = rows
         self.size = len(rows)

@@ -151,7 +151,7 @@ class Result:
         si = self.solver_info
         if si.get("retries") or si.get("inaccurate_rounds"):
             lines.append(f"subproblem    {si.get('retries', 0)} retries with fallback settings, "
-                         f"{len(si.get('inaccurate_rounds', ()))} rounds 'optimal_inaccurate'")
+                         f"{len(si.get('inaccurate_rounds', ()))} rounds flagged inaccurate")
         lines.append(f"KKT           stationarity = {k.stationarity:.3g} ({k.stationarity_kind})"
                      + (f"   max feasibility = {np.max(k.feasibility):.3g}   max "
                         f"complementarity = {np.max(k.complementarity):.3g}   multipliers from "

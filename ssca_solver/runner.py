@@ -146,6 +146,8 @@ class Runner:
                 self.save(state)
             if stop:
                 return state, "stopped"
+        if opts.checkpoint and rounds and state.t % opts.checkpoint_every:
+            self.save(state)              # the end of a run: resume can extend it
         return state, "max_iter"
 
     def _callback(self, state, record) -> bool:

@@ -27,7 +27,7 @@ class PowerStep:
 
     Example:
       >>> PowerStep(0.6, 0.3)(1), round(PowerStep(0.6, 0.3)(8), 4)
-      (0.6, 0.3)
+      (0.6, 0.3215)
     """
 
     a: float

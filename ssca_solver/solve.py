@@ -62,7 +62,8 @@ def solve_ssca(problem, **options) -> Result:
     algorithm = SSCA(problem, builders, subproblem, o.batch_size, o.tau, o.rho, o.gamma,
                      o.surrogate_init)
     fp = fingerprint(problem, "ssca", batch_size=o.batch_size, tau=o.tau,
-                     penalty=list(o.penalty), max_iter=o.max_iter,
+                     penalty=list(o.penalty),
+                     max_iter=o.max_iter if M else None,   # stages' lengths; Alg. 1 may extend
                      surrogate_init=o.surrogate_init, subproblem=subproblem.name,
                      builders=[repr(b) for b in builders])
     penalties = o.penalty

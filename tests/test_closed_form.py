@@ -192,3 +192,47 @@ def test_many_instances_against_polished_clarabel():
     print(f"Clarabel alone: max {max(raw):.1e}, {np.mean(np.array(raw) > 1e-6):.0%} above 1e-6; "
           f"polished: max {max(polished):.1e}")
     assert max(polished) <= 1e-10
+
+
+def _three_constraint_stats(d=40, seed=0):
+    """Proximal-linear statistics of an objective and three constraints, two of them active."""
+    rng = np.random.default_rng(seed)
+    stats = [{"const": np.asarray(0.0), "lin": rng.normal(size=d), "quad": np.asarray(0.5)}]
+    for _ in range(3):
+        stats.append({"const": np.asarray(1.0), "lin": rng.normal(size=d),
+                      "quad": np.asarray(0.3)})
+    return stats
+
+
+def test_a_stalled_dual_iteration_is_flagged_inaccurate():
+    """One projected Newton step cannot solve a three-constraint dual: the solution says so;
+    200 steps can, and are not flagged."""
+    from ssca_solver.subproblems import ClosedFormSubproblem
+    from ssca_solver.surrogates import ProximalLinear
+
+    stats = _three_constraint_stats()
+    builders = [ProximalLinear()] * 4
+    args = (40, builders, True, np.array([0.2, 0.1, 3.0]), 0.0)
+    full = ClosedFormSubproblem(*args).solve(stats, 50.0, round=1, nu0=np.zeros(3))
+    assert not full.inaccurate and full.residual <= 1e-9
+    assert np.sum(full.multipliers > 1e-6) >= 1
+    short = ClosedFormSubproblem(*args, newton_max_iter=1).solve(stats, 50.0, round=1,
+                                                                nu0=np.zeros(3))
+    assert short.inaccurate and short.residual > 1e-9 * 51
+
+
+def test_inaccurate_rounds_reach_the_result(cancer_data, monkeypatch):
+    """A round flagged inaccurate is recorded per round, listed in solver_info and warned
+    about (forced here by a threshold every solve exceeds)."""
+    import ssca_solver as ss
+    from problems.neyman_pearson import neyman_pearson
+    from ssca_solver.subproblems import ClosedFormSubproblem
+
+    monkeypatch.setattr(ClosedFormSubproblem, "INACCURATE", -1.0)
+    with pytest.warns(RuntimeWarning, match="3 subproblem solves were flagged inaccurate"):
+        res = neyman_pearson(cancer_data, 0.2).solve(batch_size=10, max_iter=3, penalty=[10.0],
+                                                     seed=0, eval_every=None)
+    assert res.solver_info["inaccurate_rounds"] == (1, 2, 3)
+    np.testing.assert_array_equal(res.history.inaccurate, [1.0, 1.0, 1.0])
+    assert "3 rounds flagged inaccurate" in res.report()
+    assert isinstance(res, ss.Result)

@@ -130,3 +130,42 @@ def test_modelling_mistakes(cancer_data):
         ss.Problem(f, dim=31, data=cancer_data.pooled())
     with pytest.raises(ss.ModelError, match="objective must be"):
         ss.Problem(3.0, dim=31, data=cancer_data)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"tau": True}, "tau must be a number"),
+    ({"tau": "0.1"}, "tau must be a number"),
+    ({"max_iter": True}, "max_iter must be an integer"),
+    ({"max_iter": 3.0}, "max_iter must be an integer"),
+    ({"batch_size": True}, "batch_size"),
+    ({"slack_tol": "tight"}, "slack_tol must be a number"),
+    ({"penalty": [True, 10.0]}, "penalty"),
+    ({"penalty": "10"}, "penalty"),
+    ({"eval_every": True}, "eval_every"),
+    ({"eval_every": -2}, "eval_every"),
+    ({"client_timeout": "5"}, "client_timeout"),
+    ({"client_timeout": 0}, "client_timeout"),
+    ({"checkpoint_every": 0}, "checkpoint_every"),
+    ({"progress": "yes"}, "progress"),
+    ({"x0": ["a"] * 31}, "x0"),
+])
+def test_bools_and_strings_are_refused_where_numbers_go(cancer_data, kw, match):
+    prob = ss.Problem(logistic_loss(), [logistic_loss(name="c") <= 1.0], dim=31, data=cancer_data)
+    with pytest.raises(ValueError, match=match):
+        solve(prob, **kw)
+
+
+def test_numpy_scalars_of_any_float_type_are_accepted(cancer_data):
+    prob = ss.Problem(logistic_loss(), [logistic_loss(name="c") <= 1.0], dim=31, data=cancer_data)
+    base = solve(prob, tau=0.25, slack_tol=1e-3, penalty=[10.0, 100.0], batch_size=5,
+                 max_iter=3, client_timeout=30.0, seed=0)
+    for ftype in (np.float32, np.float64, np.longdouble):
+        res = solve(prob, tau=ftype(0.25), slack_tol=ftype(1e-3),
+                    penalty=[ftype(10.0), ftype(100.0)], batch_size=np.int64(5),
+                    max_iter=np.int32(3), client_timeout=ftype(30.0), seed=np.int64(0))
+        np.testing.assert_array_equal(res.x, base.x)
+    with pytest.raises(ValueError, match="local_steps"):
+        ss.Problem(logistic_loss(), dim=31, data=cancer_data).solve(method="fedavg",
+                                                                    local_steps=True)
+    with pytest.raises(ValueError, match="lr"):
+        ss.Problem(logistic_loss(), dim=31, data=cancer_data).solve(method="fedavg", lr="fast")

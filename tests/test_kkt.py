@@ -62,3 +62,64 @@ def test_prox_gradient_residual_with_a_domain(cancer, cancer_data):
     assert rep2.stationarity > 1e-3
     rep3 = _report(prob, v.value * 2)
     assert rep3.domain_violation > 0.2
+
+
+def _evaluation(g0, G, values):
+    from ssca_solver.diagnostics import Evaluation
+
+    grads = np.vstack([g0, G.T])
+    return Evaluation(np.asarray(values, dtype=float), grads, 0, 0)
+
+
+def test_complementarity_is_the_product_of_multiplier_and_constraint():
+    """At a point where the constraint is violated and the fit gives mu > 0, the report's
+    complementarity is |mu (F - U)|, not 0."""
+    det = ss.Problem(lambda w: cp.sum_squares(w), dim=2,
+                     data=None).deterministic
+    terms = ProblemTerms(True, np.array([1.0]), det)
+    w = np.array([0.5, -0.25])
+    g1 = np.array([1.0, 2.0])
+    g0 = -2 * w - 0.7 * g1                     # stationary with mu = 0.7 if cons = 0
+    rep = kkt_report(w, _evaluation(g0, g1[:, None], [0.0, 1.3]), terms, np.zeros(1))
+    cons = 0.3
+    mu = rep.multipliers[0]
+    assert mu > 0.1
+    assert rep.complementarity[0] == pytest.approx(mu * cons, rel=1e-12)
+    assert rep.feasibility[0] == pytest.approx(cons, rel=1e-12)
+
+
+def test_multiplier_fit_includes_complementarity_rows():
+    """Stationarity alone would give mu = 1; with the complementarity row mu^2 (F - U)^2 the
+    fit is mu = |g|^2 / (|g|^2 + (F - U)^2) for an inactive constraint (F - U = -1)."""
+    det = ss.Problem(lambda w: cp.sum_squares(w), dim=3, data=None).deterministic
+    terms = ProblemTerms(True, np.array([0.0]), det)
+    w = np.zeros(3)                            # grad of |w|^2 is 0 here
+    g1 = np.array([0.6, 0.0, 0.8])             # |g1| = 1
+    rep = kkt_report(w, _evaluation(-g1, g1[:, None], [0.0, -1.0]), terms, np.zeros(1))
+    assert rep.multipliers[0] == pytest.approx(1.0 / (1.0 + 1.0), rel=1e-10)
+    assert rep.stationarity == pytest.approx(0.5, rel=1e-10)
+
+
+def test_multipliers_with_a_domain_are_the_subproblems_duals(cancer, cancer_data):
+    """With a domain the multipliers come from the subproblem's duals: they must reach the
+    report (not zeros), and the prox-gradient stationarity uses them."""
+    from problems.neyman_pearson import pooled_reference as reference
+
+    X, y = cancer
+    w, _, _, mu = reference(X, y, 0.1, lam=1e-2, box=0.4)
+    prob = neyman_pearson(cancer_data, 0.1, lam=1e-2, box=0.4)
+    rep = _report(prob, w, duals=np.array([mu]))
+    assert rep.multiplier_source == "subproblem" and mu > 0.1
+    assert rep.multipliers[0] == mu and rep.stationarity < 1e-5
+    assert _report(prob, w, duals=np.zeros(1)).stationarity > 1e-2   # mu matters here
+
+
+def test_a_solve_with_a_domain_reports_a_positive_multiplier(cancer, cancer_data):
+    from problems.neyman_pearson import pooled_reference as reference
+
+    X, y = cancer
+    _, _, _, mu = reference(X, y, 0.1, lam=1e-2, box=0.4)
+    res = neyman_pearson(cancer_data, 0.1, lam=1e-2, box=0.4).solve(
+        batch_size=50, max_iter=150, penalty=[10.0], seed=0, eval_every=None)
+    assert res.subproblem == "cvxpy" and res.kkt.multiplier_source == "subproblem"
+    assert res.kkt.multipliers[0] == pytest.approx(mu, rel=0.2)
