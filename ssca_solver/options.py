@@ -18,10 +18,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .errors import DataError
-from .federated import DEFAULT_CLIENT_TIMEOUT
+from .federated import DEFAULT_CLIENT_TIMEOUT, transport_names
 from .schedules import PowerStep
-
-TRANSPORTS = ("inprocess", "process")
 
 
 # -- value checks -------------------------------------------------------------------------------
@@ -157,7 +155,8 @@ class RunOptions:
       x0: starting point w_1 (default zeros).
       eval_every: evaluate the full-data objective and constraints every k rounds for the
         history (None or 0: never; the final point is always evaluated).
-      transport: "inprocess" (default) or "process" (each client in its own process).
+      transport: "inprocess" (default), "process" (each client in its own process), or a
+        name given to :func:`ssca_solver.federated.register_transport`.
       client_timeout: seconds a client process may take to answer one request before the
         solve stops with ClientError (default 600; None waits forever). Process transport only:
         in-process clients cannot be interrupted.
@@ -263,7 +262,8 @@ def parse(cls, options: dict, method: str):
         raise TypeError("callback must be callable(iteration) -> bool | None")
     return replace(
         opts, max_iter=integer("max_iter", opts.max_iter), eval_every=every or 0,
-        transport=choice("transport", opts.transport, TRANSPORTS), client_timeout=timeout,
+        transport=choice("transport", opts.transport, transport_names()),
+        client_timeout=timeout,
         progress=flag("progress", opts.progress),
         checkpoint=path_or_none("checkpoint", opts.checkpoint),
         checkpoint_every=integer("checkpoint_every", opts.checkpoint_every),

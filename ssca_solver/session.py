@@ -12,7 +12,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from .diagnostics import Evaluator, kkt_report
-from .federated import InProcessTransport, ProcessTransport, build_clients
+from .federated import build_clients, make_transport
 from .history import Recorder
 from .options import seed_entropy, start_point
 from .result import Communication
@@ -63,8 +63,7 @@ class Session:
         self.state, self.stage, self.resumed = state, stage, bool(opts.resume)
         tasks = {**algorithm.tasks(), **self.evaluator.tasks}
         clients = build_clients(problem.data, seed, tasks)
-        self.transport = (ProcessTransport(clients, opts.client_timeout)
-                          if opts.transport == "process" else InProcessTransport(clients))
+        self.transport = make_transport(opts.transport, clients, opts.client_timeout)
         meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp}
         self.runner = Runner(algorithm, self.transport, self.evaluator, opts, recorder, tally,
                              {**meta, "stage": stage}, penalty_of, elapsed)

@@ -1,0 +1,43 @@
+"""Transports by name: ``solve(transport=NAME)`` builds the transport registered under NAME."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from .client import Client
+from .transports import InProcessTransport, ProcessTransport, Transport
+
+#: name -> factory(clients, client_timeout) -> Transport
+_TRANSPORTS: dict[str, Callable[[Sequence[Client], Optional[float]], Transport]] = {
+    "inprocess": lambda clients, timeout: InProcessTransport(clients),
+    "process": lambda clients, timeout: ProcessTransport(clients, timeout),
+}
+
+
+def register_transport(name: str, factory: Callable[[Sequence[Client], Optional[float]],
+                                                    Transport]) -> None:
+    """Make ``solve(transport=name)`` use ``factory(clients, client_timeout)``.
+
+    The transport must yield each client's reply in client order, hand clients a read-only w
+    (``request.read_only()``), raise :class:`~ssca_solver.errors.ClientError` for a client
+    that fails, and stop everything it started in ``close`` (see docs/architecture.md).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a transport name must be a non-empty string, got {name!r}")
+    if not callable(factory):
+        raise TypeError("factory must be callable(clients, client_timeout) -> Transport")
+    _TRANSPORTS[name] = factory
+
+
+def transport_names() -> tuple[str, ...]:
+    return tuple(_TRANSPORTS)
+
+
+def make_transport(name: str, clients: Sequence[Client], timeout: Optional[float]) -> Transport:
+    """The transport registered as ``name`` over ``clients``."""
+    try:
+        factory = _TRANSPORTS[name]
+    except KeyError:
+        raise ValueError(f"transport must be one of {', '.join(map(repr, _TRANSPORTS))}, got "
+                         f"{name!r}") from None
+    return factory(clients, timeout)
