@@ -29,7 +29,7 @@ def _parse(problem, options: dict) -> FedAvgOptions:
     if problem.deterministic.norm2_coefficient() is None:
         raise ModelError("method 'fedavg' supports deterministic terms only of the form "
                          "lambda |w|^2 (no domain)")
-    if isinstance(o.lr, (bool, np.bool_, str)) or not (callable(o.lr) or opt._is_real(o.lr)):
+    if isinstance(o.lr, (bool, np.bool_, str)) or not (callable(o.lr) or opt.is_real(o.lr)):
         raise ValueError(f"lr must be a PowerStep, a callable t -> value or a number > 0, "
                          f"got {o.lr!r}")
     if not callable(o.lr):

@@ -15,7 +15,7 @@ import numpy as np
 from .errors import ModelError
 
 
-def _label(kind: str, i: int, fn) -> str:
+def term_label(kind: str, i: int, fn) -> str:
     name = getattr(fn, "__name__", type(fn).__name__)
     return f"{kind} #{i} ({name})" if name != "<lambda>" else f"{kind} #{i}"
 
@@ -41,7 +41,7 @@ class DeterministicPart:
         self._exprs = [self._term_expr(label, fn, self._w) for label, fn in self._terms]
         self._cons = []
         for i, fn in enumerate(self._domain):
-            self._cons.extend(self._domain_cons(_label("domain", i, fn), fn, self._w))
+            self._cons.extend(self._domain_cons(term_label("domain", i, fn), fn, self._w))
         self._prox = None
 
     # -- building on any variable -----------------------------------------------------------------
@@ -86,7 +86,7 @@ class DeterministicPart:
         exprs = [self._term_expr(label, fn, w) for label, fn in self._terms]
         cons = []
         for i, fn in enumerate(self._domain):
-            cons.extend(self._domain_cons(_label("domain", i, fn), fn, w))
+            cons.extend(self._domain_cons(term_label("domain", i, fn), fn, w))
         return (cp.sum(cp.hstack(exprs)) if exprs else None), cons
 
     # -- properties -----------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from .schedules import PowerStep
 
 # -- value checks -------------------------------------------------------------------------------
 
-def _is_real(value) -> bool:
+def is_real(value) -> bool:
+    """A real number: Python or NumPy int or float (or a 0-d such array), not a bool."""
     return (isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))) or (
         isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf")
 
@@ -32,7 +33,7 @@ def _is_real(value) -> bool:
 def real(name: str, value, *, low: float = -math.inf, high: float = math.inf,
          low_open: bool = False) -> float:
     """``value`` as a finite float in [low, high] (or (low, high] with ``low_open``)."""
-    if not _is_real(value):
+    if not is_real(value):
         raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     v = float(value)
     ok = math.isfinite(v) and (v > low if low_open else v >= low) and v <= high
@@ -103,7 +104,7 @@ def batch_size(value, data) -> Optional[int]:
 
 def penalties(value) -> tuple[float, ...]:
     """c_1 < c_2 < ... as floats (Theorem 2)."""
-    seq = [value] if (_is_real(value) or isinstance(value, (bool, np.bool_, str))) else list(value)
+    seq = [value] if (is_real(value) or isinstance(value, (bool, np.bool_, str))) else list(value)
     if not seq:
         raise ValueError("penalty: give at least one value c > 0")
     out = tuple(real("penalty: every c", c, low=0.0, low_open=True) for c in seq)

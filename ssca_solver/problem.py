@@ -17,7 +17,7 @@ import cvxpy as cp
 import numpy as np
 
 from .data import FederatedData
-from .deterministic import DeterministicPart, _label
+from .deterministic import DeterministicPart, term_label
 from .errors import ModelError
 from .functions import SampleFunction, StochasticConstraint
 from .surrogates import builder_of
@@ -81,7 +81,7 @@ class Problem:
         for i, r in enumerate(regs):
             if not callable(r):
                 raise ModelError(f"regularizer #{i} must be a callable w -> CVXPY expression")
-            terms.append((_label("regularizer", i, r), r))
+            terms.append((term_label("regularizer", i, r), r))
         doms = _as_list(domain)
         for i, dfn in enumerate(doms):
             if not callable(dfn):

@@ -136,7 +136,7 @@ class Runner:
                     f0, cons = self.evaluator.split(ev.values, new.w)
                     self.recorder.evaluation(new.t, f0, cons)
             except BaseException as exc:
-                self._failed(exc, state)
+                self.failed(exc, state)
                 raise
             state = new
             stop = self._callback(state, record)
@@ -168,7 +168,7 @@ class Runner:
         # tuple of such, must not end the run by accident
         return answer is True or (isinstance(answer, np.bool_) and bool(answer))
 
-    def _failed(self, exc: BaseException, state) -> None:
+    def failed(self, exc: BaseException, state) -> None:
         """Attach the last good state (and its checkpoint) to ``exc``."""
         path = None
         if self.opts.checkpoint:

@@ -80,7 +80,7 @@ class Session:
         try:
             final = self.runner.evaluate(state.w, with_grad=True)
         except BaseException as exc:
-            self.runner._failed(exc, state)
+            self.runner.failed(exc, state)
             raise
         fun, cons = self.evaluator.split(final.values, state.w)
         M = self.problem.num_constraints
