@@ -150,6 +150,50 @@ class DeterministicPart:
         self._w.value = np.asarray(w, dtype=float)
         return float(max(np.max(np.atleast_1d(c.violation())) for c in self._cons))
 
+    def linearized_step(self, w, g0, G, cons, solver: str = "CLARABEL"):
+        """The KKT step of Problem 3 linearised at ``w``, with its multipliers.
+
+        Solves the convex problem (a step of an SQP method with identity Hessian)
+
+            minimise    g_0.(u - w) + R(u) + |u - w|^2 / 2 + P sum_m e_m
+            subject to  F_m(w) - U_m + G_m.(u - w) <= e_m,  e_m >= 0,   u in D,
+
+        with g_0 the full-data gradient of F_0, G_m those of F_m and R, D the deterministic
+        terms and domain (exact). At a KKT point of Problem 3, u = w and the duals are its
+        multipliers: ``mu`` for the stochastic constraints and one array per domain constraint.
+        |u - w| is the KKT residual (it reduces to |grad L| without domain and constraints).
+        The elastic variables e (weight P, far above any sensible multiplier) keep the problem
+        feasible where the linearised constraints are not; ``elastic`` is their sum.
+
+        Returns (u, mu, domain duals (list of arrays), elastic).
+        """
+        M = int(np.size(cons))
+        G = np.asarray(G, dtype=float).reshape(self.dim, M)
+        w = np.asarray(w, dtype=float)
+        P = 1e6 * max(1.0, float(np.max(np.abs(g0), initial=0.0)),
+                      float(np.max(np.abs(G), initial=0.0)))
+        u = cp.Variable(self.dim)
+        expr, dom = self.instantiate(u)
+        obj = g0 @ u + 0.5 * cp.sum_squares(u - w) + (expr if expr is not None else 0)
+        cons_lin = []
+        if M:
+            e = cp.Variable(M, nonneg=True)
+            obj = obj + P * cp.sum(e)
+            cons_lin = [np.asarray(cons, dtype=float) - G.T @ w + G.T @ u <= e]
+        prob = cp.Problem(cp.Minimize(obj), cons_lin + dom)
+        try:
+            prob.solve(solver=solver)
+        except cp.error.SolverError:
+            prob.solve(solver=solver, static_regularization_enable=False) \
+                if solver.upper() == "CLARABEL" else prob.solve()
+        if u.value is None:
+            raise ModelError(f"the linearised KKT problem failed at w: {prob.status}")
+        mu = (np.maximum(np.asarray(cons_lin[0].dual_value, dtype=float), 0.0) if M
+              else np.zeros(0))
+        duals = [np.atleast_1d(np.asarray(c.dual_value, dtype=float)) for c in dom]
+        elastic = float(np.sum(e.value)) if M else 0.0
+        return np.asarray(u.value, dtype=float), mu, duals, elastic
+
     def prox_residual(self, w, g, solver: str = "CLARABEL") -> float:
         """|w - prox_{R + I_D}(w - g)|, the prox-gradient stationarity residual.
 

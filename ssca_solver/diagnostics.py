@@ -92,23 +92,39 @@ class Evaluator:
         return Evaluation(values / N, grads / N if with_grad else None, up,
                           count * request.num_floats())
 
+    def objective_gradient_norm(self, ev: Evaluation, w: np.ndarray) -> float:
+        """|grad F_0(w) + grad R(w)| (R's gradient only when R is smooth)."""
+        det = self.terms.deterministic
+        g = ev.grads[0] if self.terms.stochastic_objective else np.zeros(w.size)
+        if det.smooth:
+            g = g + det.grad(w)
+        return float(np.linalg.norm(g))
+
     def split(self, values: np.ndarray, w: np.ndarray) -> tuple[float, np.ndarray]:
         """(full objective F_0(w) + deterministic terms, F_m(w) - U_m)."""
         f0, cons = split_values(values, self.terms)
         return f0 + self.terms.deterministic.value(w), cons
 
 
-def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms,
-               dual_multipliers: np.ndarray, solver: str = "CLARABEL") -> KKTReport:
-    """KKT residuals of Problem 3 at ``w`` on the full data.
+def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str = "CLARABEL",
+               grad_scale: float = 0.0) -> KKTReport:
+    """KKT residuals and multipliers of Problem 3 at ``w``, from full-data values and gradients.
 
-    Multipliers: with no domain and only quadratic deterministic terms, mu solves the
-    nonnegative least-squares fit
-        min_{mu >= 0} |g_0 + G mu|^2 + sum_m (mu_m g_m)^2,   g_m = F_m(w) - U_m,
-    of stationarity and complementarity together (so an inactive constraint gets mu ~ 0);
-    otherwise the duals of the last subproblem are used. Stationarity is then the gradient norm
-    of the Lagrangian, or the prox-gradient residual when a domain or a non-quadratic
-    deterministic term is present.
+    Multipliers come from the KKT conditions at ``w`` (never from a penalty c):
+
+    * no domain, smooth (quadratic) deterministic terms: mu solves the nonnegative
+      least-squares fit  min_{mu >= 0} |g + G mu|^2 + sum_m (mu_m g_m)^2  of stationarity and
+      complementarity together (g = grad F_0 + grad R, g_m = F_m(w) - U_m), and stationarity is
+      |g + G mu|;
+    * otherwise (a domain or a nonsmooth term): the linearised KKT step
+      (:meth:`DeterministicPart.linearized_step`) gives mu, the domain's multipliers, and the
+      residual |u - w|.
+
+    Relative residuals (what :meth:`KKTReport.passed` tests): stationarity over
+    ``scale = max(grad_scale, |g|, max_m mu_m |grad F_m|)`` (``grad_scale``: |g| at the starting
+    point, so the test does not depend on the units of the objective); feasibility
+    max(F_m - U_m, 0) / max(1, |U_m|); complementarity min(mu_m |grad F_m| / scale,
+    |F_m - U_m| / max(1, |U_m|)).
     """
     det = terms.deterministic
     k = 1 if terms.stochastic_objective else 0
@@ -116,22 +132,33 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms,
     M = cons.size
     g0 = ev.grads[0] if k else np.zeros(w.size)
     G = ev.grads[k:].T if M else np.zeros((w.size, 0))
-    gradient_form = not det.has_domain and det.smooth
-    if gradient_form:
-        g0 = g0 + det.grad(w)
+    domain_duals: tuple = ()
+    if not det.has_domain and det.smooth:
+        g = g0 + det.grad(w)
         if M:
             A = np.vstack([G, np.diag(cons)])
-            b = np.concatenate([-g0, np.zeros(M)])
+            b = np.concatenate([-g, np.zeros(M)])
             mu, _ = nnls(A, b)
         else:
             mu = np.zeros(0)
-        stat = float(np.linalg.norm(g0 + G @ mu))
+        stat = float(np.linalg.norm(g + G @ mu))
         kind, source = "gradient", "nnls"
     else:
-        mu = np.asarray(dual_multipliers, dtype=float).copy()
-        stat = det.prox_residual(w, g0 + G @ mu, solver=solver)
-        kind, source = "prox-gradient", "subproblem"
+        g = g0 + (det.grad(w) if det.smooth else 0.0)
+        u, mu, duals, _ = det.linearized_step(w, g0, G, cons, solver=solver)
+        stat = float(np.linalg.norm(u - w))
+        domain_duals = tuple(duals)
+        kind, source = "linearized step", "linearized"
+    col = np.linalg.norm(G, axis=0) if M else np.zeros(0)
+    scale = max(float(grad_scale), float(np.linalg.norm(g)),
+                float(np.max(mu * col, initial=0.0)), 1e-300)
+    bound_scale = np.maximum(1.0, np.abs(terms.bounds))
     return KKTReport(multipliers=mu, multiplier_source=source, stationarity=stat,
                      stationarity_kind=kind, feasibility=np.maximum(cons, 0.0),
                      complementarity=np.abs(mu * cons),
-                     domain_violation=det.domain_violation(w))
+                     domain_violation=det.domain_violation(w),
+                     domain_multipliers=domain_duals, scale=scale,
+                     stationarity_rel=stat / scale,
+                     feasibility_rel=np.maximum(cons, 0.0) / bound_scale,
+                     complementarity_rel=np.minimum(mu * col / scale,
+                                                    np.abs(cons) / bound_scale))

@@ -185,7 +185,8 @@ def step(state: SSCAState, messages: Iterable[Reply], num_samples: int, rho: flo
 
 
 def stage_slack(slack_rows: Sequence[np.ndarray], rounds: int) -> float:
-    """Estimate of |s_j*| for a stage: the mean of |s^(t)| over its last tenth of rounds.
+    """Estimate of |s_j*| for a stage: the mean of max_m |s_m^(t)| over its last tenth of rounds
+    (the rows may be relative slacks s_m / max(1, |U_m|)).
 
     Theorem 2 is about the limit point s_j* of s^(t) at fixed c_j. One round's slack is a noisy
     estimate of it: near an active constraint the recursively averaged constraint surrogate
@@ -194,4 +195,6 @@ def stage_slack(slack_rows: Sequence[np.ndarray], rounds: int) -> float:
     """
     window = max(1, rounds // 10)
     rows = np.asarray(slack_rows[-window:], dtype=float)
-    return 0.0 if rows.size == 0 else float(np.mean(np.linalg.norm(rows, axis=1)))
+    if rows.size == 0 or rows.ndim < 2 or rows.shape[1] == 0:
+        return 0.0
+    return float(np.mean(np.max(np.abs(rows), axis=1)))

@@ -201,9 +201,17 @@ class SSCAOptions(RunOptions):
         sum gamma^2 < inf and draw a warning.
       penalty: c, a number or an increasing sequence c_1 < c_2 < ... (Theorem 2). Only used
         with stochastic constraints.
-      slack_tol: the continuation stops at the first c_j whose slack norm (the mean of |s^(t)|
-        over the stage's last tenth of rounds) is <= this. Absolute, in the units of the
-        constraint functions: scale constraints to O(1).
+      slack_tol: the continuation raises c after a stage whose slack estimate (the mean over
+        the stage's last tenth of rounds of max_m s_m / max(1, |U_m|)) exceeds this; relative
+        to max(1, |U_m|) like ``feas_tol``.
+      feas_tol: the stopping test's feasibility tolerance: max(F_m - U_m, 0) <= feas_tol *
+        max(1, |U_m|) on the full data (e.g. U = 0.2: a violation up to 1e-4; U = 50: up to
+        5e-3). Default 1e-4.
+      kkt_tol: the stopping test's tolerance on the relative stationarity and complementarity
+        residuals (see :class:`ssca_solver.KKTReport`). Default 1e-4.
+      check_gradients: at round 1 every client checks each SampleFunction's gradient against a
+        central difference of its values along the gradient on its batch; a sign error or a
+        sum instead of a mean raises UserFunctionError naming the function. Default True.
       subproblem: "auto" (closed form when it applies, else CVXPY), "closed_form" or "cvxpy".
       solver: CVXPY solver name for the subproblem (default "CLARABEL", interior point).
       solver_options: dict of keyword arguments for that solver.
@@ -217,6 +225,9 @@ class SSCAOptions(RunOptions):
     gamma: Any = field(default_factory=lambda: PowerStep(0.9, 0.55))
     penalty: Any = (1e2, 1e3, 1e4, 1e5)
     slack_tol: float = 1e-3
+    feas_tol: float = 1e-4
+    kkt_tol: float = 1e-4
+    check_gradients: bool = True
     subproblem: str = "auto"
     solver: str = "CLARABEL"
     solver_options: Optional[dict] = None

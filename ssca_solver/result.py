@@ -15,16 +15,20 @@ class KKTReport:
     """KKT diagnostics of Problem 3 at the returned point, on the full data.
 
     Attributes:
-      multipliers: mu_m >= 0.
-      multiplier_source: "nnls" (nonnegative least-squares fit of stationarity and
-        complementarity on full-data gradients) or "subproblem" (duals of the last round's
-        Problem 5, used when a domain or a non-quadratic deterministic term is present).
-      stationarity: |grad F_0 + grad R + sum mu_m grad F_m| ("gradient"), or the prox-gradient
-        residual |w - prox_{R + I_D}(w - grad F_0 - sum mu_m grad F_m)| ("prox-gradient").
+      multipliers: mu_m >= 0 of the stochastic constraints, from the KKT conditions at the point
+        (:func:`ssca_solver.diagnostics.kkt_report`), never a penalty c.
+      multiplier_source: "nnls" (least-squares fit of stationarity and complementarity) or
+        "linearized" (the linearised KKT step, used with a domain or a nonsmooth term).
+      stationarity: |grad F_0 + grad R + sum mu_m grad F_m| ("gradient"), or the length of the
+        linearised KKT step ("linearized step").
       stationarity_kind: which of the two.
       feasibility: max(F_m(w) - U_m, 0) per constraint (plus ``domain_violation``).
       complementarity: |mu_m (F_m(w) - U_m)| per constraint.
       domain_violation: largest violation of the domain constraints (0 inside).
+      domain_multipliers: one array of multipliers per domain constraint (empty without one).
+      scale: the gradient scale of the relative stationarity (see ``kkt_report``).
+      stationarity_rel, feasibility_rel, complementarity_rel: the relative residuals the
+        stopping test compares with ``kkt_tol`` and ``feas_tol``.
     """
 
     multipliers: np.ndarray
@@ -34,11 +38,35 @@ class KKTReport:
     feasibility: np.ndarray
     complementarity: np.ndarray
     domain_violation: float = 0.0
+    domain_multipliers: tuple = ()
+    scale: float = 1.0
+    stationarity_rel: float = float("nan")
+    feasibility_rel: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    complementarity_rel: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def max_residual(self) -> float:
+        """The largest absolute residual."""
         return float(max([self.stationarity, self.domain_violation,
                           *np.atleast_1d(self.feasibility), *np.atleast_1d(self.complementarity)]))
+
+    def residuals(self, feas_tol: float, kkt_tol: float) -> list[tuple[str, float, float]]:
+        """(name, relative residual, tolerance) of every test, largest ratio first."""
+        rows = [("stationarity", float(self.stationarity_rel), kkt_tol),
+                ("domain feasibility", float(self.domain_violation), feas_tol)]
+        for m, (f, c) in enumerate(zip(np.atleast_1d(self.feasibility_rel),
+                                       np.atleast_1d(self.complementarity_rel))):
+            rows.append((f"feasibility of constraint {m + 1}", float(f), feas_tol))
+            rows.append((f"complementarity of constraint {m + 1}", float(c), kkt_tol))
+        def ratio(row):
+            _, value, tol = row
+            return value / tol if tol > 0 else (np.inf if value > 0 else 0.0)
+
+        return sorted(rows, key=lambda r: -ratio(r))
+
+    def passed(self, feas_tol: float, kkt_tol: float) -> bool:
+        """The KKT test: every relative residual within its tolerance."""
+        return all(v <= tol for _, v, tol in self.residuals(feas_tol, kkt_tol))
 
 
 @dataclass(frozen=True)

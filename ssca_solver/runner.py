@@ -82,10 +82,14 @@ class Runner:
       meta: metadata saved with every checkpoint (method, seed, fingerprint); the runner adds the
         round, the stage and the elapsed time.
       penalty_of: the penalty c in force for a state (None for methods without one).
+      stop_test: ``stop_test(state, evaluation) -> (passed, report)``, run at every evaluation
+        (which then includes gradients); the run stops with reason "converged" when it passes.
+        This is the method's own stopping test, the only way to status "converged".
     """
 
     def __init__(self, algorithm, transport, evaluator, opts, recorder: Recorder, tally: Tally,
-                 meta: dict, penalty_of: Callable = lambda state: None, elapsed: float = 0.0):
+                 meta: dict, penalty_of: Callable = lambda state: None, elapsed: float = 0.0,
+                 stop_test: Optional[Callable] = None):
         self.algorithm = algorithm
         self.transport = transport
         self.evaluator = evaluator
@@ -95,6 +99,8 @@ class Runner:
         self.meta = meta
         self.penalty_of = penalty_of
         self.stage = int(meta.get("stage", 0))
+        self.stop_test = stop_test
+        self.last_test = None        # what the stop test returned at the latest evaluation
         self._start = time.perf_counter() - elapsed
 
     @property
@@ -120,7 +126,8 @@ class Runner:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, state, rounds: int, stage: int = 0):
-        """Run up to ``rounds`` rounds from ``state``; return (state, "max_iter" | "stopped")."""
+        """Run up to ``rounds`` rounds from ``state``; return (state, reason) with reason
+        "max_iter", "stopped" (by the callback) or "converged" (the stop test passed)."""
         self.stage = stage
         alg, opts = self.algorithm, self.opts
         every = max(1, rounds // 10)
@@ -131,19 +138,24 @@ class Runner:
                                                           request))
                 record = dict(alg.record(info))
                 self.recorder.round(new.t, stage, record)
+                converged = False
                 if opts.eval_every and new.t % opts.eval_every == 0:
-                    ev = self.evaluate(new.w, with_grad=False)
+                    ev = self.evaluate(new.w, with_grad=self.stop_test is not None)
                     f0, cons = self.evaluator.split(ev.values, new.w)
                     self.recorder.evaluation(new.t, f0, cons)
+                    if self.stop_test is not None:
+                        converged, self.last_test = self.stop_test(new, ev)
             except BaseException as exc:
                 self.failed(exc, state)
                 raise
             state = new
             stop = self._callback(state, record)
-            if opts.progress and ((k + 1) % every == 0 or k == 0 or stop):
+            if opts.progress and ((k + 1) % every == 0 or k == 0 or stop or converged):
                 self._progress(alg.describe(info), k + 1, rounds)
-            if opts.checkpoint and (stop or state.t % opts.checkpoint_every == 0):
+            if opts.checkpoint and (stop or converged or state.t % opts.checkpoint_every == 0):
                 self.save(state)
+            if converged:
+                return state, "converged"
             if stop:
                 return state, "stopped"
         if opts.checkpoint and rounds and state.t % opts.checkpoint_every:

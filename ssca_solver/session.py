@@ -38,7 +38,7 @@ class Session:
     """
 
     def __init__(self, problem, algorithm, opts, fp: dict, init_state,
-                 penalty_of=lambda state: None):
+                 penalty_of=lambda state: None, stop_test=None):
         self.problem, self.algorithm, self.opts = problem, algorithm, opts
         self.evaluator = Evaluator(problem)
         recorder = Recorder(algorithm.columns, problem.num_constraints)
@@ -54,19 +54,32 @@ class Session:
                                  "another seed; omit seed= (it is read from the checkpoint) "
                                  "or give the same one")
             seed, stage, elapsed = saved_seed, int(meta["stage"]), float(meta["elapsed"])
+            self.grad_scale = float(meta.get("grad_scale", 0.0))
             state = algorithm.state_from_arrays(state_arrays_from(arrays))
             recorder.load(arrays)
             tally.load(arrays)
         else:
             seed = seed_entropy(opts.seed)
             state = init_state(start_point(opts.x0, problem.dim))
+            self.grad_scale = 0.0
         self.state, self.stage, self.resumed = state, stage, bool(opts.resume)
         tasks = {**algorithm.tasks(), **self.evaluator.tasks}
         clients = build_clients(problem.data, seed, tasks)
         self.transport = make_transport(opts.transport, clients, opts.client_timeout)
-        meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp}
         self.runner = Runner(algorithm, self.transport, self.evaluator, opts, recorder, tally,
-                             {**meta, "stage": stage}, penalty_of, elapsed)
+                             {}, penalty_of, elapsed,
+                             None if stop_test is None else
+                             (lambda s, ev: stop_test(s, ev, self.grad_scale)))
+        if stop_test is not None and not self.resumed:
+            # |grad (F_0 + R)| at the start: the scale of the relative stationarity test
+            try:
+                ev = self.runner.evaluate(state.w, with_grad=True)
+            except BaseException:
+                self.transport.close()
+                raise
+            self.grad_scale = self.evaluator.objective_gradient_norm(ev, state.w)
+        self.runner.meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp,
+                            "stage": stage, "grad_scale": self.grad_scale}
 
     def __enter__(self):
         return self
@@ -74,8 +87,11 @@ class Session:
     def __exit__(self, *exc):
         self.transport.close()
 
-    def final_report(self, state, dual_multipliers: Optional[np.ndarray] = None,
-                     solver: str = "CLARABEL"):
+    def kkt(self, state, ev, solver: str = "CLARABEL"):
+        """The KKT report at ``state.w`` from a full-data evaluation with gradients."""
+        return kkt_report(state.w, ev, self.evaluator.terms, solver, self.grad_scale)
+
+    def final_report(self, state, solver: str = "CLARABEL"):
         """(fun, constraints, kkt, communication, history) at ``state.w`` on the full data."""
         try:
             final = self.runner.evaluate(state.w, with_grad=True)
@@ -83,9 +99,7 @@ class Session:
             self.runner.failed(exc, state)
             raise
         fun, cons = self.evaluator.split(final.values, state.w)
-        M = self.problem.num_constraints
-        duals = np.zeros(M) if dual_multipliers is None else dual_multipliers
-        kkt = kkt_report(state.w, final, self.evaluator.terms, duals, solver)
+        kkt = self.kkt(state, final, solver)
         t = self.runner.tally
         comm = Communication(rounds=state.t, num_clients=self.transport.num_clients,
                              up_per_client_round=t.up_per_client_round,

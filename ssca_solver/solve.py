@@ -13,6 +13,7 @@ import numpy as np
 
 from . import options as opt
 from .algorithms import SSCA
+from .diagnostics import ProblemTerms, kkt_report
 from .driver import stage_slack
 from .errors import ModelError
 from .result import Result, Stage
@@ -40,6 +41,9 @@ def _parse(problem, options: dict) -> opt.SSCAOptions:
         "rho": as_schedule(o.rho, "rho"), "gamma": as_schedule(o.gamma, "gamma"),
         "penalty": opt.penalties(o.penalty) if problem.num_constraints else (0.0,),
         "slack_tol": opt.real("slack_tol", o.slack_tol, low=0.0),
+        "feas_tol": opt.real("feas_tol", o.feas_tol, low=0.0),
+        "kkt_tol": opt.real("kkt_tol", o.kkt_tol, low=0.0),
+        "check_gradients": opt.flag("check_gradients", o.check_gradients),
         "subproblem": opt.choice("subproblem", o.subproblem, ("auto", "closed_form", "cvxpy")),
         "surrogate_init": opt.choice("surrogate_init", o.surrogate_init, ("tau", "zero"))})
 
@@ -47,12 +51,14 @@ def _parse(problem, options: dict) -> opt.SSCAOptions:
 def solve_ssca(problem, **options) -> Result:
     """Solve ``problem`` by mini-batch SSCA: Algorithm 1 (no stochastic constraint) or
     Algorithm 2 (Problem 5 with slacks and penalty c) inside the penalty continuation of
-    Theorem 2, then report KKT diagnostics on the full data. Options:
+    Theorem 2, with a full-data KKT test every ``eval_every`` rounds. Options:
     :class:`ssca_solver.options.SSCAOptions`.
 
-    Status: "converged" when a stage's slack estimate is <= slack_tol (Algorithm 2),
-    "infeasible" when the slack stayed positive at the largest penalty, "stopped" when the
-    callback stopped the run, else "max_iter" (Algorithm 1 has no stopping test of its own).
+    Status: "converged" only when the full-data KKT test passed (feasibility within
+    ``feas_tol``, stationarity and complementarity within ``kkt_tol``, all relative); the run
+    stops there. "infeasible" when no evaluated iterate was feasible and the subproblem's slack
+    stayed positive at the largest penalty; "stopped" when the callback stopped the run; else
+    "max_iter", with the residual that failed named in the message.
     """
     o = _parse(problem, options)
     check_schedules(o.rho, o.gamma, stochastic=o.batch_size is not None)
@@ -60,58 +66,47 @@ def solve_ssca(problem, **options) -> Result:
     builders = problem.builders                 # the functions' surrogates as they are now
     subproblem = make_subproblem(problem, builders, o.subproblem, o.solver, o.solver_options)
     algorithm = SSCA(problem, builders, subproblem, o.batch_size, o.tau, o.rho, o.gamma,
-                     o.surrogate_init)
+                     o.surrogate_init, o.check_gradients)
     fp = fingerprint(problem, "ssca", batch_size=o.batch_size, tau=o.tau,
                      penalty=list(o.penalty),
                      max_iter=o.max_iter if M else None,   # stages' lengths; Alg. 1 may extend
                      surrogate_init=o.surrogate_init, subproblem=subproblem.name,
                      builders=[repr(b) for b in builders])
     penalties = o.penalty
-    status = message = None
-    with Session(problem, algorithm, o,  fp,
-                 lambda x0: algorithm.init(x0, penalties[0]),
-                 penalty_of=(lambda s: s.penalty) if M else (lambda s: None)) as session:
+    bound_scale = np.maximum(1.0, np.abs(problem.bounds))
+
+    def stop_test(state, ev, grad_scale):
+        rep = kkt_report(state.w, ev, ProblemTerms(problem.objective is not None, problem.bounds,
+                                                   problem.deterministic),
+                         o.solver, grad_scale)
+        return rep.passed(o.feas_tol, o.kkt_tol), rep
+
+    with Session(problem, algorithm, o, fp, lambda x0: algorithm.init(x0, penalties[0]),
+                 penalty_of=(lambda s: s.penalty) if M else (lambda s: None),
+                 stop_test=stop_test) as session:
         runner, state = session.runner, session.state
-        stages = []
+        reason = "max_iter"
         for j in range(session.stage, len(penalties)):
-            if not (session.resumed and j == session.stage):
-                state = algorithm.with_penalty(state, penalties[j])
+            if not (session.resumed and j == session.stage) and j > 0:
+                previous = _stage_slack(runner.recorder, j - 1, o.max_iter, bound_scale)
+                if previous > o.slack_tol:           # c too small: the next c of the sequence
+                    state = algorithm.with_penalty(state, penalties[j])
             done = int(np.count_nonzero(runner.recorder.columns["stage"].view() == j))
             state, reason = runner.run(state, o.max_iter - done, stage=j)
-            stages = _stages(runner.recorder, penalties, o.max_iter)
-            if reason == "stopped":
-                status, message = "stopped", (f"stopped by the callback after round {state.t}"
-                                              + (f" (stage {j + 1}, c = {penalties[j]:g})"
-                                                 if M else ""))
+            if reason != "max_iter":
                 break
-            if M and stages[-1].slack_norm <= o.slack_tol:
-                status = "converged"
-                message = (f"mean slack norm over the stage's last rounds "
-                           f"{stages[-1].slack_norm:.3g} <= slack_tol={o.slack_tol:g} at "
-                           f"penalty c = {penalties[j]:g} (stage {j + 1} of {len(penalties)}), "
-                           f"{state.t} rounds")
-                break
-        if status is None and M:
-            status = "infeasible"
-            message = (f"the slack stayed positive (|s| = {stages[-1].slack_norm:.3g} > "
-                       f"slack_tol={o.slack_tol:g}) at the largest penalty c = "
-                       f"{penalties[-1]:g}: the constraints may be infeasible, or c or "
-                       "max_iter too small (see docs/modelling.md)")
-        elif status is None:
-            status = "max_iter"
-            message = (f"ran max_iter={o.max_iter} rounds of Algorithm 1 (SSCA has no "
-                       "internal stopping test; judge the point by its KKT report)")
-        fun, cons, kkt, comm, history = session.final_report(state, state.nu, o.solver)
+        fun, cons, kkt, comm, history = session.final_report(state, o.solver)
+    stages = _stages(history, o.max_iter, bound_scale)
+    status, message = _status(reason, state, kkt, history, stages, o, M, bound_scale)
     inaccurate = tuple(int(t) for t in history.t[history.inaccurate > 0])
     if inaccurate:
         warnings.warn(f"{len(inaccurate)} subproblem solves were flagged inaccurate (rounds "
                       f"{list(inaccurate[:5])}...); see res.solver_info", RuntimeWarning,
                       stacklevel=3)
-    stage_now = int(history.stage[-1]) if len(history.stage) else 0
     last_slack = history.slack[-1] if len(history.t) else np.zeros(M)
     return Result(
         x=state.w.copy(), status=status, message=message, fun=fun, constraints=cons,
-        slack=np.array(last_slack), penalty=(penalties[stage_now] if M else None), kkt=kkt,
+        slack=np.array(last_slack), penalty=(float(state.penalty) if M else None), kkt=kkt,
         history=history, communication=comm, stages=tuple(stages), nit=state.t,
         method="ssca", subproblem=subproblem.name, time=runner.elapsed,
         constraint_names=tuple(c.name for c in problem.constraints),
@@ -122,11 +117,58 @@ def solve_ssca(problem, **options) -> Result:
                      "inaccurate_rounds": inaccurate})
 
 
-def _stages(recorder, penalties, max_iter) -> list[Stage]:
-    """One :class:`Stage` per penalty value run so far, from the history."""
-    stage = recorder.columns["stage"].view()
+def _relative_slack_rows(slack_rows, bound_scale):
+    return np.asarray(slack_rows, dtype=float) / bound_scale
+
+
+def _stage_slack(recorder, stage, max_iter, bound_scale) -> float:
+    rows = _relative_slack_rows(recorder.stage_rows("slack", stage), bound_scale)
+    return stage_slack(rows, max_iter)
+
+
+def _stages(history, max_iter, bound_scale) -> list[Stage]:
+    """One :class:`Stage` per stage run, from the history (penalty in force, rounds, slack)."""
     out = []
-    for j in np.unique(stage):
-        rows = recorder.stage_rows("slack", int(j))
-        out.append(Stage(penalties[int(j)], int(len(rows)), stage_slack(rows, max_iter)))
+    for j in np.unique(history.stage):
+        sel = history.stage == j
+        rows = _relative_slack_rows(history.slack[sel], bound_scale)
+        out.append(Stage(float(history.penalty[sel][-1]), int(np.count_nonzero(sel)),
+                         stage_slack(rows, max_iter)))
     return out
+
+
+def _status(reason, state, kkt, history, stages, o, M, bound_scale):
+    """(status, message) from why the run ended and the full-data KKT report at the end."""
+    if reason == "converged":
+        worst = kkt.residuals(o.feas_tol, o.kkt_tol)[0]
+        return "converged", (f"the full-data KKT test passed at round {state.t}: every "
+                             f"relative residual within tolerance (largest: {worst[0]} "
+                             f"{worst[1]:.2g} <= {worst[2]:g})")
+    if reason == "stopped":
+        return "stopped", (f"stopped by the callback after round {state.t}"
+                           + (f" (c = {state.penalty:g})" if M else ""))
+    name, value, tol = kkt.residuals(o.feas_tol, o.kkt_tol)[0]
+    evaluated = history.constraints / bound_scale if M else np.zeros((0, 0))
+    ever_feasible = bool(M and len(evaluated) and np.any(np.max(evaluated, axis=1)
+                                                          <= o.feas_tol))
+    if (M and np.max(kkt.feasibility_rel) > o.feas_tol and not ever_feasible
+            and stages and stages[-1].slack_norm > o.slack_tol
+            and stages[-1].penalty == o.penalty[-1]):
+        m = int(np.argmax(kkt.feasibility_rel))
+        return "infeasible", (
+            f"no feasible point was found: none of the {len(evaluated)} full-data evaluations "
+            f"(every {o.eval_every} rounds) nor the returned point satisfied the constraints "
+            f"(constraint {m + 1} violated by {kkt.feasibility[m]:.3g} at the end), and at the "
+            f"largest penalty c = {stages[-1].penalty:g} the subproblem kept a positive slack "
+            f"({stages[-1].slack_norm:.3g}, relative). Either the constraints cannot be met, or "
+            "their multipliers exceed c: if they can be met, give larger penalties")
+    if not o.eval_every:
+        return "max_iter", (f"ran {state.t} rounds without a stopping test (eval_every=None): "
+                            f"at the end {name} = {value:.3g} (tolerance {tol:g})")
+    advice = ("more rounds (max_iter), or a larger batch_size: with mini-batches the iterate "
+              "settles at a noise floor" if "stationarity" in name or "complementarity" in name
+              else "more rounds or a larger penalty; a feasible point was found earlier"
+              if ever_feasible else "more rounds or a larger penalty")
+    return "max_iter", (f"the full-data KKT test did not pass in {state.t} rounds: {name} "
+                        f"= {value:.3g} > {tol:g} (relative) at the returned point; try "
+                        f"{advice}")

@@ -13,12 +13,38 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from dataclasses import replace
+
 from .. import driver
+from ..errors import UserFunctionError
 from ..federated.messages import Request, optional_int
+from ..functions import checked_value_and_grad, checked_values
 from ..schedules import step_value
 from ..surrogates import check_strongly_convex
 
 TASK = "ssca.round"
+CHECK = "check:"          # prefix of the round-1 gradient-check arrays in a reply
+CHECK_RTOL = 1e-2         # relative disagreement that fails the gradient check
+
+
+def fd_step(w: np.ndarray) -> float:
+    """The central-difference step of the gradient check at w."""
+    return 1e-6 * max(1.0, float(np.max(np.abs(w), initial=0.0)))
+
+
+def gradient_check(fn, w, X, y, where: str) -> np.ndarray:
+    """[d/dh mean f(w + h u) by ``grad``, by a central difference of ``value``, mean f(w)],
+    along u = grad / |grad| on the rows X, y: a directional check costing two value calls."""
+    n = X.shape[0]
+    v, g = checked_value_and_grad(fn, w, X, y, where)
+    norm = float(np.linalg.norm(g))
+    if norm == 0.0:
+        return np.array([0.0, 0.0, float(v.mean())])
+    u = g / norm
+    h = fd_step(w)
+    up = checked_values(fn, w + h * u, X, y, n, where).mean()
+    down = checked_values(fn, w - h * u, X, y, n, where).mean()
+    return np.array([norm, (up - down) / (2 * h), float(v.mean())])
 
 
 class SSCARoundTask:
@@ -41,7 +67,11 @@ class SSCARoundTask:
         stats = [builder.statistics(fn, request.w, X, y,
                                     builder.tau if builder.tau is not None else tau, where)
                  for fn, builder in zip(self.functions, self.builders)]
-        return client.reply(request, driver.pack_statistics(stats), batch_size=b)
+        arrays = driver.pack_statistics(stats)
+        if request.config.get("check_gradients"):
+            for m, fn in enumerate(self.functions):
+                arrays[f"{CHECK}{m}"] = gradient_check(fn, request.w, X, y, where)
+        return client.reply(request, arrays, batch_size=b)
 
 
 class SSCA:
@@ -58,7 +88,7 @@ class SSCA:
     name = "ssca"
 
     def __init__(self, problem, builders, subproblem, batch_size: Optional[int], tau: float,
-                 rho, gamma, surrogate_init: str):
+                 rho, gamma, surrogate_init: str, check_gradients: bool = False):
         self.problem = problem
         self.builders = tuple(builders)
         self.subproblem = subproblem
@@ -66,6 +96,7 @@ class SSCA:
         self.tau = float(tau)
         self.rho, self.gamma = rho, gamma
         self.surrogate_init = surrogate_init
+        self.check_gradients = bool(check_gradients)
         self.num_samples = problem.data.num_samples
         self.M = problem.num_constraints
         self.columns = {"rho": (), "gamma": (), "penalty": (), "slack": (self.M,),
@@ -85,26 +116,57 @@ class SSCA:
         return state._replace(penalty=float(penalty))
 
     def request(self, state) -> Request:
-        return Request(TASK, state.t + 1, state.w,
-                       {"batch_size": self.batch_size, "tau": self.tau})
+        config = {"batch_size": self.batch_size, "tau": self.tau}
+        if state.t == 0 and self.check_gradients:
+            config["check_gradients"] = True
+        return Request(TASK, state.t + 1, state.w, config)
 
     def step(self, state, replies):
         t = state.t + 1
         r, g = step_value(self.rho, t, "rho"), step_value(self.gamma, t, "gamma")
         if t == 1:
-            replies = self._checked_first(replies)
+            replies = self._checked_first(replies, state.w)
         return driver.step(state, replies, self.num_samples, r, g, self.subproblem)
 
-    def _checked_first(self, replies):
-        """Round 1: the first message's surrogates must be strongly convex (Assumption 2)."""
+    def _checked_first(self, replies, w):
+        """Round 1: every client's gradient check (when asked), and the first message's
+        surrogates must be strongly convex (Assumption 2)."""
         p = self.problem
         for i, reply in enumerate(replies):
+            if self.check_gradients:
+                self._check_gradients(reply, w)
+                reply = replace(reply, arrays={k: v for k, v in reply.arrays.items()
+                                               if not k.startswith(CHECK)})
             if i == 0:
                 for m, (fn, b) in enumerate(zip(p.functions, self.builders)):
                     st = {k: reply.arrays[driver.stat_key(m, k)]
                           for k in (s.name for s in b.statistic_specs(p.dim))}
                     check_strongly_convex(b, st, p.dim, fn.name)
             yield reply
+
+    def _check_gradients(self, reply, w) -> None:
+        """Raise UserFunctionError when a function's gradient disagrees with its values."""
+        h = fd_step(w)
+        for m, fn in enumerate(self.problem.functions):
+            key = f"{CHECK}{m}"
+            if key not in reply.arrays:
+                raise ValueError(f"client {reply.client}: no gradient check for {fn.name}")
+            an, fd, value = (float(v) for v in reply.arrays[key])
+            err, size = abs(an - fd), max(abs(an), abs(fd))
+            floor = 1e3 * np.finfo(float).eps * max(1.0, abs(value)) / h   # rounding in fd
+            if err > CHECK_RTOL * size and err > floor:
+                ratio = an / fd if fd != 0 else float("inf")
+                hint = (" (a sign error?)" if abs(ratio + 1) < 0.1 else
+                        f" (a sum instead of a mean over the {reply.batch_size} rows?)"
+                        if abs(ratio - reply.batch_size) < 0.1 * reply.batch_size else "")
+                raise UserFunctionError(
+                    f"{fn.name}: its gradient does not match its values on client "
+                    f"{reply.client}'s round-1 batch: along the gradient the derivative of the "
+                    f"batch mean is {an:.6g} by grad and {fd:.6g} by a central difference of "
+                    f"value (relative error {err / size:.2g}, grad/difference = {ratio:.3g})"
+                    f"{hint}. grad must return the gradient of the MEAN of the per-sample "
+                    "values; check it with ss.check_grad, or pass check_gradients=False to "
+                    "skip this check")
 
     def record(self, info: driver.StepInfo) -> dict:
         sol = info.solution
