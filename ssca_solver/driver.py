@@ -50,6 +50,14 @@ class SSCAState(NamedTuple):
         when it is stochastic): the surrogates Fbar_m^(t) in the form of their statistics.
       penalty: c in force (Algorithm 2; 0 for Algorithm 1).
       nu: the last round's subproblem multipliers (M,), the next solve's warm start.
+      batch: the batch size clients draw next round (adaptive sampling; 0: the solve's
+        fixed batch_size).
+      tau: the proximal weight clients use next round (adaptive; 0: the solve's tau).
+      noise: running estimate of (gradient noise / gradient)^2 (adaptive sampling).
+      since: rounds since the batch size last changed.
+      merit: the exact-penalty merit F_0 + R + c sum (F_m - U_m)_+ at w_t (full batches).
+      prev_w, prev_stats: the point and full-data statistics of the last accepted step, from
+        which a rejected step is retried with a larger tau (full batches).
     """
 
     t: int
@@ -57,6 +65,13 @@ class SSCAState(NamedTuple):
     stats: tuple
     penalty: float = 0.0
     nu: np.ndarray = np.zeros(0)
+    batch: int = 0
+    tau: float = 0.0
+    noise: float = 0.0
+    since: int = 0
+    merit: float = float("nan")
+    prev_w: np.ndarray = np.zeros(0)
+    prev_stats: tuple = ()
 
 
 class StepInfo(NamedTuple):
@@ -164,6 +179,21 @@ def average_with_messages(previous: tuple, messages: Iterable[Reply], num_sample
     return out
 
 
+def move(state: SSCAState, stats: tuple, rho: float, gamma: float,
+         subproblem) -> tuple[SSCAState, StepInfo]:
+    """Steps 4-5 of a round from the averaged statistics: solve Problem 2/5 and take eq.
+    (updatew) from ``state.w``; the new state keeps ``stats`` and the multipliers."""
+    t = state.t + 1
+    penalty = state.penalty
+    sol = subproblem.solve(stats, penalty, round=t, nu0=state.nu)
+    # eq. (updatew) straight from w-bar's terms when the solver gives few enough of them
+    target = sol.terms if len(sol.terms) <= FOLD_WIDTH else sol.w
+    w_next, step_norm = convex_step(state.w, gamma, target)
+    info = StepInfo(t, rho, gamma, penalty, sol, step_norm)
+    return state._replace(t=t, w=w_next, stats=stats,
+                          nu=np.asarray(sol.multipliers, dtype=float)), info
+
+
 def step(state: SSCAState, messages: Iterable[Reply], num_samples: int, rho: float,
          gamma: float, subproblem) -> tuple[SSCAState, StepInfo]:
     """One round of Algorithm 1 (M = 0) or Algorithm 2 (penalty ``state.penalty``) from the
@@ -173,15 +203,8 @@ def step(state: SSCAState, messages: Iterable[Reply], num_samples: int, rho: flo
     number of messages, see :func:`average_with_messages`); eq. (updatew) and the step norm
     |wbar - w_t| are one pass.
     """
-    t = state.t + 1
     stats = average_with_messages(state.stats, messages, num_samples, rho)
-    penalty = state.penalty
-    sol = subproblem.solve(stats, penalty, round=t, nu0=state.nu)
-    # eq. (updatew) straight from w-bar's terms when the solver gives few enough of them
-    target = sol.terms if len(sol.terms) <= FOLD_WIDTH else sol.w
-    w_next, step_norm = convex_step(state.w, gamma, target)
-    info = StepInfo(t, rho, gamma, penalty, sol, step_norm)
-    return SSCAState(t, w_next, stats, penalty, np.asarray(sol.multipliers, dtype=float)), info
+    return move(state, stats, rho, gamma, subproblem)
 
 
 def stage_slack(slack_rows: Sequence[np.ndarray], rounds: int) -> float:

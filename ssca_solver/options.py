@@ -88,12 +88,16 @@ def seed_entropy(seed) -> int:
     return int.from_bytes(ss.generate_state(4, np.uint32).tobytes(), "little")
 
 
-def batch_size(value, data) -> Optional[int]:
-    """B as an int, or None for the full batch ("full" or None); B <= every client's N_i."""
+def batch_size(value, data, allow_auto: bool = False):
+    """B as an int, None for the full batch ("full" or None), or "auto" (when allowed);
+    B <= every client's N_i."""
     if value is None or (isinstance(value, str) and value == "full"):
         return None
+    if allow_auto and isinstance(value, str) and value == "auto":
+        return "auto"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"batch_size must be a positive integer or 'full', got {value!r}")
+        raise ValueError(f"batch_size must be a positive integer, 'full'"
+                         f"{', or auto' if allow_auto else ''}, got {value!r}")
     sizes = data.client_sizes
     i = int(np.argmin(sizes))
     if value > sizes[i]:
@@ -191,9 +195,13 @@ class SSCAOptions(RunOptions):
     """Options of ``Problem.solve(method="ssca")`` with their defaults (and :class:`RunOptions`).
 
     Attributes:
-      batch_size: B, rows each client draws per round (paper: 1, 10, 100); "full" (or None)
-        uses every row of every client (deterministic SCA).
-      tau: proximal weight of eqs. (fs0bar)/(fsmbar), > 0 (paper: 0.1).
+      batch_size: "auto" (default: start at 32 rows per client and double while the gradient
+        noise exceeds the gradient, up to every row, see
+        :mod:`ssca_solver.algorithms.adaptive`), B (rows each client draws per round; paper:
+        1, 10, 100), or "full" (or None: every row of every client, deterministic SCA).
+      tau: proximal weight of eqs. (fs0bar)/(fsmbar): "auto" (default: the curvature along
+        the gradient measured before round 1, then adapted by backtracking on full batches) or
+        a number > 0 (paper: 0.1).
       rho: schedule of eq. (rho) (PowerStep, callable t -> value, or constant in (0, 1]).
         Default PowerStep(0.9, 0.4).
       gamma: schedule of eq. (gamma). Default PowerStep(0.9, 0.55). Both defaults satisfy every
@@ -219,8 +227,8 @@ class SSCAOptions(RunOptions):
         or "zero" (Fbar^(0) = 0, eq. (Fs0bar) as written); see PAPER_NOTES item 4.
     """
 
-    batch_size: Any = 10
-    tau: float = 0.1
+    batch_size: Any = "auto"
+    tau: Any = "auto"
     rho: Any = field(default_factory=lambda: PowerStep(0.9, 0.4))
     gamma: Any = field(default_factory=lambda: PowerStep(0.9, 0.55))
     penalty: Any = (1e2, 1e3, 1e4, 1e5)

@@ -118,6 +118,14 @@ class Runner:
             self.tally.down_per_client_round = down
             yield reply
 
+    def exchange(self, request):
+        """One request outside the rounds (e.g. a probe): all replies, counted with the
+        evaluations' traffic."""
+        replies = self.transport.exchange(request)
+        self.tally.eval_up += sum(r.num_floats() for r in replies)
+        self.tally.eval_down += len(replies) * request.num_floats()
+        return replies
+
     def evaluate(self, w, with_grad: bool):
         ev = self.evaluator.evaluate(self.transport, w, with_grad)
         self.tally.eval_up += ev.floats_up

@@ -36,8 +36,9 @@ def _parse(problem, options: dict) -> opt.SSCAOptions:
         raise ValueError(f"solver must be a CVXPY solver name, got {o.solver!r}")
     return o.__class__(**{
         **vars(o),
-        "batch_size": opt.batch_size(o.batch_size, problem.data),
-        "tau": opt.real("tau", o.tau, low=0.0, low_open=True),
+        "batch_size": opt.batch_size(o.batch_size, problem.data, allow_auto=True),
+        "tau": (o.tau if isinstance(o.tau, str) and o.tau == "auto"
+                else opt.real("tau ('auto' or a number)", o.tau, low=0.0, low_open=True)),
         "rho": as_schedule(o.rho, "rho"), "gamma": as_schedule(o.gamma, "gamma"),
         "penalty": opt.penalties(o.penalty) if problem.num_constraints else (0.0,),
         "slack_tol": opt.real("slack_tol", o.slack_tol, low=0.0),
@@ -62,11 +63,12 @@ def solve_ssca(problem, **options) -> Result:
     """
     o = _parse(problem, options)
     check_schedules(o.rho, o.gamma, stochastic=o.batch_size is not None)
+    unit_steps = "rho" not in options and "gamma" not in options
     M = problem.num_constraints
     builders = problem.builders                 # the functions' surrogates as they are now
     subproblem = make_subproblem(problem, builders, o.subproblem, o.solver, o.solver_options)
     algorithm = SSCA(problem, builders, subproblem, o.batch_size, o.tau, o.rho, o.gamma,
-                     o.surrogate_init, o.check_gradients)
+                     o.surrogate_init, o.check_gradients, unit_steps)
     fp = fingerprint(problem, "ssca", batch_size=o.batch_size, tau=o.tau,
                      penalty=list(o.penalty),
                      max_iter=o.max_iter if M else None,   # stages' lengths; Alg. 1 may extend
@@ -85,6 +87,9 @@ def solve_ssca(problem, **options) -> Result:
                  penalty_of=(lambda s: s.penalty) if M else (lambda s: None),
                  stop_test=stop_test) as session:
         runner, state = session.runner, session.state
+        if not session.resumed and (o.check_gradients or o.tau == "auto"):
+            tau0 = algorithm.probe(runner.exchange, state.w)
+            state = algorithm.init(state.w, penalties[0], tau0)
         reason = "max_iter"
         for j in range(session.stage, len(penalties)):
             if not (session.resumed and j == session.stage) and j > 0:

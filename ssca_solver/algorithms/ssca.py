@@ -1,50 +1,29 @@
 """Algorithms 1 and 2 (mini-batch SSCA) as an algorithm of the one runner.
 
 The round itself is :func:`ssca_solver.driver.step` (eqs. (Fs0bar)/(Fsmbar), Problem 2/5,
-eq. (updatew)); this module adds what the runner needs: the client task that computes the
-statistics q_m on a mini-batch, the request, the history row, and the state's checkpoint form.
-The penalty continuation of Theorem 2 is a loop over :meth:`SSCA.with_penalty` stages around the
-runner (:func:`ssca_solver.solve.solve_ssca`).
+eq. (updatew)); this module adds what the runner needs (the client task that computes the
+statistics q_m on a mini-batch, the request, the history row, the state's checkpoint form) and
+the defaults that need no tuning (:mod:`ssca_solver.algorithms.adaptive`): adaptive batches,
+tau from the data, backtracking on full batches. The penalty continuation of Theorem 2 is a
+loop over :meth:`SSCA.with_penalty` stages around the runner (:func:`ssca_solver.solve.solve_ssca`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from dataclasses import replace
-
 from .. import driver
 from ..errors import UserFunctionError
-from ..federated.messages import Request, optional_int
-from ..functions import checked_value_and_grad, checked_values
+from ..federated.messages import Request, array, optional_int
 from ..schedules import step_value
 from ..surrogates import check_strongly_convex
+from . import adaptive as ad
 
 TASK = "ssca.round"
-CHECK = "check:"          # prefix of the round-1 gradient-check arrays in a reply
 CHECK_RTOL = 1e-2         # relative disagreement that fails the gradient check
-
-
-def fd_step(w: np.ndarray) -> float:
-    """The central-difference step of the gradient check at w."""
-    return 1e-6 * max(1.0, float(np.max(np.abs(w), initial=0.0)))
-
-
-def gradient_check(fn, w, X, y, where: str) -> np.ndarray:
-    """[d/dh mean f(w + h u) by ``grad``, by a central difference of ``value``, mean f(w)],
-    along u = grad / |grad| on the rows X, y: a directional check costing two value calls."""
-    n = X.shape[0]
-    v, g = checked_value_and_grad(fn, w, X, y, where)
-    norm = float(np.linalg.norm(g))
-    if norm == 0.0:
-        return np.array([0.0, 0.0, float(v.mean())])
-    u = g / norm
-    h = fd_step(w)
-    up = checked_values(fn, w + h * u, X, y, n, where).mean()
-    down = checked_values(fn, w - h * u, X, y, n, where).mean()
-    return np.array([norm, (up - down) / (2 * h), float(v.mean())])
 
 
 class SSCARoundTask:
@@ -52,8 +31,9 @@ class SSCARoundTask:
     (seed, client, round) and return q_m(w_t, batch) for every stochastic function m, as sums
     over the batch rows, each under the name ``"m:statistic"``.
 
-    Request config: ``batch_size`` (None: every row) and ``tau`` (the solve's default proximal
-    weight, used by builders without their own).
+    Request config: ``batch_size`` (None: every row), ``tau`` (the proximal weight of builders
+    without their own) and ``noise`` (also send, per function, the squared difference of the
+    batch halves' mean gradients, ``"noise:m"``: adaptive sampling).
     """
 
     def __init__(self, functions: Sequence, builders: Sequence):
@@ -64,13 +44,19 @@ class SSCARoundTask:
         X, y, b = client.batch(request.round, optional_int(request.config.get("batch_size")))
         tau = float(request.config["tau"])
         where = f"client {client.index}, round {request.round}"
-        stats = [builder.statistics(fn, request.w, X, y,
-                                    builder.tau if builder.tau is not None else tau, where)
-                 for fn, builder in zip(self.functions, self.builders)]
+        noisy = bool(request.config.get("noise")) and b < client.num_rows
+        stats, noise = [], []
+        for fn, builder in zip(self.functions, self.builders):
+            t = builder.tau if builder.tau is not None else tau
+            if noisy:
+                st, v = ad.split_statistics(builder, fn, request.w, X, y, t, where)
+                stats.append(st)
+                noise.append(v)
+            else:
+                stats.append(builder.statistics(fn, request.w, X, y, t, where))
         arrays = driver.pack_statistics(stats)
-        if request.config.get("check_gradients"):
-            for m, fn in enumerate(self.functions):
-                arrays[f"{CHECK}{m}"] = gradient_check(fn, request.w, X, y, where)
+        if noisy:
+            arrays[ad.NOISE.rstrip(":")] = np.array(noise)
         return client.reply(request, arrays, batch_size=b)
 
 
@@ -81,127 +67,269 @@ class SSCA:
       problem: the :class:`~ssca_solver.Problem`.
       builders: the surrogate builders of its stochastic functions, read when the solve starts.
       subproblem: the subproblem solver (closed form or CVXPY).
-      batch_size: B (None: full batch).
-      tau, rho, gamma, surrogate_init: as in :class:`ssca_solver.options.SSCAOptions`.
+      batch_size: B (None: full batch; "auto": adaptive, see :mod:`.adaptive`).
+      tau: the proximal weight (a number, or "auto": from the probe, adapted on full batches).
+      rho, gamma, surrogate_init: as in :class:`ssca_solver.options.SSCAOptions`.
+      check_gradients: check every function's gradient in the probe before round 1.
     """
 
     name = "ssca"
 
-    def __init__(self, problem, builders, subproblem, batch_size: Optional[int], tau: float,
-                 rho, gamma, surrogate_init: str, check_gradients: bool = False):
+    def __init__(self, problem, builders, subproblem, batch_size, tau, rho, gamma,
+                 surrogate_init: str, check_gradients: bool = False,
+                 unit_steps: bool = True):
         self.problem = problem
         self.builders = tuple(builders)
         self.subproblem = subproblem
-        self.batch_size = batch_size
-        self.tau = float(tau)
+        self.auto_batch = batch_size == "auto"
+        self.batch_size = None if self.auto_batch else batch_size
+        self.auto_tau = tau == "auto"
+        self.tau = 0.1 if self.auto_tau else float(tau)
+        self.adapt_tau = self.auto_tau and ad.adaptable(self.builders)
         self.rho, self.gamma = rho, gamma
         self.surrogate_init = surrogate_init
         self.check_gradients = bool(check_gradients)
+        self.unit_steps = bool(unit_steps)     # rho = gamma = 1 on full batches (adaptive)
         self.num_samples = problem.data.num_samples
+        self.sizes = problem.data.client_sizes
         self.M = problem.num_constraints
         self.columns = {"rho": (), "gamma": (), "penalty": (), "slack": (self.M,),
                         "multipliers": (self.M,), "surrogate_value": (), "step_norm": (),
-                        "retries": (), "inaccurate": ()}
+                        "retries": (), "inaccurate": (), "batch_size": (), "tau": (),
+                        "noise_ratio": (), "rejected": ()}
 
     # -- protocol ----------------------------------------------------------------------------------
     def tasks(self) -> Mapping:
-        return {TASK: SSCARoundTask(self.problem.functions, self.builders)}
+        return {TASK: SSCARoundTask(self.problem.functions, self.builders),
+                ad.PROBE_TASK: ad.ProbeTask(self.problem.functions)}
 
-    def init(self, x0: np.ndarray, penalty: float = 0.0) -> driver.SSCAState:
-        return driver.init(x0, self.builders, self.tau, self.surrogate_init, self.M, penalty)
+    def init(self, x0: np.ndarray, penalty: float = 0.0, tau: Optional[float] = None):
+        tau = self.tau if tau is None else float(tau)
+        state = driver.init(x0, self.builders, tau, self.surrogate_init, self.M, penalty)
+        batch = min(ad.START_BATCH, max(self.sizes)) if self.auto_batch else 0
+        return state._replace(batch=batch, tau=tau)
 
     @staticmethod
     def with_penalty(state: driver.SSCAState, penalty: float) -> driver.SSCAState:
-        """The state with penalty c (a new stage of the continuation, warm-started)."""
-        return state._replace(penalty=float(penalty))
+        """The state with penalty c (a new stage of the continuation, warm-started); the merit
+        changes with c, so backtracking starts afresh."""
+        return state._replace(penalty=float(penalty), merit=float("nan"),
+                              prev_w=np.zeros(0), prev_stats=())
 
     def request(self, state) -> Request:
-        config = {"batch_size": self.batch_size, "tau": self.tau}
-        if state.t == 0 and self.check_gradients:
-            config["check_gradients"] = True
+        config = {"batch_size": self._batch(state), "tau": self._tau(state)}
+        if self.auto_batch and not self._full(state):
+            config["noise"] = True
         return Request(TASK, state.t + 1, state.w, config)
 
+    def _batch(self, state) -> Optional[int]:
+        if not self.auto_batch:
+            return self.batch_size
+        return None if state.batch >= max(self.sizes) else int(state.batch)
+
+    def _tau(self, state) -> float:
+        return float(state.tau) if state.tau > 0 else self.tau
+
+    def _full(self, state) -> bool:
+        return self._batch(state) is None
+
+    # -- the probe before round 1 -----------------------------------------------------------------
+    def probe(self, exchange, x0: np.ndarray) -> float:
+        """Check every function's gradient on each client's batch (when asked) and estimate the
+        curvature along it; return the starting tau (``tau="auto"``) or the fixed tau."""
+        batch = min(ad.START_BATCH, max(self.sizes)) if self.auto_batch else self.batch_size
+        replies = exchange(Request(ad.PROBE_TASK, 0, x0, {"batch_size": batch}))
+        curvature = 0.0
+        for reply in replies:
+            for m, fn in enumerate(self.problem.functions):
+                an, fd, value, secant = (float(v) for v in array(reply, f"probe:{m}"))
+                if self.check_gradients:
+                    _check_gradient(fn, reply, x0, an, fd, value)
+                curvature = max(curvature, secant)
+        if not self.auto_tau:
+            return self.tau
+        return curvature if np.isfinite(curvature) and curvature > 0 else self.tau
+
+    # -- one round ---------------------------------------------------------------------------------
     def step(self, state, replies):
         t = state.t + 1
-        r, g = step_value(self.rho, t, "rho"), step_value(self.gamma, t, "gamma")
-        if t == 1:
-            replies = self._checked_first(replies, state.w)
-        return driver.step(state, replies, self.num_samples, r, g, self.subproblem)
+        full = self._full(state)
+        if self.unit_steps and (self.auto_batch or (full and self.auto_tau)):
+            # adaptive sampling controls the noise (constant steps, as in Byrd et al. 2012);
+            # on full batches this is deterministic SCA (majorization-minimization)
+            r = g = 1.0
+        else:
+            r, g = step_value(self.rho, t, "rho"), step_value(self.gamma, t, "gamma")
+        noise = np.zeros(len(self.builders))
+        replies = self._screened(replies, t, noise)
+        stats = driver.average_with_messages(state.stats, replies, self.num_samples, r)
+        if full and self.adapt_tau and self.unit_steps:
+            return self._backtracking_step(state, stats)
+        new, info = driver.move(state, stats, r, g, self.subproblem)
+        ratio = 0.0
+        if self.auto_batch and not full:
+            new, ratio = self._adapt_batch(new, state.w, stats, noise, info.solution)
+        return new, _Info(info, self._batch(state), self._tau(state), ratio, 0)
 
-    def _checked_first(self, replies, w):
-        """Round 1: every client's gradient check (when asked), and the first message's
-        surrogates must be strongly convex (Assumption 2)."""
+    def _screened(self, replies, t, noise):
+        """Strip and add up the noise numbers; at round 1 check the first message's surrogates
+        for strong convexity (Assumption 2)."""
         p = self.problem
+        key = ad.NOISE.rstrip(":")
         for i, reply in enumerate(replies):
-            if self.check_gradients:
-                self._check_gradients(reply, w)
+            if key in reply.arrays:
+                noise += [ad.variance_share(float(v), reply.num_rows, reply.batch_size,
+                                            self.num_samples) for v in reply.arrays[key]]
                 reply = replace(reply, arrays={k: v for k, v in reply.arrays.items()
-                                               if not k.startswith(CHECK)})
-            if i == 0:
+                                               if k != key})
+            if t == 1 and i == 0:
                 for m, (fn, b) in enumerate(zip(p.functions, self.builders)):
                     st = {k: reply.arrays[driver.stat_key(m, k)]
                           for k in (s.name for s in b.statistic_specs(p.dim))}
                     check_strongly_convex(b, st, p.dim, fn.name)
             yield reply
 
-    def _check_gradients(self, reply, w) -> None:
-        """Raise UserFunctionError when a function's gradient disagrees with its values."""
-        h = fd_step(w)
-        for m, fn in enumerate(self.problem.functions):
-            key = f"{CHECK}{m}"
-            if key not in reply.arrays:
-                raise ValueError(f"client {reply.client}: no gradient check for {fn.name}")
-            an, fd, value = (float(v) for v in reply.arrays[key])
-            err, size = abs(an - fd), max(abs(an), abs(fd))
-            floor = 1e3 * np.finfo(float).eps * max(1.0, abs(value)) / h   # rounding in fd
-            if err > CHECK_RTOL * size and err > floor:
-                ratio = an / fd if fd != 0 else float("inf")
-                hint = (" (a sign error?)" if abs(ratio + 1) < 0.1 else
-                        f" (a sum instead of a mean over the {reply.batch_size} rows?)"
-                        if abs(ratio - reply.batch_size) < 0.1 * reply.batch_size else "")
-                raise UserFunctionError(
-                    f"{fn.name}: its gradient does not match its values on client "
-                    f"{reply.client}'s round-1 batch: along the gradient the derivative of the "
-                    f"batch mean is {an:.6g} by grad and {fd:.6g} by a central difference of "
-                    f"value (relative error {err / size:.2g}, grad/difference = {ratio:.3g})"
-                    f"{hint}. grad must return the gradient of the MEAN of the per-sample "
-                    "values; check it with ss.check_grad, or pass check_gradients=False to "
-                    "skip this check")
+    def _adapt_batch(self, new, w, stats, noise, sol):
+        """The norm test: double the batch while the Lagrangian's noise exceeds its size."""
+        weights = np.concatenate(([1.0] if self.problem.objective is not None else [],
+                                  np.asarray(sol.multipliers, dtype=float)))
+        grad = self._lagrangian_gradient(stats, w, weights)
+        if grad is None:
+            return new, 0.0
+        variance = float(np.sum(weights ** 2 * noise))
+        ratio = variance / max(float(grad @ grad), 1e-300)
+        avg = (1 - ad.NOISE_AVERAGING) * new.noise + ad.NOISE_AVERAGING * ratio
+        since = new.since + 1
+        if (avg > ad.NOISE_RATIO and since >= ad.MIN_ROUNDS) or since >= ad.GROW_EVERY:
+            return new._replace(batch=int(new.batch * ad.GROWTH), noise=0.0, since=0), ratio
+        return new._replace(noise=avg, since=since), ratio
 
-    def record(self, info: driver.StepInfo) -> dict:
-        sol = info.solution
-        return {"rho": info.rho, "gamma": info.gamma, "penalty": info.penalty,
+    def _lagrangian_gradient(self, stats, w, weights):
+        total = None
+        for c, st in zip(weights, stats):
+            gm = ad.surrogate_gradient(st, w)
+            if gm is None:
+                return None
+            total = c * gm if total is None else total + c * gm
+        det = self.problem.deterministic
+        if det.smooth and not det.empty:
+            total = total + det.grad(w)
+        return total
+
+    def _merit(self, stats, w, penalty) -> float:
+        """F_0 + R + c sum (F_m - U_m)_+ at w from full-batch statistics taken at w."""
+        values = [b.evaluate(st, w) for b, st in zip(self.builders, stats)]
+        k = 1 if self.problem.objective is not None else 0
+        obj = (values[0] if k else 0.0) + self.problem.deterministic.value(w)
+        excess = np.maximum(np.asarray(values[k:]) - self.problem.bounds, 0.0)
+        return float(obj + penalty * np.sum(excess))
+
+    def _backtracking_step(self, state, stats):
+        """Full batches: accept the step to w_t if the merit did not increase (then tau shrinks),
+        else retry from the last accepted point with tau doubled."""
+        merit = self._merit(stats, state.w, state.penalty)
+        worse = (np.isfinite(state.merit) and len(state.prev_stats)
+                 and merit > state.merit + 1e-12 * max(1.0, abs(state.merit)))
+        if worse:                                    # reject w_t
+            k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
+        else:
+            k, base_w, base, base_merit = ad.TAU_DOWN, state.w, stats, merit
+        scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
+        start = state._replace(w=base_w)
+        new, info = driver.move(start, scaled, 1.0, 1.0, self.subproblem)
+        new = new._replace(tau=self._tau(state) * k, merit=base_merit, prev_w=base_w.copy(),
+                           prev_stats=scaled)
+        return new, _Info(info, None, self._tau(state) * k, 0.0, int(bool(worse)))
+
+    def record(self, info) -> dict:
+        sol = info.step.solution
+        return {"rho": info.step.rho, "gamma": info.step.gamma, "penalty": info.step.penalty,
                 "slack": sol.slack, "multipliers": sol.multipliers,
-                "surrogate_value": sol.value, "step_norm": info.step_norm,
-                "retries": sol.retries, "inaccurate": float(sol.inaccurate)}
+                "surrogate_value": sol.value, "step_norm": info.step.step_norm,
+                "retries": sol.retries, "inaccurate": float(sol.inaccurate),
+                "batch_size": np.nan if info.batch is None else info.batch,
+                "tau": info.tau, "noise_ratio": info.noise_ratio,
+                "rejected": info.rejected}
 
-    def describe(self, info: driver.StepInfo) -> str:
-        text = f"round {info.t:>5d}"
+    def describe(self, info) -> str:
+        s = info.step
+        text = f"round {s.t:>5d}  B={'full' if info.batch is None else info.batch}"
         if self.M:
-            text += (f"  c={info.penalty:<8.2g} |slack|="
-                     f"{np.linalg.norm(info.solution.slack):.3g}")
-        return text + f"  surrogate={info.solution.value:.5g}"
+            text += f"  c={s.penalty:<8.2g} |slack|={np.linalg.norm(s.solution.slack):.3g}"
+        return text + f"  surrogate={s.solution.value:.5g}"
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_arrays(self, state: driver.SSCAState) -> dict:
         out = {"t": np.asarray(state.t), "w": state.w, "penalty": np.asarray(state.penalty),
-               "nu": state.nu}
-        for m, st in enumerate(state.stats):
-            for k, v in st.items():
-                out[f"stats/{m}/{k}"] = np.asarray(v)
+               "nu": state.nu, "batch": np.asarray(state.batch), "tau": np.asarray(state.tau),
+               "noise": np.asarray(state.noise), "since": np.asarray(state.since),
+               "merit": np.asarray(state.merit), "prev_w": state.prev_w}
+        for name, group in (("stats", state.stats), ("prev_stats", state.prev_stats)):
+            for m, st in enumerate(group):
+                for k, v in st.items():
+                    out[f"{name}/{m}/{k}"] = np.asarray(v)
         return out
 
     def state_from_arrays(self, arrays) -> driver.SSCAState:
-        stats = []
-        for m, b in enumerate(self.builders):
-            st = {}
-            for spec in b.statistic_specs(self.problem.dim):
-                key = f"stats/{m}/{spec.name}"
-                if key not in arrays:
-                    raise ValueError(f"resume: the checkpoint has no statistic {key!r}: it was "
-                                     "written for other surrogate builders")
-                st[spec.name] = np.array(arrays[key], dtype=float).reshape(spec.shape)
-            stats.append(st)
-        return driver.SSCAState(int(arrays["t"]), np.array(arrays["w"], dtype=float),
-                                tuple(stats), float(arrays["penalty"]),
-                                np.array(arrays["nu"], dtype=float))
+        def group(name, required):
+            out = []
+            for m, b in enumerate(self.builders):
+                st = {}
+                for spec in b.statistic_specs(self.problem.dim):
+                    key = f"{name}/{m}/{spec.name}"
+                    if key not in arrays:
+                        if not required:
+                            return ()
+                        raise ValueError(f"resume: the checkpoint has no statistic {key!r}: "
+                                         "it was written for other surrogate builders")
+                    st[spec.name] = np.array(arrays[key], dtype=float).reshape(spec.shape)
+                out.append(st)
+            return tuple(out)
+
+        return driver.SSCAState(
+            int(arrays["t"]), np.array(arrays["w"], dtype=float), group("stats", True),
+            float(arrays["penalty"]), np.array(arrays["nu"], dtype=float),
+            int(arrays["batch"]), float(arrays["tau"]), float(arrays["noise"]),
+            int(arrays["since"]), float(arrays["merit"]),
+            np.array(arrays["prev_w"], dtype=float), group("prev_stats", False))
+
+
+class _Info:
+    """A round's StepInfo with what the adaptive defaults did."""
+
+    __slots__ = ("step", "batch", "tau", "noise_ratio", "rejected")
+
+    def __init__(self, step, batch, tau, noise_ratio, rejected):
+        self.step, self.batch, self.tau = step, batch, tau
+        self.noise_ratio, self.rejected = noise_ratio, rejected
+
+    @property
+    def t(self):
+        return self.step.t
+
+    @property
+    def solution(self):
+        return self.step.solution
+
+    @property
+    def step_norm(self):
+        return self.step.step_norm
+
+
+def _check_gradient(fn, reply, w, an, fd, value) -> None:
+    """Raise UserFunctionError when a function's gradient disagrees with its values."""
+    h = ad.fd_step(w)
+    err, size = abs(an - fd), max(abs(an), abs(fd))
+    floor = 1e3 * np.finfo(float).eps * max(1.0, abs(value)) / h      # rounding in fd
+    if err > CHECK_RTOL * size and err > floor:
+        ratio = an / fd if fd != 0 else float("inf")
+        hint = (" (a sign error?)" if abs(ratio + 1) < 0.1 else
+                f" (a sum instead of a mean over the {reply.batch_size} rows?)"
+                if abs(ratio - reply.batch_size) < 0.1 * reply.batch_size else "")
+        raise UserFunctionError(
+            f"{fn.name}: its gradient does not match its values on client {reply.client}'s "
+            f"batch: along the gradient the derivative of the batch mean is {an:.6g} by grad "
+            f"and {fd:.6g} by a central difference of value (relative error "
+            f"{err / size:.2g}, grad/difference = {ratio:.3g}){hint}. grad must return the "
+            "gradient of the MEAN of the per-sample values; check it with ss.check_grad, or "
+            "pass check_gradients=False to skip this check")

@@ -1,0 +1,119 @@
+"""What lets SSCA run without tuning: adaptive sampling, curvature from the data, and
+backtracking on full batches.
+
+* **Curvature probe** (before round 1): each client evaluates every function at x0 on a batch,
+  checks the gradient against a central difference of the values along the gradient (a sign
+  error or a sum instead of a mean is caught here), and estimates the curvature along the
+  gradient by a secant of two gradients, L ~ |grad f(x0 + s u) - grad f(x0)| / s. The starting
+  proximal weight is tau = max L (twice the L/2 that makes a proximal-linear surrogate an upper
+  bound along that direction).
+* **Adaptive sampling** (the norm test of Byrd, Chin, Nocedal and Wu, 2012): clients compute
+  their statistics on the two halves of their batch and send |g_A - g_B|^2 (one number per
+  function), from which the server estimates the variance of its gradient estimate,
+  Var = sum_i (N_i/N)^2 |g_A - g_B|^2 / 4 (1 - B_i/N_i). While the Lagrangian's noise exceeds
+  its size (an exponential average of Var / |grad L|^2 above 1), the batch doubles, up to every
+  row of every client.
+* **Full batches** (deterministic SCA): rho = gamma = 1, and the exact-penalty merit
+  F_0 + R + c sum_m (F_m - U_m)_+ (known exactly at w_t from the clients' statistics) must not
+  increase; a step that increases it is retried from the last accepted point with tau doubled
+  (computed on the server from that point's statistics), and after an accepted step tau shrinks
+  by 10 %: a majorization-minimization method with backtracking, which descends monotonically.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import numpy as np
+
+from ..functions import checked_grad, checked_value_and_grad, checked_values
+from ..surrogates import ProximalLinear
+
+START_BATCH = 32        # rows per client in the first rounds of batch_size="auto"
+GROWTH = 2              # factor of each batch increase
+NOISE_RATIO = 0.25      # grow while the averaged (noise / |grad L|)^2 exceeds this
+NOISE_AVERAGING = 0.3   # weight of the newest round in that average
+MIN_ROUNDS = 10         # rounds between two increases by the norm test
+GROW_EVERY = 50          # and an increase at least this often: the batch reaches the full data
+TAU_UP, TAU_DOWN = 2.0, 0.9
+PROBE_TASK = "ssca.probe"
+NOISE = "noise:"        # prefix of the per-function noise numbers in a reply
+
+
+def fd_step(w: np.ndarray) -> float:
+    """The difference step of the probe at w."""
+    return 1e-6 * max(1.0, float(np.max(np.abs(w), initial=0.0)))
+
+
+class ProbeTask:
+    """Client side of the probe: per function, [d/dh of the batch mean along u = g/|g| by grad,
+    the same by a central difference of value, the batch mean, the secant curvature along u]."""
+
+    def __init__(self, functions):
+        self.functions = tuple(functions)
+
+    def __call__(self, client, request):
+        X, y, b = client.batch(0, request.config.get("batch_size"))
+        w, n = request.w, X.shape[0]
+        where = f"client {client.index}, before round 1 (gradient check)"
+        h = fd_step(w)
+        arrays = {}
+        for m, fn in enumerate(self.functions):
+            v, g = checked_value_and_grad(fn, w, X, y, where)
+            norm = float(np.linalg.norm(g))
+            if norm == 0.0:
+                arrays[f"probe:{m}"] = np.array([0.0, 0.0, float(v.mean()), 0.0])
+                continue
+            u = g / norm
+            up = checked_values(fn, w + h * u, X, y, n, where).mean()
+            down = checked_values(fn, w - h * u, X, y, n, where).mean()
+            g2 = checked_grad(fn, w + h * u, X, y, w.size, where)
+            arrays[f"probe:{m}"] = np.array([norm, (up - down) / (2 * h), float(v.mean()),
+                                             float(np.linalg.norm(g2 - g)) / h])
+        return client.reply(request, arrays, batch_size=b)
+
+
+def split_statistics(builder, fn, w, X, y, tau: float, where: str):
+    """q(w_t, batch) as the sum of q on the batch's two halves, and |m_A - m_B|^2, the squared
+    difference of the halves' per-row means of ``lin`` (the gradient part; every statistic
+    when there is none)."""
+    n = X.shape[0]
+    if n < 2:
+        return builder.statistics(fn, w, X, y, tau, where), 0.0
+    k = n // 2
+    a = builder.statistics(fn, w, X[:k], None if y is None else y[:k], tau, where)
+    b = builder.statistics(fn, w, X[k:], None if y is None else y[k:], tau, where)
+    stats = {key: np.asarray(a[key]) + np.asarray(b[key]) for key in a}
+    keys = ["lin"] if "lin" in a else list(a)
+    noise = sum(float(np.sum((np.asarray(a[key]) / k - np.asarray(b[key]) / (n - k)) ** 2))
+                for key in keys)
+    return stats, noise
+
+
+def variance_share(noise: float, num_rows: int, batch: int, num_samples: int) -> float:
+    """Client i's share of the variance of the server's estimate:
+    (N_i/N)^2 |m_A - m_B|^2 / 4 (1 - B_i/N_i) (sampling without replacement)."""
+    return (num_rows / num_samples) ** 2 * noise / 4.0 * max(0.0, 1.0 - batch / num_rows)
+
+
+def surrogate_gradient(stats: Mapping[str, np.ndarray], w: np.ndarray) -> Optional[np.ndarray]:
+    """grad p(q, w) = 2 quad w + lin for proximal-linear-type statistics (None otherwise)."""
+    if "lin" not in stats or "quad" not in stats:
+        return None
+    return 2.0 * np.asarray(stats["quad"]) * w + np.asarray(stats["lin"])
+
+
+def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float) -> dict:
+    """Proximal-linear statistics at w with tau multiplied by k: quad' = k quad,
+    lin' = lin - 2 (k - 1) quad w, const' = const + (k - 1) quad |w|^2 (the same values and
+    gradient at w, k times the curvature)."""
+    quad = float(stats["quad"])
+    return {"quad": np.asarray(k * quad),
+            "lin": np.asarray(stats["lin"]) - 2.0 * (k - 1.0) * quad * w,
+            "const": np.asarray(float(stats["const"]) + (k - 1.0) * quad * float(w @ w))}
+
+
+def adaptable(builders) -> bool:
+    """tau can be adapted on the server: every builder is the proximal-linear one taking the
+    solve's tau."""
+    return all(type(b) is ProximalLinear and b.tau is None for b in builders)
