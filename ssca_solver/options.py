@@ -34,7 +34,8 @@ def real(name: str, value, *, low: float = -math.inf, high: float = math.inf,
          low_open: bool = False) -> float:
     """``value`` as a finite float in [low, high] (or (low, high] with ``low_open``)."""
     if not is_real(value):
-        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})"
+                         + (" (or 'auto')" if name == "tau" else ""))
     v = float(value)
     ok = math.isfinite(v) and (v > low if low_open else v >= low) and v <= high
     if not ok:
@@ -96,8 +97,8 @@ def batch_size(value, data, allow_auto: bool = False):
     if allow_auto and isinstance(value, str) and value == "auto":
         return "auto"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"batch_size must be a positive integer, 'full'"
-                         f"{', or auto' if allow_auto else ''}, got {value!r}")
+        kinds = ", 'full' or 'auto'" if allow_auto else " or 'full'"
+        raise ValueError(f"batch_size must be a positive integer{kinds}, got {value!r}")
     sizes = data.client_sizes
     i = int(np.argmin(sizes))
     if value > sizes[i]:

@@ -70,16 +70,20 @@ class Session:
                              {}, penalty_of, elapsed,
                              None if stop_test is None else
                              (lambda s, ev: stop_test(s, ev, self.grad_scale)))
-        if stop_test is not None and not self.resumed:
-            # |grad (F_0 + R)| at the start: the scale of the relative stationarity test
-            try:
-                ev = self.runner.evaluate(state.w, with_grad=True)
-            except BaseException:
-                self.transport.close()
-                raise
-            self.grad_scale = self.evaluator.objective_gradient_norm(ev, state.w)
         self.runner.meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp,
                             "stage": stage, "grad_scale": self.grad_scale}
+
+    def measure_scale(self, w) -> float:
+        """|grad (F_0 + R)| at the start point on the full data: the scale of the relative
+        stationarity test (one full-data evaluation, counted with the evaluations)."""
+        try:
+            ev = self.runner.evaluate(w, with_grad=True)
+        except BaseException:
+            self.transport.close()
+            raise
+        self.grad_scale = self.evaluator.objective_gradient_norm(ev, w)
+        self.runner.meta["grad_scale"] = self.grad_scale
+        return self.grad_scale
 
     def __enter__(self):
         return self

@@ -38,7 +38,7 @@ def _parse(problem, options: dict) -> opt.SSCAOptions:
         **vars(o),
         "batch_size": opt.batch_size(o.batch_size, problem.data, allow_auto=True),
         "tau": (o.tau if isinstance(o.tau, str) and o.tau == "auto"
-                else opt.real("tau ('auto' or a number)", o.tau, low=0.0, low_open=True)),
+                else opt.real("tau", o.tau, low=0.0, low_open=True)),
         "rho": as_schedule(o.rho, "rho"), "gamma": as_schedule(o.gamma, "gamma"),
         "penalty": opt.penalties(o.penalty) if problem.num_constraints else (0.0,),
         "slack_tol": opt.real("slack_tol", o.slack_tol, low=0.0),
@@ -87,9 +87,12 @@ def solve_ssca(problem, **options) -> Result:
                  penalty_of=(lambda s: s.penalty) if M else (lambda s: None),
                  stop_test=stop_test) as session:
         runner, state = session.runner, session.state
-        if not session.resumed and (o.check_gradients or o.tau == "auto"):
-            tau0 = algorithm.probe(runner.exchange, state.w)
-            state = algorithm.init(state.w, penalties[0], tau0)
+        if not session.resumed:
+            if o.check_gradients or o.tau == "auto":
+                tau0 = algorithm.probe(runner.exchange, state.w)
+                state = algorithm.init(state.w, penalties[0], tau0)
+            if o.eval_every:
+                session.measure_scale(state.w)
         reason = "max_iter"
         for j in range(session.stage, len(penalties)):
             if not (session.resumed and j == session.stage) and j > 0:

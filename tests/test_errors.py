@@ -16,7 +16,7 @@ def test_gradient_of_wrong_shape(cancer_data):
     good = logistic_loss()
     bad = ss.SampleFunction(good.value, lambda w, X, y: good.grad(w, X, y)[:-1], name="short")
     with pytest.raises(ss.UserFunctionError, match=r"short.grad .*shape \(31,\).*\(30,\) "
-                                                   r"on client 0, round 1"):
+                                                   r"on client 0, before round 1"):
         solve(ss.Problem(bad, dim=31, data=cancer_data))
 
 
@@ -34,8 +34,11 @@ def test_nan_from_a_user_function_names_client_and_round(cancer):
     data = ss.FederatedData.split(X, y, num_clients=3, seed=0)
     data.clients[2].X[:, 0] = np.nan  # client 2 holds corrupt rows
 
-    with pytest.raises(ss.UserFunctionError, match="non-finite .* client 2, round 1"):
+    with pytest.raises(ss.UserFunctionError, match="non-finite .* client 2, before round 1"):
         solve(ss.Problem(logistic_loss(), dim=31, data=data))
+    # without the probe the first round finds it
+    with pytest.raises(ss.UserFunctionError, match="non-finite .* client 2, round 1"):
+        solve(ss.Problem(logistic_loss(), dim=31, data=data), tau=0.1, check_gradients=False)
 
 
 def test_inf_in_gradient_is_caught(cancer_data):
@@ -47,7 +50,7 @@ def test_inf_in_gradient_is_caught(cancer_data):
         return g
 
     with pytest.raises(ss.UserFunctionError, match="grad returned a non-finite entry on "
-                                                   "client 0, round 1"):
+                                                   "client 0, before round 1"):
         solve(ss.Problem(ss.SampleFunction(good.value, grad), dim=31, data=cancer_data))
 
 

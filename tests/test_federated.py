@@ -62,9 +62,10 @@ def test_communication_is_counted_from_messages(cancer_data):
     assert (c.up_per_client_round, c.down_per_client_round) == (2 * (d + 2), d)
     assert c.rounds == res.nit and c.up_total == res.nit * I * 2 * (d + 2)
     assert c.down_total == res.nit * I * d
-    # two history evaluations (values only) and the final one (values and gradients)
-    assert c.eval_up_total == 2 * I * 2 + I * (2 + 2 * d)
-    assert c.eval_down_total == 3 * I * d
+    # the probe (4 numbers per function), the start point's gradient scale, two history
+    # evaluations with the KKT test and the final one (values and gradients)
+    assert c.eval_up_total == I * 2 * 4 + 4 * I * (2 + 2 * d)
+    assert c.eval_down_total == 5 * I * d
 
 
 def _poison_after_first_round(data, log):

@@ -85,15 +85,17 @@ def test_success_only_when_the_stopping_test_passed(cancer_data):
     assert one.status == "max_iter" and not one.success
     fed = prob.solve(method="fedavg", batch_size=5, max_iter=3, seed=0, eval_every=None)
     assert fed.status == "max_iter" and not fed.success and fed.method == "fedavg"
-    con = neyman_pearson(cancer_data, 0.2).solve(batch_size=50, max_iter=200,
-                                                 penalty=[10.0, 100.0], seed=0,
-                                                 eval_every=None)
+    con = neyman_pearson(cancer_data, 0.2).solve(seed=0)
     assert con.status == "converged" and con.success
+    assert con.kkt.passed(1e-4, 1e-4)
+    fixed = neyman_pearson(cancer_data, 0.2).solve(batch_size=50, max_iter=200,
+                                                   penalty=[10.0, 100.0], seed=0,
+                                                   eval_every=None)
+    assert fixed.status == "max_iter" and not fixed.success      # no test ran
 
 
 def test_penalty_is_the_c_of_the_stage_that_stopped(cancer_data):
-    res = neyman_pearson(cancer_data, alpha=0.2).solve(
-        batch_size=50, max_iter=200, penalty=[10.0, 100.0, 1000.0], seed=0, eval_every=None)
+    res = neyman_pearson(cancer_data, alpha=0.2).solve(penalty=[10.0, 100.0, 1000.0], seed=0)
     assert res.status == "converged" and len(res.stages) == 1 and res.penalty == 10.0
     # mu* = 0.74 at alpha = 0.1: the slack stays positive at c = 0.1 and 0.3
     stopped = neyman_pearson(cancer_data, alpha=0.1).solve(

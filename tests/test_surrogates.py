@@ -86,6 +86,7 @@ def test_recursive_statistics_equal_the_weighted_sum_of_surrogates(init):
     x0 = rng.normal(size=D)
     res = ss.Problem(f, dim=D, data=data).solve(
         batch_size=B, max_iter=T, tau=tau, seed=7, surrogate_init=init, x0=x0,
+        check_gradients=False,
         eval_every=None, callback=lambda it: (ws.append(it.state.w), states.append(it.state)))
     w_seq = [x0] + ws[:-1]                      # w_s used in round s
     rho = res.history.rho
