@@ -128,7 +128,8 @@ def test_algorithm2_on_digits_meets_the_cost_bound(digits_clients):
     with pytest.warns(ss.ScheduleWarning):
         res = classification_con(data, net, U=0.3).solve(
             max_iter=100, x0=net.init(0), seed=0, eval_every=None, penalty=[1e5], **PAPER_B10)
-    assert res.status == "converged" and res.stages[-1].slack_norm <= 1e-9
+    # the paper's settings, no evaluation: no stopping test ran, so no success is claimed
+    assert res.status == "max_iter" and res.stages[-1].slack_norm <= 1e-9
     cost, _ = net.evaluate(res.x, X, y)
     assert abs(cost - 0.3) <= 0.04
     assert res.constraints[0] == pytest.approx(cost - 0.3, abs=1e-10)

@@ -146,7 +146,9 @@ class SSCA:
                 if self.check_gradients:
                     _check_gradient(fn, reply, x0, an, fd, value)
                 curvature = max(curvature, secant)
-        if not self.auto_tau:
+        if not self.auto_tau or not (self.auto_batch or self.batch_size is None):
+            # a fixed mini-batch runs the paper's diminishing steps, for which the measured
+            # curvature is far too conservative (docs/modelling.md): the paper's tau = 0.1
             return self.tau
         return curvature if np.isfinite(curvature) and curvature > 0 else self.tau
 
