@@ -130,16 +130,23 @@ class Runner:
                 new, info = alg.step(state, self._counted(self.transport.stream(request),
                                                           request))
                 record = dict(alg.record(info))
-                self.recorder.round(new.t, stage, record)
+                evaluated = None
                 if opts.eval_every and new.t % opts.eval_every == 0:
                     ev = self.evaluate(new.w, with_grad=False)
-                    f0, cons = self.evaluator.split(ev.values, new.w)
-                    self.recorder.evaluation(new.t, f0, cons)
+                    evaluated = self.evaluator.split(ev.values, new.w)
             except BaseException as exc:
                 self.failed(exc, state)
                 raise
+            # the round counts only once all of it (its evaluation too) went through
             state = new
-            stop = self._callback(state, record)
+            self.recorder.round(new.t, stage, record)
+            if evaluated is not None:
+                self.recorder.evaluation(new.t, *evaluated)
+            try:
+                stop = self._callback(state, record)
+            except BaseException as exc:      # e.g. Ctrl-C in the callback: the round is done
+                self.failed(exc, state)
+                raise
             if opts.progress and ((k + 1) % every == 0 or k == 0 or stop):
                 self._progress(alg.describe(info), k + 1, rounds)
             if opts.checkpoint and (stop or state.t % opts.checkpoint_every == 0):

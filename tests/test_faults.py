@@ -414,11 +414,6 @@ def test_a_failure_in_an_evaluation_is_reported_with_the_last_good_state(tmp_pat
     assert os.path.exists(err.checkpoint)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runner.py, Runner.run: the round is added to the history (self.recorder.round) before "
-    "the eval_every evaluation; when that evaluation fails, Runner.failed saves the previous "
-    "state with a history one row longer, and the resumed solve counts that row as done and "
-    "runs one round too few (nit 6 of 7)"))
 def test_a_failure_in_an_evaluation_leaves_a_checkpoint_that_resume_continues(tmp_path):
     err = _fail_in_an_evaluation(tmp_path)
     resumed = _solve(_problem(), transport="inprocess", max_iter=7, eval_every=1,
