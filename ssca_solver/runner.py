@@ -111,6 +111,7 @@ class Runner:
             self.tally.up_per_client_round = max(self.tally.up_per_client_round, n)
             self.tally.down_per_client_round = down
             yield reply
+            del reply    # the algorithm has it; do not keep it alive while the next one computes
 
     def evaluate(self, w, with_grad: bool):
         ev = self.evaluator.evaluate(self.transport, w, with_grad)

@@ -105,6 +105,7 @@ class SSCA:
                           for k in (s.name for s in b.statistic_specs(p.dim))}
                     check_strongly_convex(b, st, p.dim, fn.name)
             yield reply
+            del reply
 
     def record(self, info: driver.StepInfo) -> dict:
         sol = info.solution
