@@ -22,21 +22,31 @@ def machine() -> dict:
     import scipy
 
     cpu = platform.processor() or ""
+    info = {}
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+                if not line.strip():        # the first processor's block is enough
                     break
+        cpu = info.get("model name", cpu)
     except OSError:  # no /proc (not Linux): keep platform.processor()
         cpu = cpu or "unknown"
+    # "AMD EPYC" alone does not tell the generation, which moves the timings (OpenBLAS picks
+    # another kernel on a CPU with AVX-512): family/model and the vector extensions say it
+    flags = set(info.get("flags", "").split())
+    cpu_detail = {"family": info.get("cpu family"), "model": info.get("model"),
+                  "mhz": info.get("cpu MHz"),
+                  "vector_flags": sorted(f for f in flags if f in ("avx2", "avx512f", "fma"))}
     try:
         from threadpoolctl import threadpool_info
         blas = [{k: i.get(k) for k in ("internal_api", "version", "num_threads",
                                         "architecture")} for i in threadpool_info()]
     except Exception:  # threadpoolctl is optional
         blas = []
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0],
+    return {"cpu": cpu, "cpu_detail": cpu_detail, "cores": os.cpu_count(),
+            "python": sys.version.split()[0],
             "platform": platform.platform(), "numpy": np.__version__,
             "scipy": scipy.__version__, "cvxpy": cvxpy.__version__,
             "clarabel": clarabel.__version__, "numba": numba.__version__, "blas": blas,

@@ -24,10 +24,11 @@ from .federated import Reply
 from .subproblems.base import SubproblemSolution
 
 
-FOLD_BUFFER_BYTES = 8 * 2**20
+FOLD_BUFFER_BYTES = 8_000_000
 """Bytes of client messages the server holds before adding them to the averaged statistics:
-all ten 0.8 MB messages of the paper's network (added FOLD_WIDTH per pass), but only one
-message at a time from d ~ 10^6 on, so a round's memory stays a few copies of d floats."""
+all ten 0.8 MB messages of the paper's network (added FOLD_WIDTH per pass), but a message of
+10^6 floats or more is added as soon as it arrives, so a round's memory stays a few copies of
+d floats (benchmarks/memory.py)."""
 
 
 def stat_key(m: int, name: str) -> str:
@@ -170,6 +171,7 @@ def average_with_messages(previous: tuple, messages: Iterable[Reply], num_sample
                              f"expects {sorted(expected)}")
         group.append(msg)
         held += 8 * msg.num_floats()
+        del msg          # the group holds it; no loop variable may keep a folded one alive
         if held >= FOLD_BUFFER_BYTES or len(group) >= 2 * FOLD_WIDTH:
             flush()
     if group:

@@ -59,7 +59,8 @@ class ClientError(SSCAError, RuntimeError):
         self.remote_traceback = remote_traceback
         self.state = None
         self.checkpoint = None
-        text = f"client {client}, round {round}: {cause}"
+        at = f"round {round}" if not isinstance(round, str) else f"full-data {round}"
+        text = f"client {client}, {at}: {cause}"
         if remote_traceback:
             text += "\n\nclient traceback:\n" + remote_traceback.rstrip()
         super().__init__(text)

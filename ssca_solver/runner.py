@@ -117,6 +117,7 @@ class Runner:
             self.tally.up_per_client_round = max(self.tally.up_per_client_round, n)
             self.tally.down_per_client_round = down
             yield reply
+            del reply    # the algorithm has it; do not keep it alive while the next one computes
 
     def exchange(self, request):
         """One request outside the rounds (e.g. a probe): all replies, counted with the
@@ -145,19 +146,25 @@ class Runner:
                 new, info = alg.step(state, self._counted(self.transport.stream(request),
                                                           request))
                 record = dict(alg.record(info))
-                self.recorder.round(new.t, stage, record)
-                converged = False
+                evaluated, converged = None, False
                 if opts.eval_every and new.t % opts.eval_every == 0:
                     ev = self.evaluate(new.w, with_grad=self.stop_test is not None)
-                    f0, cons = self.evaluator.split(ev.values, new.w)
-                    self.recorder.evaluation(new.t, f0, cons)
+                    evaluated = self.evaluator.split(ev.values, new.w)
                     if self.stop_test is not None:
                         converged, self.last_test = self.stop_test(new, ev)
             except BaseException as exc:
                 self.failed(exc, state)
                 raise
+            # the round counts only once all of it (its evaluation too) went through
             state = new
-            stop = self._callback(state, record)
+            self.recorder.round(new.t, stage, record)
+            if evaluated is not None:
+                self.recorder.evaluation(new.t, *evaluated)
+            try:
+                stop = self._callback(state, record)
+            except BaseException as exc:      # e.g. Ctrl-C in the callback: the round is done
+                self.failed(exc, state)
+                raise
             if opts.progress and ((k + 1) % every == 0 or k == 0 or stop or converged):
                 self._progress(alg.describe(info), k + 1, rounds)
             if opts.checkpoint and (stop or converged or state.t % opts.checkpoint_every == 0):

@@ -310,3 +310,21 @@ def test_runner_drives_any_algorithm_and_keeps_history_in_arrays(cancer_data):
 def test_reply_counts_floats():
     r = Reply(0, "x", 1, 10, 5, {"a": np.zeros(3), "b": np.zeros((2, 2))})
     assert r.num_floats() == 7
+
+
+def test_an_exception_in_the_callback_carries_the_state_of_the_finished_round(cancer_data,
+                                                                               tmp_path):
+    prob = ss.Problem(logistic_loss(), dim=31, data=cancer_data)
+
+    def cb(it):
+        if it.t == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        prob.solve(batch_size=5, max_iter=10, seed=0, eval_every=2, callback=cb,
+                   checkpoint=tmp_path / "ck.npz")
+    assert info.value.state.t == 3 and info.value.checkpoint == str(tmp_path / "ck.npz")
+    res = prob.solve(batch_size=5, max_iter=10, eval_every=2, resume=tmp_path / "ck.npz")
+    ref = prob.solve(batch_size=5, max_iter=10, seed=0, eval_every=2)
+    np.testing.assert_array_equal(res.x, ref.x)
+    np.testing.assert_array_equal(res.history.eval_t, ref.history.eval_t)

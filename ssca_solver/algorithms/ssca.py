@@ -190,6 +190,7 @@ class SSCA:
                           for k in (s.name for s in b.statistic_specs(p.dim))}
                     check_strongly_convex(b, st, p.dim, fn.name)
             yield reply
+            del reply
 
     def _adapt_batch(self, new, w, stats, noise, sol):
         """The norm test: double the batch while the Lagrangian's noise exceeds its size."""
