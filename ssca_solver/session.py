@@ -76,11 +76,7 @@ class Session:
     def measure_scale(self, w) -> float:
         """|grad (F_0 + R)| at the start point on the full data: the scale of the relative
         stationarity test (one full-data evaluation, counted with the evaluations)."""
-        try:
-            ev = self.runner.evaluate(w, with_grad=True)
-        except BaseException:
-            self.transport.close()
-            raise
+        ev = self.runner.evaluate(w, with_grad=True)
         self.grad_scale = self.evaluator.objective_gradient_norm(ev, w)
         self.runner.meta["grad_scale"] = self.grad_scale
         return self.grad_scale

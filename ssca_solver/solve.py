@@ -88,11 +88,15 @@ def solve_ssca(problem, **options) -> Result:
                  stop_test=stop_test) as session:
         runner, state = session.runner, session.state
         if not session.resumed:
-            if o.check_gradients or o.tau == "auto":
-                tau0 = algorithm.probe(runner.exchange, state.w)
-                state = algorithm.init(state.w, penalties[0], tau0)
-            if o.eval_every:
-                session.measure_scale(state.w)
+            try:
+                if o.check_gradients or o.tau == "auto":
+                    tau0 = algorithm.probe(runner.exchange, state.w)
+                    state = algorithm.init(state.w, penalties[0], tau0)
+                if o.eval_every:
+                    session.measure_scale(state.w)
+            except BaseException as exc:     # before round 1: the start is the last good state
+                runner.failed(exc, state)
+                raise
         reason = "max_iter"
         for j in range(session.stage, len(penalties)):
             if not (session.resumed and j == session.stage) and j > 0:
