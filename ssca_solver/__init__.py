@@ -5,8 +5,8 @@ Implements Algorithms 1 and 2 of Ye & Cui, "Sample-based Federated Learning via 
 """
 
 from .data import ClientData, FederatedData
-from .errors import (ClientError, DataError, ModelError, ScheduleError, SSCAError,
-                     SubproblemError, UserFunctionError)
+from .errors import (ClientError, DataError, DivergenceError, ModelError, ScheduleError,
+                     SSCAError, SubproblemError, UserFunctionError)
 from .functions import SampleFunction, StochasticConstraint, check_grad
 from .problem import Problem, register_method
 from .history import History
@@ -30,5 +30,6 @@ __all__ = [
     "ScheduleWarning", "SSCAOptions", "solve_ssca", "Result", "SSCAResult", "Iteration",
     "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder", "Statistic",
     "ProximalLinear", "DiagonalCurvature", "SSCAError", "DataError", "ModelError",
-    "UserFunctionError", "ScheduleError", "SubproblemError", "ClientError", "__version__",
+    "UserFunctionError", "ScheduleError", "SubproblemError", "ClientError", "DivergenceError",
+    "__version__",
 ]

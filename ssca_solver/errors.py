@@ -67,3 +67,12 @@ class ClientError(SSCAError, RuntimeError):
 
     def __reduce__(self):
         return (type(self), (self.client, self.round, self.cause, self.remote_traceback))
+
+
+class DivergenceError(SSCAError, RuntimeError):
+    """The iterates diverged: they grew without bound or stopped being finite while the user's
+    functions were fine at the start. The solver's failure, not the user's; the message says
+    what to change. Carries ``state`` and ``checkpoint`` like :class:`ClientError`."""
+
+    state = None
+    checkpoint = None

@@ -22,7 +22,11 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from . import checkpoint as ckpt
+from .errors import DivergenceError, UserFunctionError
 from .history import Recorder
+
+#: |w| this many times max(1, |w_1|) with non-finite function values is called divergence
+DIVERGENCE_FACTOR = 1e3
 
 
 class Iteration(NamedTuple):
@@ -139,6 +143,8 @@ class Runner:
         "max_iter", "stopped" (by the callback) or "converged" (the stop test passed)."""
         self.stage = stage
         alg, opts = self.algorithm, self.opts
+        if not hasattr(self, "start_norm"):
+            self.start_norm = float(np.linalg.norm(state.w))
         every = max(1, rounds // 10)
         for k in range(rounds):
             try:
@@ -146,6 +152,8 @@ class Runner:
                 new, info = alg.step(state, self._counted(self.transport.stream(request),
                                                           request))
                 record = dict(alg.record(info))
+                if not np.isfinite(record.get("step_norm", 0.0)):
+                    raise DivergenceError(self._divergence(new.t, "the step is not finite"))
                 evaluated, converged = None, False
                 if opts.eval_every and new.t % opts.eval_every == 0:
                     ev = self.evaluate(new.w, with_grad=self.stop_test is not None)
@@ -153,7 +161,10 @@ class Runner:
                     if self.stop_test is not None:
                         converged, self.last_test = self.stop_test(new, ev)
             except BaseException as exc:
-                self.failed(exc, state)
+                diverged = self._diverged(exc, state)
+                self.failed(diverged or exc, state)
+                if diverged is not None:
+                    raise diverged from exc
                 raise
             # the round counts only once all of it (its evaluation too) went through
             state = new
@@ -176,6 +187,27 @@ class Runner:
         if opts.checkpoint and rounds and state.t % opts.checkpoint_every:
             self.save(state)              # the end of a run: resume can extend it
         return state, "max_iter"
+
+    def _diverged(self, exc, state):
+        """A DivergenceError for ``exc`` when the iterate exploded before the user's functions
+        returned non-finite values at it (else None)."""
+        if isinstance(exc, DivergenceError):
+            return None
+        grown = float(np.linalg.norm(state.w))
+        if not (isinstance(exc, UserFunctionError) and "non-finite" in str(exc)
+                and (not np.isfinite(grown)
+                     or grown > DIVERGENCE_FACTOR * max(1.0, self.start_norm))):
+            return None
+        return DivergenceError(self._divergence(
+            state.t + 1, f"|w| grew from {self.start_norm:.3g} to {grown:.3g} and then: {exc}"))
+
+    def _divergence(self, t: int, what: str) -> str:
+        return (f"the iterates diverged at round {t}: {what}. This is the solver's failure, "
+                "not a fault in your functions (they were finite at the start): the steps are "
+                "too long for their curvature. With tau and batch_size left at 'auto' please "
+                "report it; with a fixed tau, raise it or use tau='auto'; with fixed rho or "
+                "gamma, use smaller values; features of very different scales also cause it "
+                "(standardise them)")
 
     def _callback(self, state, record) -> bool:
         cb = self.opts.callback

@@ -172,3 +172,42 @@ def test_numpy_scalars_of_any_float_type_are_accepted(cancer_data):
                                                                     local_steps=True)
     with pytest.raises(ValueError, match="lr"):
         ss.Problem(logistic_loss(), dim=31, data=cancer_data).solve(method="fedavg", lr="fast")
+
+
+@pytest.mark.parametrize("mistake, match", [
+    (lambda g, n: -g, r"sign error"),
+    (lambda g, n: n * g, r"sum instead of a mean over the \d+ rows"),
+])
+def test_a_wrong_gradient_is_caught_before_round_1(cancer_data, mistake, match):
+    good = logistic_loss()
+    bad = ss.SampleFunction(good.value, lambda w, X, y: mistake(good.grad(w, X, y), len(X)),
+                            name="mine")
+    prob = ss.Problem(good, [bad <= 0.5], dim=31, data=cancer_data)
+    with pytest.raises(ss.UserFunctionError, match=r"mine: its gradient does not match its "
+                                                   r"values on client 0's batch.*" + match):
+        prob.solve(max_iter=3)
+    # the check can be skipped (then nothing catches the mistake here)
+    res = prob.solve(max_iter=3, penalty=[10.0], check_gradients=False, eval_every=None, seed=0)
+    assert res.nit == 3
+
+
+def test_divergence_is_the_solvers_failure_not_the_users(cancer):
+    """Least squares on features scaled by 1e3 with a fixed tiny tau and constant steps: the
+    iterates explode; the error says so and points at the settings, not at the function."""
+    X, y = cancer
+    X = X * 1e3
+    data = ss.FederatedData.split(X, y, num_clients=3, seed=0)
+
+    def value(w, X, y):
+        return 0.5 * (X @ w - y) ** 2
+
+    def grad(w, X, y):
+        return X.T @ (X @ w - y) / len(y)
+
+    prob = ss.Problem(ss.SampleFunction(value, grad, name="ls"), dim=31, data=data)
+    with pytest.raises(ss.DivergenceError, match="the iterates diverged at round .*tau") as info:
+        with np.errstate(over="ignore", invalid="ignore"):
+            prob.solve(batch_size="full", tau=1e-3, rho=1.0, gamma=1.0, max_iter=200,
+                       eval_every=None)
+    assert info.value.state is not None and isinstance(info.value.__cause__,
+                                                       (ss.UserFunctionError, type(None)))
