@@ -27,7 +27,7 @@ def _demo(args) -> int:
           f"{data.num_samples} rows over {data.num_clients} clients {data.client_sizes}")
     print(f"  minimise mean logistic loss on class 1 + {args.lam:g} |w|^2   subject to   "
           f"mean logistic loss on class 0 <= {args.alpha:g}      (d = {X.shape[1]})")
-    print(f"  SSCA: B = {args.batch_size} rows per client per round, tau = {args.tau:g}, up to "
+    print(f"  SSCA: B = {args.batch_size} rows per client per round, tau = {args.tau}, up to "
           f"{args.rounds} rounds per penalty value, penalties {args.penalty}\n")
     prob = neyman_pearson(data, args.alpha, lam=args.lam)
     res = prob.solve(method="ssca", batch_size=args.batch_size, max_iter=args.rounds,
@@ -80,6 +80,13 @@ def _network(args) -> int:
     return 0
 
 
+def _auto_or(kind):
+    def parse(text):
+        return text if text in ("auto", "full") else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ssca_solver",
                                      description="ssca-solver command line")
@@ -88,9 +95,11 @@ def main(argv=None) -> int:
     demo.add_argument("--alpha", type=float, default=0.2, help="bound on the class-0 loss")
     demo.add_argument("--lam", type=float, default=1e-2, help="ridge weight (exact term)")
     demo.add_argument("--clients", type=int, default=5)
-    demo.add_argument("--batch-size", type=int, default=50)
+    demo.add_argument("--batch-size", type=_auto_or(int), default="auto",
+                      help="rows per client per round, 'full', or 'auto' (default: adaptive)")
     demo.add_argument("--rounds", type=int, default=1000, help="rounds per penalty value")
-    demo.add_argument("--tau", type=float, default=0.1)
+    demo.add_argument("--tau", type=_auto_or(float), default="auto",
+                      help="proximal weight, or 'auto' (default: measured and adapted)")
     demo.add_argument("--penalty", type=float, nargs="+", default=[10.0, 100.0, 1000.0])
     demo.add_argument("--seed", type=int, default=0)
     net = sub.add_parser("network", help="the paper's Section V network (Algorithm 1 or 2)")

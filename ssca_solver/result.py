@@ -165,6 +165,9 @@ class Result:
                  + (f"   subproblem solver: {self.subproblem}" if self.subproblem else "")
                  + f"   time: {self.time:.2f} s",
                  f"objective     {self.fun:.6g}   (full data, with deterministic terms)"]
+        sampling = _sampling(self.history)
+        if sampling:
+            lines.append(f"sampling      {sampling}")
         if self.stages and self.slack.size:
             lines.append("penalty steps")
             for s in self.stages:
@@ -198,6 +201,30 @@ class Result:
                 f"max_constraint={np.max(self.constraints, initial=-np.inf):.3g}, "
                 f"slack_norm={np.linalg.norm(self.slack):.3g}, "
                 f"stationarity={self.kkt.stationarity:.3g})")
+
+
+def _sampling(history) -> str:
+    """'B = 32 (rounds 1-50), 64 (51-100), full (101-160); tau 13.6 -> 0.0245' from the history
+    of an adaptive run ('' when the batch and tau never changed)."""
+    names = history.names
+    if "batch_size" not in names or not len(history.t):
+        return ""
+    batch, t = history.batch_size, history.t
+    change = np.flatnonzero(np.r_[True, ~((batch[1:] == batch[:-1])
+                                          | (np.isnan(batch[1:]) & np.isnan(batch[:-1])))])
+    if len(change) == 1 and history.tau[0] == history.tau[-1]:
+        return ""
+    parts = []
+    for i, start in enumerate(change):
+        end = (change[i + 1] if i + 1 < len(change) else len(t)) - 1
+        b = "full" if np.isnan(batch[start]) else f"{int(batch[start])}"
+        parts.append(f"{b} (rounds {t[start]}-{t[end]})")
+    text = "B = " + ", ".join(parts)
+    if history.tau[0] != history.tau[-1]:
+        text += f"; tau {history.tau[0]:.3g} -> {history.tau[-1]:.3g}"
+    if "rejected" in names and history.rejected.sum():
+        text += f" ({int(history.rejected.sum())} steps retried with a larger tau)"
+    return text
 
 
 #: The name of :class:`Result` before it served every method.
