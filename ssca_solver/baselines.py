@@ -15,7 +15,7 @@ from .algorithms import FedAvg
 from .errors import ModelError
 from .options import FedAvgOptions
 from .result import Result
-from .session import Session, fingerprint
+from .session import Session, describe_schedule, fingerprint
 
 __all__ = ["FedAvgOptions", "solve_fedavg"]
 
@@ -50,7 +50,7 @@ def solve_fedavg(problem, **options) -> Result:
     algorithm = FedAvg(problem, o.batch_size, o.local_steps, o.lr, o.momentum,
                        problem.deterministic.norm2_coefficient())
     fp = fingerprint(problem, "fedavg", batch_size=o.batch_size, local_steps=o.local_steps,
-                     momentum=o.momentum)
+                     momentum=o.momentum, lr=describe_schedule(o.lr))
     with Session(problem, algorithm, o, fp, algorithm.init) as session:
         state, reason = session.runner.run(session.state, o.max_iter - session.state.t)
         fun, cons, kkt, comm, history = session.final_report(state)

@@ -27,6 +27,16 @@ def fingerprint(problem, method: str, **options) -> dict:
     return json.loads(json.dumps(fp, default=repr))
 
 
+def describe_schedule(schedule) -> str:
+    """A step-size schedule as text for a fingerprint: its value for PowerStep and constants,
+    else the callable's qualified name (its repr would hold a memory address)."""
+    from .schedules import PowerStep
+
+    if isinstance(schedule, (PowerStep, int, float)) or type(schedule).__name__ == "_Constant":
+        return repr(schedule)
+    return f"{getattr(schedule, '__module__', '?')}.{getattr(schedule, '__qualname__', '?')}"
+
+
 class Session:
     """A solve in progress: the runner, its transport, and where to start.
 

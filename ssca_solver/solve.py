@@ -18,7 +18,7 @@ from .driver import stage_slack
 from .errors import ModelError
 from .result import Result, Stage
 from .schedules import as_schedule, check_schedules
-from .session import Session, fingerprint
+from .session import Session, describe_schedule, fingerprint
 from .subproblems import CvxpySubproblem, make_subproblem
 
 
@@ -73,6 +73,8 @@ def solve_ssca(problem, **options) -> Result:
                      penalty=list(o.penalty),
                      max_iter=o.max_iter if M else None,   # stages' lengths; Alg. 1 may extend
                      surrogate_init=o.surrogate_init, subproblem=subproblem.name,
+                     rho=describe_schedule(o.rho), gamma=describe_schedule(o.gamma),
+                     slack_tol=o.slack_tol, solver=o.solver, solver_options=o.solver_options,
                      builders=[repr(b) for b in builders])
     penalties = o.penalty
     bound_scale = np.maximum(1.0, np.abs(problem.bounds))

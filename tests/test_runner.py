@@ -165,6 +165,8 @@ def test_checkpoint_is_plain_numpy_and_resume_checks_what_must_match(cancer_data
         assert int(f["state/t"]) == 6
     with pytest.raises(ValueError, match="batch_size"):
         prob.solve(resume=path, **{**opts, "batch_size": 20})
+    with pytest.raises(ValueError, match="gamma"):
+        prob.solve(resume=path, **{**opts, "gamma": ss.PowerStep(0.5, 0.6)})
     with pytest.raises(ValueError, match="another seed"):
         prob.solve(resume=path, **{**opts, "seed": 2})
     with pytest.raises(ValueError, match="constraints"):
