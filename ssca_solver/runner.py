@@ -140,7 +140,9 @@ class Runner:
     # -- the loop ------------------------------------------------------------------------------
     def run(self, state, rounds: int, stage: int = 0):
         """Run up to ``rounds`` rounds from ``state``; return (state, reason) with reason
-        "max_iter", "stopped" (by the callback) or "converged" (the stop test passed)."""
+        "max_iter", "stopped" (by the callback), "converged" (the stop test passed) or
+        "settled" (the algorithm's ``settled(state, info)`` says its iterates stopped moving:
+        more rounds would not change them)."""
         self.stage = stage
         alg, opts = self.algorithm, self.opts
         if not hasattr(self, "start_norm"):
@@ -182,6 +184,9 @@ class Runner:
                 self.save(state)
             if converged:
                 return state, "converged"
+            settled = getattr(alg, "settled", None)
+            if settled is not None and settled(state, info):
+                return state, "settled"
             if stop:
                 return state, "stopped"
         if opts.checkpoint and rounds and state.t % opts.checkpoint_every:

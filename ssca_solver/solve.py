@@ -107,7 +107,7 @@ def solve_ssca(problem, **options) -> Result:
                     state = algorithm.with_penalty(state, penalties[j])
             done = int(np.count_nonzero(runner.recorder.columns["stage"].view() == j))
             state, reason = runner.run(state, o.max_iter - done, stage=j)
-            if reason != "max_iter":
+            if reason not in ("max_iter", "settled"):
                 break
         fun, cons, kkt, comm, history = session.final_report(state, o.solver)
     stages = _stages(history, o.max_iter, bound_scale)
@@ -137,7 +137,7 @@ def _relative_slack_rows(slack_rows, bound_scale):
 
 def _stage_slack(recorder, stage, max_iter, bound_scale) -> float:
     rows = _relative_slack_rows(recorder.stage_rows("slack", stage), bound_scale)
-    return stage_slack(rows, max_iter)
+    return stage_slack(rows, len(rows))
 
 
 def _stages(history, max_iter, bound_scale) -> list[Stage]:
@@ -147,7 +147,7 @@ def _stages(history, max_iter, bound_scale) -> list[Stage]:
         sel = history.stage == j
         rows = _relative_slack_rows(history.slack[sel], bound_scale)
         out.append(Stage(float(history.penalty[sel][-1]), int(np.count_nonzero(sel)),
-                         stage_slack(rows, max_iter)))
+                         stage_slack(rows, len(rows))))
     return out
 
 
@@ -179,10 +179,20 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale):
     if not o.eval_every:
         return "max_iter", (f"ran {state.t} rounds without a stopping test (eval_every=None): "
                             f"at the end {name} = {value:.3g} (tolerance {tol:g})")
-    advice = ("more rounds (max_iter), or a larger batch_size: with mini-batches the iterate "
-              "settles at a noise floor" if "stationarity" in name or "complementarity" in name
-              else "more rounds or a larger penalty; a feasible point was found earlier"
-              if ever_feasible else "more rounds or a larger penalty")
+    if reason == "settled":
+        return "max_iter", (f"the iterates stopped moving at round {state.t} (full batches: the "
+                            "penalised problem is solved) but the full-data KKT test did not "
+                            f"pass: {name} = {value:.3g} > {tol:g} (relative); the point may "
+                            "sit at a kink of a nonsmooth function, or the tolerance is "
+                            "below what rounding allows for this problem")
+    if "feasibility" in name:
+        advice = ("more rounds (max_iter) or larger penalties; a feasible point was found "
+                  "earlier" if ever_feasible else "more rounds (max_iter) or larger penalties")
+    elif o.batch_size == "auto":
+        advice = "more rounds (max_iter): the batch grows to the full data as the run goes on"
+    else:
+        advice = ("batch_size='auto' (or 'full') with the default tau, rho and gamma: a fixed "
+                  "mini-batch ends at its noise floor")
     return "max_iter", (f"the full-data KKT test did not pass in {state.t} rounds: {name} "
                         f"= {value:.3g} > {tol:g} (relative) at the returned point; try "
                         f"{advice}")

@@ -244,6 +244,14 @@ class SSCA:
                            prev_stats=scaled)
         return new, _Info(info, None, self._tau(state) * k, 0.0, int(bool(worse)))
 
+    def settled(self, state, info) -> bool:
+        """Deterministic SCA (full batches, unit steps) at a fixed point: an accepted step of
+        relative length <= 1e-12. The penalised problem at this c is solved; more rounds at
+        this c change nothing."""
+        return (info.batch is None and info.rejected == 0 and self.unit_steps
+                and (self.auto_batch or self.auto_tau)
+                and info.step.step_norm <= 1e-12 * max(1.0, float(np.linalg.norm(state.w))))
+
     def record(self, info) -> dict:
         sol = info.step.solution
         return {"rho": info.step.rho, "gamma": info.step.gamma, "penalty": info.step.penalty,
