@@ -59,6 +59,7 @@ class SSCAState(NamedTuple):
       merit: the exact-penalty merit F_0 + R + c sum (F_m - U_m)_+ at w_t (full batches).
       prev_w, prev_stats: the point and full-data statistics of the last accepted step, from
         which a rejected step is retried with a larger tau (full batches).
+      rejects: steps rejected in a row (full batches).
     """
 
     t: int
@@ -73,6 +74,7 @@ class SSCAState(NamedTuple):
     merit: float = float("nan")
     prev_w: np.ndarray = np.zeros(0)
     prev_stats: tuple = ()
+    rejects: int = 0
 
 
 class StepInfo(NamedTuple):

@@ -188,6 +188,11 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale):
     if "feasibility" in name:
         advice = ("more rounds (max_iter) or larger penalties; a feasible point was found "
                   "earlier" if ever_feasible else "more rounds (max_iter) or larger penalties")
+    elif o.batch_size == "auto" and len(history.t) and np.isnan(history.batch_size[-1]):
+        advice = ("more rounds (max_iter); with full batches, progress this slow usually "
+                  "means features of very different scales, which one scalar curvature "
+                  "cannot follow: standardise them, or give the functions "
+                  "ss.DiagonalCurvature surrogates")
     elif o.batch_size == "auto":
         advice = "more rounds (max_iter): the batch grows to the full data as the run goes on"
     else:

@@ -96,7 +96,9 @@ def test_success_only_when_the_stopping_test_passed(cancer_data):
 
 def test_penalty_is_the_c_of_the_stage_that_stopped(cancer_data):
     res = neyman_pearson(cancer_data, alpha=0.2).solve(penalty=[10.0, 100.0, 1000.0], seed=0)
-    assert res.status == "converged" and len(res.stages) == 1 and res.penalty == 10.0
+    # c = 10 is exact (mu* = 0.13): the slack vanishes and every stage keeps c = 10
+    assert res.status == "converged" and res.penalty == 10.0
+    assert {s.penalty for s in res.stages} == {10.0}
     # mu* = 0.74 at alpha = 0.1: the slack stays positive at c = 0.1 and 0.3
     stopped = neyman_pearson(cancer_data, alpha=0.1).solve(
         batch_size=50, max_iter=20, penalty=[0.1, 0.3, 10.0], seed=0,

@@ -36,6 +36,8 @@ NOISE_AVERAGING = 0.3   # weight of the newest round in that average
 MIN_ROUNDS = 10         # rounds between two increases by the norm test
 GROW_EVERY = 50          # and an increase at least this often: the batch reaches the full data
 TAU_UP, TAU_DOWN = 2.0, 0.9
+MAX_REJECTS = 8         # rejected steps in a row after which the point is settled
+MERIT_RTOL = {"closed_form": 1e-12, "cvxpy": 1e-7}   # merit increases below this are rounding
 PROBE_TASK = "ssca.probe"
 NOISE = "noise:"        # prefix of the per-function noise numbers in a reply
 

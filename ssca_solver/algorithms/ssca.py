@@ -231,8 +231,10 @@ class SSCA:
         """Full batches: accept the step to w_t if the merit did not increase (then tau shrinks),
         else retry from the last accepted point with tau doubled."""
         merit = self._merit(stats, state.w, state.penalty)
+        # an increase within the subproblem solver's accuracy is rounding, not a bad step
+        rtol = ad.MERIT_RTOL.get(getattr(self.subproblem, "name", ""), 1e-9)
         worse = (np.isfinite(state.merit) and len(state.prev_stats)
-                 and merit > state.merit + 1e-12 * max(1.0, abs(state.merit)))
+                 and merit > state.merit + rtol * max(1.0, abs(state.merit)))
         if worse:                                    # reject w_t
             k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
         else:
@@ -241,15 +243,18 @@ class SSCA:
         start = state._replace(w=base_w)
         new, info = driver.move(start, scaled, 1.0, 1.0, self.subproblem)
         new = new._replace(tau=self._tau(state) * k, merit=base_merit, prev_w=base_w.copy(),
-                           prev_stats=scaled)
+                           prev_stats=scaled, rejects=state.rejects + 1 if worse else 0)
         return new, _Info(info, None, self._tau(state) * k, 0.0, int(bool(worse)))
 
     def settled(self, state, info) -> bool:
         """Deterministic SCA (full batches, unit steps) at a fixed point: an accepted step of
         relative length <= 1e-12. The penalised problem at this c is solved; more rounds at
         this c change nothing."""
-        return (info.batch is None and info.rejected == 0 and self.unit_steps
-                and (self.auto_batch or self.auto_tau)
+        if not (info.batch is None and self.unit_steps and (self.auto_batch or self.auto_tau)):
+            return False
+        if state.rejects >= ad.MAX_REJECTS:    # no step improves the merit at this precision
+            return True
+        return (info.rejected == 0
                 and info.step.step_norm <= 1e-12 * max(1.0, float(np.linalg.norm(state.w))))
 
     def record(self, info) -> dict:
@@ -274,7 +279,8 @@ class SSCA:
         out = {"t": np.asarray(state.t), "w": state.w, "penalty": np.asarray(state.penalty),
                "nu": state.nu, "batch": np.asarray(state.batch), "tau": np.asarray(state.tau),
                "noise": np.asarray(state.noise), "since": np.asarray(state.since),
-               "merit": np.asarray(state.merit), "prev_w": state.prev_w}
+               "merit": np.asarray(state.merit), "prev_w": state.prev_w,
+               "rejects": np.asarray(state.rejects)}
         for name, group in (("stats", state.stats), ("prev_stats", state.prev_stats)):
             for m, st in enumerate(group):
                 for k, v in st.items():
@@ -302,7 +308,8 @@ class SSCA:
             float(arrays["penalty"]), np.array(arrays["nu"], dtype=float),
             int(arrays["batch"]), float(arrays["tau"]), float(arrays["noise"]),
             int(arrays["since"]), float(arrays["merit"]),
-            np.array(arrays["prev_w"], dtype=float), group("prev_stats", False))
+            np.array(arrays["prev_w"], dtype=float), group("prev_stats", False),
+            int(arrays["rejects"]))
 
 
 class _Info:
