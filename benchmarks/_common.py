@@ -74,3 +74,10 @@ def write_json(name: str, payload: dict) -> Path:
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def machine_title(machine: dict) -> str:
+    """One line naming the machine, for a figure's title."""
+    cd = machine.get("cpu_detail", {})
+    return (f"{machine['cpu']} (family {cd.get('family')}, model {cd.get('model')}; "
+            f"{machine['cores']} cores), numpy {machine['numpy']}")

@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ssca_solver as ss  # noqa: E402
-from _common import RESULTS, log, machine, write_json  # noqa: E402
+from _common import RESULTS, log, machine, machine_title, write_json  # noqa: E402
 from ssca_solver import solve as solve_mod  # noqa: E402
 from ssca_solver.algorithms import SSCA  # noqa: E402
 from ssca_solver.session import Session  # noqa: E402
@@ -291,7 +291,7 @@ def plot(res, path):
     t = np.array([t0, max(r["rounds"] for run in res["history_growth"] for r in run["rows"])])
     ax[0].plot(t, 550 * (t - t0) / 2**20, ":",
                color="grey", label="before the refactor: ~550 B/round")
-    ax[0].set(xlabel="rounds", ylabel=f"MiB above the first mark",
+    ax[0].set(xlabel="rounds", ylabel="MiB above the first mark",
               title="history growth, logistic regression d=31, 5 clients, B=10")
     ax[0].legend(fontsize=8)
     rr = res["round_peak"]
@@ -311,9 +311,7 @@ def plot(res, path):
               title=f"one closed-form round, d={rr[0]['d']:,}, I={CLIENTS}, B={BATCH}",
               ylim=(0, max(LIMIT_COPIES, max(r['peak_above_before_copies_of_d'] for r in rr)) + 4))
     ax[1].legend(fontsize=7, loc="upper left")
-    cd = res["machine"].get("cpu_detail", {})
-    fig.suptitle(f"{res['machine']['cpu']} (family {cd.get('family')}, model {cd.get('model')}; "
-                 f"{res['machine']['cores']} cores), numpy {res['machine']['numpy']}", fontsize=9)
+    fig.suptitle(machine_title(res["machine"]), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

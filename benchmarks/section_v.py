@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ssca_solver as ss  # noqa: E402
-from _common import RESULTS, log, machine, median_time, write_json  # noqa: E402
+from _common import RESULTS, log, machine, machine_title, median_time, write_json  # noqa: E402
 from problems.mlp import MLP, _forward_backward, classification_con, classification_uncon  # noqa: E402,E501
 from ssca_solver import driver  # noqa: E402
 from ssca_solver.datasets import fashion_mnist  # noqa: E402
@@ -413,9 +413,7 @@ def plot(res, path):
                    va="bottom", fontsize=8)
     ax[2].set(ylabel="ms per round (median)", title="round at I=10, B=100, d=101,632")
     ax[2].legend()
-    cd = res["machine"].get("cpu_detail", {})
-    fig.suptitle(f"{res['machine']['cpu']} (family {cd.get('family')}, model {cd.get('model')}; "
-                 f"{res['machine']['cores']} cores), numpy {res['machine']['numpy']}", fontsize=9)
+    fig.suptitle(machine_title(res["machine"]), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -6,9 +6,7 @@ doors (:mod:`ssca_solver.solve`, :mod:`ssca_solver.baselines`).
 from __future__ import annotations
 
 import json
-from typing import Optional
 
-import numpy as np
 
 from . import checkpoint as ckpt
 from .diagnostics import Evaluator, kkt_report

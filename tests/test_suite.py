@@ -14,7 +14,6 @@ an xfail(strict=True) test whose reason gives the measured numbers
 import numpy as np
 import pytest
 
-import ssca_solver as ss
 from problems import suite
 
 MAX_ITER = 2000
