@@ -22,11 +22,13 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from . import checkpoint as ckpt
-from .errors import DivergenceError, UserFunctionError
+from .errors import DivergenceError, SSCAError, UserFunctionError
 from .history import Recorder
 
 #: |w| this many times max(1, |w_1|) with non-finite function values is called divergence
 DIVERGENCE_FACTOR = 1e3
+#: a step longer than this times max(1, |w_1|) is called divergence
+DIVERGENCE_STEP = 1e12
 
 
 class Iteration(NamedTuple):
@@ -154,8 +156,11 @@ class Runner:
                 new, info = alg.step(state, self._counted(self.transport.stream(request),
                                                           request))
                 record = dict(alg.record(info))
-                if not np.isfinite(record.get("step_norm", 0.0)):
-                    raise DivergenceError(self._divergence(new.t, "the step is not finite"))
+                step = record.get("step_norm", 0.0)
+                if not np.isfinite(step) or step > DIVERGENCE_STEP * max(1.0, self.start_norm):
+                    raise DivergenceError(self._divergence(
+                        new.t, f"the step |w_(t+1) - w_t| = {step:.3g} is not finite or "
+                        f"exceeds {DIVERGENCE_STEP:g} max(1, |w_1|)"))
                 evaluated, converged = None, False
                 if opts.eval_every and new.t % opts.eval_every == 0:
                     ev = self.evaluate(new.w, with_grad=self.stop_test is not None)
@@ -199,9 +204,14 @@ class Runner:
         if isinstance(exc, DivergenceError):
             return None
         grown = float(np.linalg.norm(state.w))
-        if not (isinstance(exc, UserFunctionError) and "non-finite" in str(exc)
-                and (not np.isfinite(grown)
-                     or grown > DIVERGENCE_FACTOR * max(1.0, self.start_norm))):
+        text = str(exc).lower()
+        user_nonfinite = isinstance(exc, UserFunctionError) and "non-finite" in text
+        # NumPy/SciPy refusing infs or NaNs inside the solver's own arithmetic
+        numeric = (isinstance(exc, ValueError) and not isinstance(exc, SSCAError)
+                   and ("inf" in text or "nan" in text))
+        exploded = not np.isfinite(grown) or grown > DIVERGENCE_FACTOR * max(1.0,
+                                                                            self.start_norm)
+        if not ((user_nonfinite and exploded) or numeric):
             return None
         return DivergenceError(self._divergence(
             state.t + 1, f"|w| grew from {self.start_norm:.3g} to {grown:.3g} and then: {exc}"))

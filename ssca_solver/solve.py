@@ -151,6 +151,21 @@ def _stages(history, max_iter, bound_scale) -> list[Stage]:
     return out
 
 
+def _violation_stalled(history, bound_scale, M):
+    """(stalled, a, b): a and b are the smallest relative violation over the first and the
+    second half of the last stage's evaluations; stalled when b did not improve on a by 0.1 %
+    (a run that is still reducing the violation is not called infeasible)."""
+    if not M or not len(history.eval_t):
+        return False, np.nan, np.nan
+    last = history.stage[-1]
+    in_stage = np.isin(history.eval_t, history.t[history.stage == last])
+    v = np.max(history.constraints[in_stage] / bound_scale, axis=1, initial=-np.inf)
+    if v.size < 4:
+        return False, np.nan, np.nan
+    a, b = float(np.min(v[:v.size // 2])), float(np.min(v[v.size // 2:]))
+    return b >= (1 - 1e-3) * a, a, b
+
+
 def _status(reason, state, kkt, history, stages, o, M, bound_scale):
     """(status, message) from why the run ended and the full-data KKT report at the end."""
     if reason == "converged":
@@ -165,17 +180,20 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale):
     evaluated = history.constraints / bound_scale if M else np.zeros((0, 0))
     ever_feasible = bool(M and len(evaluated) and np.any(np.max(evaluated, axis=1)
                                                           <= o.feas_tol))
-    if (M and np.max(kkt.feasibility_rel) > o.feas_tol and not ever_feasible
+    stalled, first, second = _violation_stalled(history, bound_scale, M)
+    if (M and np.max(kkt.feasibility_rel) > o.feas_tol and not ever_feasible and stalled
             and stages and stages[-1].slack_norm > o.slack_tol
             and stages[-1].penalty == o.penalty[-1]):
         m = int(np.argmax(kkt.feasibility_rel))
         return "infeasible", (
             f"no feasible point was found: none of the {len(evaluated)} full-data evaluations "
             f"(every {o.eval_every} rounds) nor the returned point satisfied the constraints "
-            f"(constraint {m + 1} violated by {kkt.feasibility[m]:.3g} at the end), and at the "
+            f"(constraint {m + 1} violated by {kkt.feasibility[m]:.3g} at the end); at the "
             f"largest penalty c = {stages[-1].penalty:g} the subproblem kept a positive slack "
-            f"({stages[-1].slack_norm:.3g}, relative). Either the constraints cannot be met, or "
-            "their multipliers exceed c: if they can be met, give larger penalties")
+            f"({stages[-1].slack_norm:.3g}, relative) and the violation stopped decreasing "
+            f"(smallest {first:.4g} in the first half of the last stage's evaluations, "
+            f"{second:.4g} in the second). Either the constraints cannot be met, or their "
+            "multipliers exceed c: if they can be met, give larger penalties")
     if not o.eval_every:
         return "max_iter", (f"ran {state.t} rounds without a stopping test (eval_every=None): "
                             f"at the end {name} = {value:.3g} (tolerance {tol:g})")
@@ -185,14 +203,25 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale):
                             f"pass: {name} = {value:.3g} > {tol:g} (relative); the point may "
                             "sit at a kink of a nonsmooth function, or the tolerance is "
                             "below what rounding allows for this problem")
+    if M and not ever_feasible and np.max(kkt.feasibility_rel) > o.feas_tol:
+        return "max_iter", (
+            f"no feasible point was found in {state.t} rounds (relative violation "
+            f"{np.max(kkt.feasibility_rel):.3g} at the end), but the violation was still "
+            f"decreasing (smallest {first:.4g} in the first half of the last stage's "
+            f"evaluations, {second:.4g} in the second), so this is no evidence of "
+            "infeasibility: try more rounds (max_iter) or larger penalties; if the "
+            "constraints cannot be met, the violation settles and the status says so")
     if "feasibility" in name:
         advice = ("more rounds (max_iter) or larger penalties; a feasible point was found "
                   "earlier" if ever_feasible else "more rounds (max_iter) or larger penalties")
     elif o.batch_size == "auto" and len(history.t) and np.isnan(history.batch_size[-1]):
-        advice = ("more rounds (max_iter); with full batches, progress this slow usually "
-                  "means features of very different scales, which one scalar curvature "
-                  "cannot follow: standardise them, or give the functions "
+        advice = ("more rounds (max_iter); the batches are already full, so the problem is "
+                  "ill-conditioned for one scalar curvature: if its features have very "
+                  "different scales, standardise them or give the functions "
                   "ss.DiagonalCurvature surrogates")
+    elif o.batch_size is None:
+        advice = ("more rounds, or the default tau='auto' (with full batches it is adapted "
+                  "by backtracking)" if o.tau != "auto" else "more rounds (max_iter)")
     elif o.batch_size == "auto":
         advice = "more rounds (max_iter): the batch grows to the full data as the run goes on"
     else:

@@ -38,14 +38,17 @@ def test_a_small_slack_keeps_c_for_the_next_stage(cancer_data):
     assert [s.penalty for s in res.stages] == [10.0, 10.0, 10.0]
 
 
-def test_infeasible_problem_is_reported_with_its_evidence(cancer_data):
-    # the logistic loss is positive, so mean loss <= -0.05 cannot hold
+def test_an_infimum_at_infinity_is_not_called_infeasible_while_the_violation_falls(
+        cancer_data):
+    """The logistic loss is positive, so mean loss <= -0.05 cannot hold; but its infimum 0 is
+    approached only as |w| -> infinity, the violation keeps falling, and that is no evidence
+    of infeasibility yet (the suite's infeasible problem, whose violation settles, is reported
+    "infeasible": tests/test_suite.py)."""
     res = neyman_pearson(cancer_data, alpha=-0.05).solve(max_iter=100, penalty=[1.0, 10.0],
                                                          seed=0)
-    assert res.status == "infeasible" and not res.success
-    assert "no feasible point was found" in res.message and "c = 10" in res.message
-    assert "none of the 20 full-data evaluations" in res.message
-    assert len(res.stages) == 2 and res.stages[-1].slack_norm > 0.04
+    assert res.status == "max_iter" and not res.success
+    assert "no feasible point was found" in res.message
+    assert "still decreasing" in res.message and "no evidence of infeasibility" in res.message
     assert res.constraints[0] > 0.04 and res.kkt.feasibility[0] > 0.04
 
 
