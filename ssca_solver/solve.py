@@ -203,6 +203,17 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale):
                             f"pass: {name} = {value:.3g} > {tol:g} (relative); the point may "
                             "sit at a kink of a nonsmooth function, or the tolerance is "
                             "below what rounding allows for this problem")
+    if M and not ever_feasible and np.max(kkt.feasibility_rel) > o.feas_tol and stalled:
+        missing = (f"the last stage's slack estimate ({stages[-1].slack_norm:.3g}) is within "
+                   f"slack_tol={o.slack_tol:g}: the surrogate constraints can be met at c = "
+                   f"{state.penalty:g}" if stages and stages[-1].slack_norm <= o.slack_tol
+                   else f"c = {state.penalty:g} is not the largest penalty")
+        return "max_iter", (
+            f"no feasible point was found in {state.t} rounds (relative violation "
+            f"{np.max(kkt.feasibility_rel):.3g} at the end); the violation stopped falling "
+            f"(smallest {first:.4g} in the first half of the last stage's evaluations, "
+            f"{second:.4g} in the second) but {missing}, so this is no evidence of "
+            "infeasibility: try more rounds (max_iter), a larger batch or larger penalties")
     if M and not ever_feasible and np.max(kkt.feasibility_rel) > o.feas_tol:
         return "max_iter", (
             f"no feasible point was found in {state.t} rounds (relative violation "
