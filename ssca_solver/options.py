@@ -34,8 +34,7 @@ def real(name: str, value, *, low: float = -math.inf, high: float = math.inf,
          low_open: bool = False) -> float:
     """``value`` as a finite float in [low, high] (or (low, high] with ``low_open``)."""
     if not is_real(value):
-        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})"
-                         + (" (or 'auto')" if name == "tau" else ""))
+        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     v = float(value)
     ok = math.isfinite(v) and (v > low if low_open else v >= low) and v <= high
     if not ok:

@@ -106,6 +106,7 @@ class Runner:
         self.penalty_of = penalty_of
         self.stage = int(meta.get("stage", 0))
         self.stop_test = stop_test
+        self.start_norm = None
         self.last_test = None        # what the stop test returned at the latest evaluation
         self._start = time.perf_counter() - elapsed
 
@@ -147,7 +148,7 @@ class Runner:
         more rounds would not change them)."""
         self.stage = stage
         alg, opts = self.algorithm, self.opts
-        if not hasattr(self, "start_norm"):
+        if self.start_norm is None:           # |w_1|, the scale of divergence
             self.start_norm = float(np.linalg.norm(state.w))
         every = max(1, rounds // 10)
         for k in range(rounds):

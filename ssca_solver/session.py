@@ -46,7 +46,7 @@ class Session:
     """
 
     def __init__(self, problem, algorithm, opts, fp: dict, init_state,
-                 penalty_of=lambda state: None, stop_test=None):
+                 penalty_of=lambda state: None, kkt_test=None, solver: str = "CLARABEL"):
         self.problem, self.algorithm, self.opts = problem, algorithm, opts
         self.evaluator = Evaluator(problem)
         recorder = Recorder(algorithm.columns, problem.num_constraints)
@@ -76,8 +76,7 @@ class Session:
         self.transport = make_transport(opts.transport, clients, opts.client_timeout)
         self.runner = Runner(algorithm, self.transport, self.evaluator, opts, recorder, tally,
                              {}, penalty_of, elapsed,
-                             None if stop_test is None else
-                             (lambda s, ev: stop_test(s, ev, self.grad_scale)))
+                             None if kkt_test is None else self._stop_test(kkt_test, solver))
         self.runner.meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp,
                             "stage": stage, "grad_scale": self.grad_scale}
 
@@ -94,6 +93,13 @@ class Session:
 
     def __exit__(self, *exc):
         self.transport.close()
+
+    def _stop_test(self, kkt_test, solver):
+        """The runner's stop test: the KKT report at the state, judged by ``kkt_test``."""
+        def test(state, ev):
+            report = self.kkt(state, ev, solver)
+            return kkt_test(report), report
+        return test
 
     def kkt(self, state, ev, solver: str = "CLARABEL"):
         """The KKT report at ``state.w`` from a full-data evaluation with gradients."""

@@ -13,7 +13,6 @@ import numpy as np
 
 from . import options as opt
 from .algorithms import SSCA
-from .diagnostics import ProblemTerms, kkt_report
 from .driver import stage_slack
 from .errors import ModelError
 from .result import Result, Stage
@@ -37,8 +36,7 @@ def _parse(problem, options: dict) -> opt.SSCAOptions:
     return o.__class__(**{
         **vars(o),
         "batch_size": opt.batch_size(o.batch_size, problem.data, allow_auto=True),
-        "tau": (o.tau if isinstance(o.tau, str) and o.tau == "auto"
-                else opt.real("tau", o.tau, low=0.0, low_open=True)),
+        "tau": _tau(o.tau),
         "rho": as_schedule(o.rho, "rho"), "gamma": as_schedule(o.gamma, "gamma"),
         "penalty": opt.penalties(o.penalty) if problem.num_constraints else (0.0,),
         "slack_tol": opt.real("slack_tol", o.slack_tol, low=0.0),
@@ -47,6 +45,14 @@ def _parse(problem, options: dict) -> opt.SSCAOptions:
         "check_gradients": opt.flag("check_gradients", o.check_gradients),
         "subproblem": opt.choice("subproblem", o.subproblem, ("auto", "closed_form", "cvxpy")),
         "surrogate_init": opt.choice("surrogate_init", o.surrogate_init, ("tau", "zero"))})
+
+
+def _tau(value):
+    if isinstance(value, str) and value == "auto":
+        return value
+    if not opt.is_real(value):
+        raise ValueError(f"tau must be a number > 0 or 'auto', got {value!r}")
+    return opt.real("tau", value, low=0.0, low_open=True)
 
 
 def solve_ssca(problem, **options) -> Result:
@@ -79,15 +85,10 @@ def solve_ssca(problem, **options) -> Result:
     penalties = o.penalty
     bound_scale = np.maximum(1.0, np.abs(problem.bounds))
 
-    def stop_test(state, ev, grad_scale):
-        rep = kkt_report(state.w, ev, ProblemTerms(problem.objective is not None, problem.bounds,
-                                                   problem.deterministic),
-                         o.solver, grad_scale)
-        return rep.passed(o.feas_tol, o.kkt_tol), rep
-
     with Session(problem, algorithm, o, fp, lambda x0: algorithm.init(x0, penalties[0]),
                  penalty_of=(lambda s: s.penalty) if M else (lambda s: None),
-                 stop_test=stop_test) as session:
+                 kkt_test=lambda rep: rep.passed(o.feas_tol, o.kkt_tol),
+                 solver=o.solver) as session:
         runner, state = session.runner, session.state
         if not session.resumed:
             try:
