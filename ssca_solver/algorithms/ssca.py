@@ -93,6 +93,9 @@ class SSCA:
         self.num_samples = problem.data.num_samples
         self.sizes = problem.data.client_sizes
         self.M = problem.num_constraints
+        # lambda when the deterministic part is lambda |w|^2: its value and gradient without
+        # CVXPY, which the adaptive defaults need every round
+        self.ridge = problem.deterministic.norm2_coefficient()
         self.columns = {"rho": (), "gamma": (), "penalty": (), "slack": (self.M,),
                         "multipliers": (self.M,), "surrogate_value": (), "step_norm": (),
                         "retries": (), "inaccurate": (), "batch_size": (), "tau": (),
@@ -215,7 +218,9 @@ class SSCA:
                 return None
             total = c * gm if total is None else total + c * gm
         det = self.problem.deterministic
-        if det.smooth and not det.empty:
+        if self.ridge is not None:
+            total = total + 2.0 * self.ridge * w
+        elif det.smooth:
             total = total + det.grad(w)
         return total
 
@@ -223,7 +228,9 @@ class SSCA:
         """F_0 + R + c sum (F_m - U_m)_+ at w from full-batch statistics taken at w."""
         values = [b.evaluate(st, w) for b, st in zip(self.builders, stats)]
         k = 1 if self.problem.objective is not None else 0
-        obj = (values[0] if k else 0.0) + self.problem.deterministic.value(w)
+        det = (self.ridge * float(w @ w) if self.ridge is not None
+               else self.problem.deterministic.value(w))
+        obj = (values[0] if k else 0.0) + det
         excess = np.maximum(np.asarray(values[k:]) - self.problem.bounds, 0.0)
         return float(obj + penalty * np.sum(excess))
 
