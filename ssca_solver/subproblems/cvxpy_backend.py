@@ -38,6 +38,13 @@ DPP_MAX_DIM = 4096
 
 _CLARABEL_FALLBACKS = [{"static_regularization_enable": False}, {"equilibrate_enable": False}]
 
+#: Clarabel's tolerances for Problem 5 unless the user's ``solver_options`` set them. Clarabel's
+#: defaults (1e-8 gap, 1e-8 feasibility, relative to its scaled data) left the subproblem of the
+#: box-domain Neyman-Pearson example accurate to ~1e-5 in w: the full-batch backtracking then
+#: rejected most steps and the run stalled at relative stationarity 1.7e-4 > 1e-4 (issue 10).
+#: At 1e-9 the same run is certified (tests/test_examples.py).
+CLARABEL_TOLERANCES = {"tol_gap_abs": 1e-9, "tol_gap_rel": 1e-9, "tol_feas": 1e-9}
+
 
 def _parameter(spec, m: int) -> cp.Parameter:
     return cp.Parameter(spec.shape, nonneg=spec.nonneg, PSD=spec.psd, name=f"{spec.name}_{m}")
@@ -73,7 +80,8 @@ class CvxpySubproblem:
         # CVXPY's warm start hands Clarabel new data through solver.update(), which keeps the
         # first round's equilibration; later rounds then failed with "InsufficientProgress"
         # where a fresh Clarabel solve succeeds. Clarabel has no iterate warm start to lose.
-        self.solver_options = {"warm_start": False, **(solver_options or {})}
+        tight = CLARABEL_TOLERANCES if solver.upper() == "CLARABEL" else {}
+        self.solver_options = {"warm_start": False, **tight, **(solver_options or {})}
         self.num_constraints = len(bounds)
         self._builders = tuple(builders)
         self._stochastic_objective = stochastic_objective
