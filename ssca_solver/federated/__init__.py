@@ -6,11 +6,12 @@ registered (:mod:`ssca_solver.algorithms`) and brings the replies back; it knows
 """
 
 from .client import Client, TaskHandler, build_clients
-from .messages import Reply, Request, array
+from .messages import AGGREGATE, Dropout, Reply, Request, array
 from .registry import make_transport, register_transport, transport_names
 from .transports import (DEFAULT_CLIENT_TIMEOUT, InProcessTransport, ProcessTransport,
                          Transport)
 
-__all__ = ["Client", "TaskHandler", "build_clients", "Reply", "Request", "array",
+__all__ = ["Client", "TaskHandler", "build_clients", "AGGREGATE", "Dropout", "Reply", "Request",
+           "array",
            "DEFAULT_CLIENT_TIMEOUT", "InProcessTransport", "ProcessTransport", "Transport",
            "make_transport", "register_transport", "transport_names"]

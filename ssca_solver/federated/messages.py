@@ -1,9 +1,12 @@
 """What crosses the federated line: a request down, a reply up. Both are plain data.
 
 A :class:`Request` names a *task* (a string an algorithm registered, e.g. ``"ssca.round"``), the
-round, the point w_t and a few scalar settings; a :class:`Reply` carries named arrays (sums over
-the client's batch) and the counts the server needs to weight them. Nothing else crosses, so the
-same messages travel through a pipe, over a network framework, or through secure aggregation.
+round, the point w_t, a few scalar settings and optional extra arrays; a :class:`Reply` carries
+named arrays (sums over the client's batch) and the counts the server needs to weight them. A
+transport asked to tolerate failures yields a :class:`Dropout` in place of the reply of a client
+that raised, died or timed out. Nothing else crosses, so the same messages travel through a
+pipe, over a network framework, or through secure aggregation (whose key advertisements, masked
+sums and recovery shares are ordinary requests and replies, :mod:`ssca_solver.federated.secagg`).
 """
 
 from __future__ import annotations
@@ -25,22 +28,33 @@ class Request:
       round: t, the round being run (0 for evaluations outside the rounds).
       w: the point w_t, shape (d,). Clients receive it read-only.
       config: scalar settings of the task (batch size, step size, ...), plain Python scalars.
+      arrays: extra named arrays sent down with w (e.g. the participants' public keys of
+        secure aggregation); empty for the algorithms' own tasks. Plain NumPy arrays of any
+        numeric dtype.
     """
 
     task: str
     round: int
     w: np.ndarray
     config: Mapping[str, Scalar] = field(default_factory=dict)
+    arrays: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def num_floats(self) -> int:
-        """Floats sent down to one client: w (the few scalars of ``config`` are not counted)."""
-        return int(np.size(self.w))
+        """8-byte words sent down to one client: w and ``arrays`` (see :func:`words`; the few
+        scalars of ``config`` are not counted)."""
+        return int(np.size(self.w)) + sum(words(v) for v in self.arrays.values())
 
     def read_only(self) -> "Request":
-        """The request with its own read-only copy of w (one broadcast copy for all clients)."""
+        """The request with its own read-only copies of w and ``arrays`` (one broadcast copy
+        for all clients)."""
         w = np.array(self.w, dtype=float)
         w.flags.writeable = False
-        return replace(self, w=w)
+        arrays = {}
+        for k, v in self.arrays.items():
+            a = np.array(v)
+            a.flags.writeable = False
+            arrays[k] = a
+        return replace(self, w=w, arrays=arrays)
 
 
 @dataclass(frozen=True)
@@ -52,7 +66,12 @@ class Reply:
       task, round: those of the request answered.
       num_rows: N_i, the rows the client holds.
       batch_size: the rows the sums in ``arrays`` run over (N_i for a full batch).
-      arrays: named arrays; what they mean is the task's business.
+      arrays: named arrays; what they mean is the task's business. Float arrays as a rule;
+        secure aggregation's masked fixed-point sums are uint64, its keys and shares uint8.
+      weight: a factor the *server* applies on top of the reply's usual weight
+        N_i / (B_i N) (the inverse inclusion probability of partial participation times the
+        renormalisation over the clients who answered; 1 when every client takes part).
+        Clients never set it.
     """
 
     client: int
@@ -61,10 +80,52 @@ class Reply:
     num_rows: int
     batch_size: int
     arrays: Mapping[str, np.ndarray]
+    weight: float = 1.0
 
     def num_floats(self) -> int:
-        """Floats sent up: the total size of ``arrays``."""
-        return int(sum(np.size(v) for v in self.arrays.values()))
+        """8-byte words sent up: the total size of ``arrays`` (see :func:`words`)."""
+        return int(sum(words(v) for v in self.arrays.values()))
+
+
+#: The ``client`` of a reply that is the secure sum of several clients' replies.
+AGGREGATE = -1
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """In place of a reply: client ``client`` did not answer ``task`` at ``round``.
+
+    Yielded by a transport's ``stream(..., tolerate_failures=True)`` for a client that raised,
+    whose process died or that did not answer within its timeout; the transport stays usable.
+
+    Attributes:
+      client: the client's index i.
+      task, round: those of the request not answered.
+      error: what happened: the exception's type name and message, or the transport's words.
+    """
+
+    client: int
+    task: str
+    round: int
+    error: str
+
+
+def words(value) -> int:
+    """The size of an array in 8-byte words: its number of elements, except byte arrays
+    (uint8/int8/bool, e.g. keys and encrypted shares), counted as ceil(bytes / 8)."""
+    a = np.asarray(value)
+    if a.dtype.itemsize == 1:
+        return -(-a.nbytes // 8)
+    return int(a.size)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"TypeName: message"`` of an exception, for a :class:`Dropout`."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<str() failed>"
+    return f"{type(exc).__name__}: {text}"
 
 
 def array(reply: Reply, name: str) -> np.ndarray:

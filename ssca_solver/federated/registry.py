@@ -18,9 +18,12 @@ def register_transport(name: str, factory: Callable[[Sequence[Client], Optional[
                                                     Transport]) -> None:
     """Make ``solve(transport=name)`` use ``factory(clients, client_timeout)``.
 
-    The transport must yield each client's reply in client order, hand clients a read-only w
-    (``request.read_only()``), raise :class:`~ssca_solver.errors.ClientError` for a client
-    that fails, and stop everything it started in ``close`` (see docs/architecture.md).
+    The transport's ``stream(request, participants=None, tolerate_failures=False)`` must yield
+    the replies of ``participants`` (None: every client) in that order, hand clients a
+    read-only w and arrays (``request.read_only()``), raise
+    :class:`~ssca_solver.errors.ClientError` (or the client's own exception) for a client that
+    fails, or with ``tolerate_failures`` yield a :class:`~ssca_solver.federated.Dropout` for it
+    and stay usable; and stop everything it started in ``close`` (see docs/architecture.md).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"a transport name must be a non-empty string, got {name!r}")

@@ -1,4 +1,11 @@
-"""Transports carry one request to every client and bring the replies back, in client order.
+"""Transports carry one request to the clients and bring the replies back, in their order.
+
+``stream(request, participants=None, tolerate_failures=False)`` sends the request to the clients
+``participants`` (a sequence of client indices; None: every client, in index order) and yields
+their replies in that order. With ``tolerate_failures=True`` a client that raised, died or timed
+out yields a :class:`~ssca_solver.federated.messages.Dropout` in place of its reply and the
+transport stays usable (a forked client is restarted: clients are stateless between rounds);
+with False (the default) such a client ends the stream with an exception, as below.
 
 * :class:`InProcessTransport`: clients in this process, run one after the other when the server
   asks for their reply.
@@ -27,32 +34,39 @@ import struct
 import time
 import traceback
 import weakref
+
+import numpy as np
 from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence, Union
 
 from ..errors import ClientError
 from .client import Client
-from .messages import Reply, Request
+from .messages import Dropout, Reply, Request, describe_error
 
 #: Default seconds a client process may take to answer one request (option ``client_timeout``).
 DEFAULT_CLIENT_TIMEOUT = 600.0
 
 
 class Transport:
-    """Carries a request to every client; ``stream`` yields replies one by one in client order.
+    """Carries a request to the clients; ``stream`` yields replies one by one in their order.
 
-    ``exchange`` is ``list(stream(request))``. The server's round consumes ``stream``, adding
+    ``stream(request, participants=None, tolerate_failures=False)``: ``participants`` is a
+    sequence of distinct client indices (None: every client, in index order); with
+    ``tolerate_failures`` a client that fails yields a :class:`Dropout` instead of raising.
+    ``exchange`` is ``list(stream(...))``. The server's round consumes ``stream``, adding
     replies to its statistics as they come, so it never holds more than a bounded number.
     """
 
     num_clients: int = 0
 
-    def stream(self, request: Request) -> Iterator[Reply]:
+    def stream(self, request: Request, participants: Optional[Sequence[int]] = None,
+               tolerate_failures: bool = False) -> Iterator[Union[Reply, Dropout]]:
         raise NotImplementedError
 
-    def exchange(self, request: Request) -> list[Reply]:
-        return list(self.stream(request))
+    def exchange(self, request: Request, participants: Optional[Sequence[int]] = None,
+                 tolerate_failures: bool = False) -> list[Union[Reply, Dropout]]:
+        return list(self.stream(request, participants, tolerate_failures))
 
     def close(self) -> None:
         pass
@@ -62,6 +76,22 @@ class Transport:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def participant_order(participants: Optional[Sequence[int]], num_clients: int) -> list[int]:
+    """``participants`` as a list of distinct client indices in 0..num_clients-1 (None: all)."""
+    if participants is None:
+        return list(range(num_clients))
+    order = []
+    for i in participants:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) \
+                or not 0 <= int(i) < num_clients:
+            raise ValueError(f"participants must be client indices in 0..{num_clients - 1}, "
+                             f"got {i!r}")
+        order.append(int(i))
+    if len(set(order)) != len(order):
+        raise ValueError(f"participants must be distinct, got {list(order)}")
+    return order
 
 
 class InProcessTransport(Transport):
@@ -77,10 +107,18 @@ class InProcessTransport(Transport):
         self._clients = tuple(clients)
         self.num_clients = len(self._clients)
 
-    def stream(self, request):
+    def stream(self, request, participants=None, tolerate_failures=False):
+        order = participant_order(participants, self.num_clients)
         request = request.read_only()
-        for c in self._clients:
-            yield c.handle(request)
+        for i in order:
+            if not tolerate_failures:
+                yield self._clients[i].handle(request)
+                continue
+            try:
+                reply = self._clients[i].handle(request)
+            except Exception as exc:       # Ctrl-C and the like are not a client's failure
+                reply = Dropout(i, request.task, request.round, describe_error(exc))
+            yield reply
 
 
 # -- forked clients ---------------------------------------------------------------------------
@@ -159,6 +197,8 @@ def _client_loop(conn, client: Client) -> None:
         if request is None:
             break
         request.w.flags.writeable = False      # as with InProcessTransport: w is read-only
+        for a in request.arrays.values():
+            a.flags.writeable = False
         try:
             reply = ("ok", client.handle(request))
         except BaseException as exc:  # travels to the server and is raised there
@@ -301,12 +341,17 @@ class ProcessTransport(Transport):
         reading the reply as well.
 
     Uses the ``fork`` start method (Linux, macOS), so user functions need not be picklable.
+    With ``stream(..., tolerate_failures=True)`` a client that raised yields a Dropout (its
+    process goes on), and a client that died or did not answer in time yields a Dropout and is
+    replaced by a fresh process forked from this one (its rows and seed are the same, and
+    clients keep no state between rounds that the server relies on).
     """
 
     def __init__(self, clients: Sequence[Client], timeout: Optional[float] = DEFAULT_CLIENT_TIMEOUT):
-        ctx = mp.get_context("fork")
+        self._ctx = mp.get_context("fork")
         self.timeout = timeout
-        self.num_clients = len(clients)
+        self._clients = tuple(clients)
+        self.num_clients = len(self._clients)
         self._broken = None
         self._pool = pool = _Pool()
         self._conns, self._procs = pool.conns, pool.procs
@@ -314,22 +359,46 @@ class ProcessTransport(Transport):
         self._finalizer = weakref.finalize(self, _stop, pool)
         self._finalizer.atexit = False         # _stop_all does it, before multiprocessing's hook
         try:
-            for c in clients:
-                parent, child = ctx.Pipe()
-                pool.conns.append(parent)      # in the pool before the fork: the child closes it
-                p = ctx.Process(target=_client_loop, args=(child, c), daemon=True,
-                                name=f"ssca-client-{c.index}")
-                p.start()
-                child.close()
-                os.set_blocking(parent.fileno(), False)
-                pool.procs.append(p)
+            for i in range(self.num_clients):
+                self._spawn(i)
         except BaseException:
             _stop(pool)
             raise
 
+    def _spawn(self, i: int) -> None:
+        """Fork client i's process (appended, or in place of a dead one)."""
+        pool, c = self._pool, self._clients[i]
+        parent, child = self._ctx.Pipe()
+        if i < len(pool.conns):
+            pool.conns[i] = parent
+        else:
+            pool.conns.append(parent)          # in the pool before the fork: the child closes it
+        p = self._ctx.Process(target=_client_loop, args=(child, c), daemon=True,
+                              name=f"ssca-client-{c.index}")
+        try:
+            p.start()
+        finally:
+            child.close()
+        os.set_blocking(parent.fileno(), False)
+        if i < len(pool.procs):
+            pool.procs[i] = p
+        else:
+            pool.procs.append(p)
+
+    def _restart(self, i: int) -> None:
+        """Kill client i's process (no grace: it failed) and fork a fresh one; its pipe, which
+        may hold a late answer, goes with it."""
+        p, conn = self._procs[i], self._conns[i]
+        with contextlib.suppress(Exception):
+            p.kill()
+        p.join(timeout=5)
+        with contextlib.suppress(OSError):
+            conn.close()
+        self._spawn(i)
+
     @property
     def pids(self) -> list[int]:
-        """The client processes' PIDs, in client order."""
+        """The client processes' PIDs, in client order (a restarted client has a new one)."""
         return [p.pid for p in self._procs]
 
     def _deadline(self) -> Optional[float]:
@@ -340,7 +409,12 @@ class ProcessTransport(Transport):
         return request.round if request.task != "evaluate" else "evaluation"
 
     def _fail(self, i: int, request: Request, cause: str, tb: Optional[str] = None,
-              kill: bool = False):
+              kill: bool = False, tolerate: bool = False):
+        """The failure of client i: with ``tolerate``, restart it and return a Dropout; else
+        close the transport and return the ClientError to raise."""
+        if tolerate:
+            self._restart(i)
+            return Dropout(i, request.task, request.round, f"ClientError: {cause}")
         err = ClientError(i, self._where(request), cause, tb)
         self._broken = f"after a client failure: {err}"
         if kill:                              # it does not answer: no grace
@@ -365,27 +439,33 @@ class ProcessTransport(Transport):
         return (f"{what} within client_timeout={self.timeout:g} s (process pid {p.pid} is "
                 f"{_process_state(p)})")
 
-    def _receive(self, i: int, request: Request):
-        """("ok", reply) or ("error", description) from client i; ClientError (the transport is
-        closed) when it does not answer in time or its process died."""
+    def _receive(self, i: int, request: Request, tolerate: bool = False):
+        """("ok", reply) or ("error", description) from client i. When it does not answer in
+        time or its process died: ("dropout", Dropout) with ``tolerate`` (client i restarted),
+        else ClientError (the transport is closed)."""
         conn, proc = self._conns[i], self._procs[i]
         deadline = self._deadline()
+
+        def fail(cause, kill=False):
+            out = self._fail(i, request, cause, kill=kill, tolerate=tolerate)
+            if tolerate:
+                return "dropout", out
+            raise out
+
         ready = wait([conn, proc.sentinel], timeout=_left(deadline))
         if not ready:
-            raise self._fail(i, request, self._late(i, "no answer"), kill=True)
+            return fail(self._late(i, "no answer"), kill=True)
         if conn not in ready and not conn.poll(0):
-            raise self._fail(i, request, "the client process died: " + self._dead(i))
+            return fail("the client process died: " + self._dead(i))
         try:
             return _recv(conn, deadline)
         except _Late:
-            raise self._fail(i, request, self._late(i, "its answer did not arrive whole"),
-                             kill=True) from None
+            return fail(self._late(i, "its answer did not arrive whole"), kill=True)
         except (EOFError, OSError) as exc:
-            raise self._fail(i, request, "the client process died: " + self._dead(i)
-                             + f" ({type(exc).__name__})") from None
+            return fail("the client process died: " + self._dead(i)
+                        + f" ({type(exc).__name__})")
         except Exception as exc:
-            raise self._fail(i, request, f"its answer could not be read ({type(exc).__name__}: "
-                             f"{exc})") from None
+            return fail(f"its answer could not be read ({type(exc).__name__}: {exc})")
 
     def _abandon(self, i: int, request: Request, why: Optional[BaseException]) -> None:
         """Close the transport: client i's reply, unread, must never answer a later request."""
@@ -395,50 +475,71 @@ class ProcessTransport(Transport):
                         f"to {where} unread")
         self.close()
 
-    def _drain(self, start: int, request: Request) -> None:
-        """Read and drop the replies of clients start, start + 1, ... (each within timeout)."""
-        for j in range(start, len(self._conns)):
+    def _drain(self, pending: Sequence[int], request: Request, tolerate: bool) -> None:
+        """Read and drop the replies of the clients ``pending`` (each within timeout)."""
+        for j in pending:
             try:
-                self._receive(j, request)
+                self._receive(j, request, tolerate)
             except ClientError:          # the transport is closed now, and says why
                 return
             except BaseException as exc:
                 self._abandon(j, request, exc)
                 raise
 
-    def stream(self, request):
+    def _send(self, i: int, message, request: Request, tolerate: bool):
+        """Write the framed request to client i: None, or a Dropout (``tolerate``)."""
+        try:
+            _write(self._conns[i].fileno(), message, self._deadline())
+        except _Late:
+            out = self._fail(i, request, self._late(i, "the request could not be sent"),
+                             kill=True, tolerate=tolerate)
+        except (OSError, ValueError) as exc:
+            out = self._fail(i, request, "cannot send to the client: " + self._dead(i)
+                             + f" ({type(exc).__name__})", tolerate=tolerate)
+        except BaseException as exc:     # e.g. Ctrl-C: the request may be half written
+            self._abandon(i, request, exc)
+            raise
+        else:
+            return None
+        if tolerate:
+            return out
+        raise out from None
+
+    def stream(self, request, participants=None, tolerate_failures=False):
         if self._broken is not None:
             raise RuntimeError(f"this transport was closed {self._broken}")
         if not self._procs:
             raise RuntimeError("this transport is closed")
+        order = participant_order(participants, self.num_clients)
+        tolerate = bool(tolerate_failures)
         message = _frame(ForkingPickler.dumps(request))     # pickled once for every client
-        for i, conn in enumerate(self._conns):
-            try:
-                _write(conn.fileno(), message, self._deadline())
-            except _Late:
-                raise self._fail(i, request, self._late(i, "the request could not be sent"),
-                                 kill=True) from None
-            except (OSError, ValueError) as exc:
-                raise self._fail(i, request, "cannot send to the client: " + self._dead(i)
-                                 + f" ({type(exc).__name__})") from None
-            except BaseException as exc:     # e.g. Ctrl-C: the request may be half written
-                self._abandon(i, request, exc)
-                raise
-        n = len(self._conns)
-        read = 0            # replies read so far
+        unsent = {}         # client -> its Dropout when the request could not be sent
+        for i in order:
+            out = self._send(i, message, request, tolerate)
+            if out is not None:
+                unsent[i] = out
+        n = len(order)
+        read = 0            # positions in `order` handled so far
         clean = False       # whether the replies not read yet may be drained (else: close)
         why = None
         try:
-            for i in range(n):
-                kind, payload = self._receive(i, request)
-                read, clean = i + 1, True
+            for k, i in enumerate(order):
+                if i in unsent:
+                    kind, payload = "dropout", unsent[i]
+                else:
+                    kind, payload = self._receive(i, request, tolerate)
+                read, clean = k + 1, True
                 if kind == "error":
                     name, text, tb, exc = payload
-                    if exc is None:
+                    if tolerate:
+                        payload = Dropout(i, request.task, request.round,
+                                          f"{name.rsplit('.', 1)[-1]}: {text}")
+                    elif exc is None:
                         raise self._fail(i, request, f"raised {name}: {text} (the exception "
                                          "could not be sent back as itself)", tb)
-                    raise exc from _RemoteTraceback(
-                        f"raised in client {i}, round {request.round}:\n{tb}")
+                    else:
+                        raise exc from _RemoteTraceback(
+                            f"raised in client {i}, round {request.round}:\n{tb}")
                 yield payload         # the consumer may leave here (GeneratorExit): drain
                 clean = False
         except BaseException as exc:
@@ -447,10 +548,11 @@ class ProcessTransport(Transport):
         finally:
             # a reply left in a pipe would be read as the answer to the next request
             if read < n and self._procs and self._broken is None:
+                pending = [j for j in order[read:] if j not in unsent]
                 if clean:
-                    self._drain(read, request)
-                else:             # e.g. Ctrl-C while waiting for reply `read`
-                    self._abandon(read, request, why)
+                    self._drain(pending, request, tolerate)
+                elif pending:     # e.g. Ctrl-C while waiting for reply `read`
+                    self._abandon(order[read], request, why)
 
     def close(self):
         if self._pool.procs or self._pool.conns:
