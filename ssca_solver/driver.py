@@ -60,6 +60,9 @@ class SSCAState(NamedTuple):
       prev_w, prev_stats: the point and full-data statistics of the last accepted step, from
         which a rejected step is retried with a larger tau (full batches).
       rejects: steps rejected in a row (full batches).
+      metric: the diagonal metrics D_m (one row per stochastic function) that replace the
+        proximal term tau |w - w_t|^2 by tau (w - w_t)' diag(D_m) (w - w_t) (adaptive defaults
+        on the closed-form path; empty: the scalar curvature of the paper).
     """
 
     t: int
@@ -75,6 +78,7 @@ class SSCAState(NamedTuple):
     prev_w: np.ndarray = np.zeros(0)
     prev_stats: tuple = ()
     rejects: int = 0
+    metric: np.ndarray = np.zeros((0, 0))
 
 
 class StepInfo(NamedTuple):

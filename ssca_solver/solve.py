@@ -94,7 +94,8 @@ def solve_ssca(problem, **options) -> Result:
             try:
                 if o.check_gradients or o.tau == "auto":
                     tau0 = algorithm.probe(runner.exchange, state.w)
-                    state = algorithm.init(state.w, penalties[0], tau0)
+                    metric = algorithm.measure_metric(runner.exchange, state.w)
+                    state = algorithm.init(state.w, penalties[0], tau0, metric)
                 if o.eval_every:
                     session.measure_scale(state.w)
             except BaseException as exc:     # before round 1: the start is the last good state

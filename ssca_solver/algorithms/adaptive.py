@@ -39,6 +39,9 @@ TAU_UP, TAU_DOWN = 2.0, 0.9
 MAX_REJECTS = 8         # rejected steps in a row after which the point is settled
 MERIT_RTOL = {"closed_form": 1e-12, "cvxpy": 1e-7}   # merit increases below this are rounding
 PROBE_TASK = "ssca.probe"
+METRIC_TASK = "ssca.metric"
+METRIC_ROWS = 64        # rows per client whose per-sample gradients give the diagonal metric
+METRIC_SPREAD = 1e6     # a diagonal metric when the curvature estimates span more than this
 NOISE = "noise:"        # prefix of the per-function noise numbers in a reply
 
 
@@ -73,6 +76,56 @@ class ProbeTask:
             arrays[f"probe:{m}"] = np.array([norm, (up - down) / (2 * h), float(v.mean()),
                                              float(np.linalg.norm(g2 - g)) / h])
         return client.reply(request, arrays, batch_size=b)
+
+
+class MetricTask:
+    """Client side of the diagonal metric: per function m, the sum over up to METRIC_ROWS rows
+    (the batch of round 0, draw 1) of the squared per-sample gradients, ``"metric:m"`` (d,),
+    a Gauss-Newton (empirical Fisher) estimate of the diagonal of F_m's Hessian up to a factor."""
+
+    def __init__(self, functions):
+        self.functions = tuple(functions)
+
+    def __call__(self, client, request):
+        X, y, b = client.batch(0, min(METRIC_ROWS, client.num_rows), draw=1)
+        w = request.w
+        where = f"client {client.index}, before round 1 (diagonal metric)"
+        arrays = {}
+        for m, fn in enumerate(self.functions):
+            acc = np.zeros(w.size)
+            for i in range(X.shape[0]):
+                g = checked_grad(fn, w, X[i:i + 1], None if y is None else y[i:i + 1],
+                                 w.size, where)
+                acc += g * g
+            arrays[f"metric:{m}"] = acc
+        return client.reply(request, arrays, batch_size=b)
+
+
+def diagonal_metric(replies, num_functions: int, num_samples: int) -> np.ndarray:
+    """The diagonal metrics D_m (rows of a (K, d) array, each scaled to max 1) from the replies
+    to :class:`MetricTask`, or an empty array when every function's estimates span at most
+    METRIC_SPREAD (one scalar curvature then serves). Coordinates whose estimate is 0 (no
+    sample moved them) get D = 1, the largest curvature: short, safe steps along them."""
+    rows = []
+    for m in range(num_functions):
+        total = None
+        for r in replies:
+            v = (r.num_rows / (r.batch_size * num_samples)) * np.asarray(r.arrays[f"metric:{m}"])
+            total = v if total is None else total + v
+        rows.append(total)
+    D = np.vstack(rows)
+    spread = 1.0
+    for m in range(num_functions):
+        top = np.max(D[m])
+        positive = D[m][D[m] > 0]
+        if top > 0 and np.all(np.isfinite(D[m])):
+            spread = max(spread, top / np.min(positive))
+    if not spread > METRIC_SPREAD:
+        return np.zeros((0, 0))
+    for m in range(num_functions):
+        top = np.max(D[m])
+        D[m] = np.where(D[m] > 0, D[m] / top, 1.0) if top > 0 else 1.0
+    return D
 
 
 def split_statistics(builder, fn, w, X, y, tau: float, where: str):

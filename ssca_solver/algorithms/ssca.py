@@ -86,6 +86,11 @@ class SSCA:
         self.auto_tau = tau == "auto"
         self.tau = 0.1 if self.auto_tau else float(tau)
         self.adapt_tau = self.auto_tau and ad.adaptable(self.builders)
+        # a diagonal curvature where the data's scales differ: the server swaps the proximal
+        # term of each round's (unit-step) statistics for a diagonal one; closed form only
+        self.metric_ok = (bool(unit_steps) and self.adapt_tau and hasattr(subproblem,
+                                                                           "with_metric")
+                          and (self.auto_batch or batch_size is None))
         self.rho, self.gamma = rho, gamma
         self.surrogate_init = surrogate_init
         self.check_gradients = bool(check_gradients)
@@ -104,13 +109,31 @@ class SSCA:
     # -- protocol ----------------------------------------------------------------------------------
     def tasks(self) -> Mapping:
         return {TASK: SSCARoundTask(self.problem.functions, self.builders),
-                ad.PROBE_TASK: ad.ProbeTask(self.problem.functions)}
+                ad.PROBE_TASK: ad.ProbeTask(self.problem.functions),
+                ad.METRIC_TASK: ad.MetricTask(self.problem.functions)}
 
-    def init(self, x0: np.ndarray, penalty: float = 0.0, tau: Optional[float] = None):
+    def init(self, x0: np.ndarray, penalty: float = 0.0, tau: Optional[float] = None,
+             metric: Optional[np.ndarray] = None):
         tau = self.tau if tau is None else float(tau)
         state = driver.init(x0, self.builders, tau, self.surrogate_init, self.M, penalty)
         batch = min(ad.START_BATCH, max(self.sizes)) if self.auto_batch else 0
-        return state._replace(batch=batch, tau=tau)
+        state = state._replace(batch=batch, tau=tau)
+        return state if metric is None else state._replace(metric=np.asarray(metric))
+
+    def measure_metric(self, exchange, x0: np.ndarray) -> Optional[np.ndarray]:
+        """The diagonal metric of the adaptive defaults (:func:`adaptive.diagonal_metric`), from
+        squared per-sample gradients at x0; None when it does not apply or one scalar
+        curvature serves."""
+        if not self.metric_ok:
+            return None
+        replies = exchange(Request(ad.METRIC_TASK, 0, x0, {}))
+        D = ad.diagonal_metric(replies, len(self.problem.functions), self.num_samples)
+        return D if D.size else None
+
+    def _solver(self, state, center):
+        if state.metric.size:
+            return self.subproblem.with_metric(state.metric, center)
+        return self.subproblem
 
     @staticmethod
     def with_penalty(state: driver.SSCAState, penalty: float) -> driver.SSCAState:
@@ -170,7 +193,8 @@ class SSCA:
         stats = driver.average_with_messages(state.stats, replies, self.num_samples, r)
         if full and self.adapt_tau and self.unit_steps:
             return self._backtracking_step(state, stats)
-        new, info = driver.move(state, stats, r, g, self.subproblem)
+        solver = self._solver(state, state.w) if r == 1.0 else self.subproblem
+        new, info = driver.move(state, stats, r, g, solver)
         ratio = 0.0
         if self.auto_batch and not full:
             new, ratio = self._adapt_batch(new, state.w, stats, noise, info.solution)
@@ -248,7 +272,7 @@ class SSCA:
             k, base_w, base, base_merit = ad.TAU_DOWN, state.w, stats, merit
         scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
         start = state._replace(w=base_w)
-        new, info = driver.move(start, scaled, 1.0, 1.0, self.subproblem)
+        new, info = driver.move(start, scaled, 1.0, 1.0, self._solver(state, base_w))
         new = new._replace(tau=self._tau(state) * k, merit=base_merit, prev_w=base_w.copy(),
                            prev_stats=scaled, rejects=state.rejects + 1 if worse else 0)
         return new, _Info(info, None, self._tau(state) * k, 0.0, int(bool(worse)))
@@ -287,7 +311,7 @@ class SSCA:
                "nu": state.nu, "batch": np.asarray(state.batch), "tau": np.asarray(state.tau),
                "noise": np.asarray(state.noise), "since": np.asarray(state.since),
                "merit": np.asarray(state.merit), "prev_w": state.prev_w,
-               "rejects": np.asarray(state.rejects)}
+               "rejects": np.asarray(state.rejects), "metric": state.metric}
         for name, group in (("stats", state.stats), ("prev_stats", state.prev_stats)):
             for m, st in enumerate(group):
                 for k, v in st.items():
@@ -316,7 +340,8 @@ class SSCA:
             int(arrays["batch"]), float(arrays["tau"]), float(arrays["noise"]),
             int(arrays["since"]), float(arrays["merit"]),
             np.array(arrays["prev_w"], dtype=float), group("prev_stats", False),
-            int(arrays["rejects"]))
+            int(arrays["rejects"]),
+            np.array(arrays["metric"], dtype=float) if "metric" in arrays else np.zeros((0, 0)))
 
 
 class _Info:

@@ -366,3 +366,48 @@ class ClosedFormSubproblem:
         # rounding (iteration limit, stalled line search) is reported as an inaccurate solve
         sol.inaccurate = sol.residual > self.INACCURATE * (1.0 + penalty)
         return sol
+
+    def with_metric(self, metric: np.ndarray, center: np.ndarray) -> "MetricClosedForm":
+        """This solver for statistics whose proximal term tau |w - x|^2 is to be replaced by
+        tau (w - x)' diag(metric_m) (w - x), x = ``center`` (see :class:`MetricClosedForm`)."""
+        return MetricClosedForm(self, metric, center)
+
+    def solve_metric(self, stats, penalty: float, metric: np.ndarray, center: np.ndarray,
+                     nu0=None) -> SubproblemSolution:
+        """Problem 5 with each surrogate's scalar curvature a_m made the vector a_m D_m.
+
+        The statistics are proximal-linear ones taken at x = ``center`` (a |w|^2 + b.w + c with
+        a the curvature, b = g - 2 a x, c = f - g.x + a |x|^2); swapping the proximal term for
+        a (w - x)' diag(D_m) (w - x) keeps the value and gradient at x and gives
+        a D_m, b + 2 a (1 - D_m) x, c + a x'((D_m - 1) x): solved by
+        :func:`solve_closed_form_diag`."""
+        forms = []
+        for b, s, D in zip(self.builders, stats, metric):
+            a, lin, const = b.quadratic_form(s)
+            Dx = D * center
+            forms.append((a * D, lin + 2.0 * a * (center - Dx),
+                          const + a * float(center @ Dx - center @ center)))
+        if self.k:
+            a0, b0, c0 = forms[0]
+            a0 = a0 + self.ridge
+        else:
+            a0, b0, c0 = np.full(self.dim, self.ridge), None, 0.0
+        cons = forms[self.k:]
+        sol = solve_closed_form_diag(a0, b0, c0, np.array([f[0] for f in cons]).reshape(
+            len(cons), self.dim), [f[1] for f in cons], np.array([f[2] for f in cons]),
+            self.bounds, penalty, nu0=nu0, max_iter=self.newton_max_iter)
+        sol.inaccurate = sol.residual > self.INACCURATE * (1.0 + penalty)
+        return sol
+
+
+class MetricClosedForm:
+    """A :class:`ClosedFormSubproblem` bound to a diagonal metric and the point the round's
+    statistics were taken at (the adaptive defaults' diagonal curvature; same contract)."""
+
+    name = "closed_form"
+
+    def __init__(self, base: ClosedFormSubproblem, metric: np.ndarray, center: np.ndarray):
+        self.base, self.metric, self.center = base, metric, center
+
+    def solve(self, stats, penalty: float, round: int, nu0=None) -> SubproblemSolution:
+        return self.base.solve_metric(stats, penalty, self.metric, self.center, nu0)

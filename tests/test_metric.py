@@ -1,0 +1,105 @@
+"""The diagonal metric of the default options (badly scaled features).
+
+The metric is the empirical-Fisher diagonal sum_n grad f(w, x_n)^2 over up to METRIC_ROWS rows
+per client, compared here with the same sum formed directly from the per-sample gradients of a
+least-squares loss; it is used only when the estimates span more than METRIC_SPREAD.
+"""
+
+import numpy as np
+import pytest
+
+import ssca_solver as ss
+from problems.neyman_pearson import neyman_pearson
+from ssca_solver.algorithms import adaptive as ad
+from ssca_solver.federated import build_clients
+from ssca_solver.federated.messages import Request
+
+
+def _least_squares():
+    def value(w, X, y):
+        return 0.5 * (X @ w - y) ** 2
+
+    def grad(w, X, y):
+        return X.T @ (X @ w - y) / X.shape[0]
+
+    return ss.SampleFunction(value, grad, name="ls")
+
+
+def _scaled_data(spread, seed=0, n=300, d=6):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * 10.0 ** np.linspace(-spread, spread, d)
+    y = rng.normal(size=n)
+    return ss.FederatedData.split(X, y, num_clients=3, seed=0)
+
+
+def test_metric_task_is_the_sum_of_squared_per_sample_gradients():
+    data = _scaled_data(1.0)
+    fn = _least_squares()
+    clients = build_clients(data, seed=5, tasks={ad.METRIC_TASK: ad.MetricTask([fn])})
+    w = np.linspace(-1, 1, 6)
+    for c in clients:
+        reply = c.handle(Request(ad.METRIC_TASK, 0, w, {}))
+        X, y, b = c.batch(0, min(ad.METRIC_ROWS, c.num_rows), draw=1)
+        r = X @ w - y
+        expected = np.sum((r[:, None] * X) ** 2, axis=0)
+        np.testing.assert_allclose(reply.arrays["metric:0"], expected, rtol=1e-12)
+        assert reply.batch_size == b == min(ad.METRIC_ROWS, c.num_rows)
+
+
+def test_diagonal_metric_only_when_the_scales_differ():
+    fn = _least_squares()
+    w = np.zeros(6)
+    for spread, used in [(1.0, False), (3.5, True)]:
+        data = _scaled_data(spread)
+        clients = build_clients(data, seed=1, tasks={ad.METRIC_TASK: ad.MetricTask([fn])})
+        replies = [c.handle(Request(ad.METRIC_TASK, 0, w, {})) for c in clients]
+        D = ad.diagonal_metric(replies, 1, data.num_samples)
+        assert (D.size > 0) == used
+        if used:
+            assert D.shape == (1, 6) and D.max() == 1.0
+            # the estimate follows the squared column scales (10^-7 .. 10^7: 14 decades)
+            ratio = D[0, 0] / D[0, -1]
+            assert 1e-16 < ratio < 1e-12
+
+
+def test_coordinates_no_sample_moves_get_the_largest_curvature():
+    rows = [type("R", (), {"num_rows": 10, "batch_size": 10,
+                           "arrays": {"metric:0": np.array([1e-9, 1.0, 0.0])}})()]
+    D = ad.diagonal_metric(rows, 1, 10)
+    np.testing.assert_array_equal(D, [[1e-9, 1.0, 1.0]])
+
+
+def _badly_scaled(cancer):
+    X, y = cancer
+    X = X.copy()
+    p = X.shape[1] - 1
+    X[:, :p] *= 10.0 ** (-3 + 6 * np.arange(p) / (p - 1))
+    return neyman_pearson(ss.FederatedData.split(X, y, num_clients=5, seed=0), 0.2, lam=1e-2)
+
+
+def test_badly_scaled_run_uses_the_metric_and_resumes_exactly(cancer, tmp_path):
+    prob = _badly_scaled(cancer)
+    opts = dict(seed=3, max_iter=60, eval_every=None)
+    full = prob.solve(**opts)
+    path = tmp_path / "m.ckpt"
+    first = prob.solve(checkpoint=path, callback=lambda it: it.t == 25, **opts)
+    assert first.status == "stopped"
+    resumed = prob.solve(resume=path, max_iter=60, eval_every=None)
+    np.testing.assert_array_equal(resumed.x, full.x)
+    with np.load(path) as ckpt:
+        assert ckpt["state/metric"].shape == (2, prob.dim)
+
+
+def test_no_metric_exchange_outside_the_unit_step_defaults(cancer, monkeypatch):
+    """The metric belongs to the unit-step defaults: with the user's rho and gamma (the
+    paper's schedules) the clients are never asked for it."""
+    def refuse(self, client, request):
+        raise RuntimeError("metric asked")
+
+    monkeypatch.setattr(ad.MetricTask, "__call__", refuse)
+    prob = _badly_scaled(cancer)
+    res = prob.solve(seed=0, batch_size=20, rho=ss.PowerStep(0.9, 0.6),
+                     gamma=ss.PowerStep(0.9, 0.7), max_iter=5, eval_every=None)
+    assert res.status == "max_iter"     # ran its rounds without asking for a metric
+    with pytest.raises(RuntimeError, match="metric asked"):
+        prob.solve(seed=0, max_iter=5, eval_every=None)
