@@ -261,6 +261,66 @@ class FedAvgOptions(RunOptions):
     momentum: float = 0.0
 
 
+@dataclass(frozen=True)
+class LagrangianOptions(RunOptions):
+    """Options shared by the constrained baselines ``method="primal_dual"`` and
+    ``method="augmented_lagrangian"`` (and :class:`RunOptions`); see docs/baselines.md.
+
+    Attributes:
+      max_iter: rounds. Default 500.
+      batch_size: B rows per local step ("full" for all rows). Default 10.
+      local_steps: E local SGD steps per round (E = 1: one stochastic gradient step per round,
+        FedSGD-style). Default 1.
+      lr: the primal learning rate r_t: a PowerStep(a, alpha) (a / t^alpha), a callable
+        t -> value > 0 or a number > 0. Default PowerStep(0.5, 0.3), FedAvg's.
+      multipliers0: the starting multipliers lambda_1 (M numbers >= 0). Default zeros.
+      feas_tol, kkt_tol: the full-data KKT stopping test, the same as method "ssca"'s (see
+        :class:`SSCAOptions`): the run stops, with status "converged", at the first evaluation
+        (every ``eval_every`` rounds) where it passes. Defaults 1e-4.
+      solver: CVXPY solver of the server's proximal step on the deterministic terms and domain
+        (used unless they are c |w|^2 without a domain) and of the KKT report. Default
+        "CLARABEL".
+    """
+
+    max_iter: int = 500
+    batch_size: Any = 10
+    local_steps: int = 1
+    lr: Any = field(default_factory=lambda: PowerStep(0.5, 0.3))
+    multipliers0: Any = None
+    feas_tol: float = 1e-4
+    kkt_tol: float = 1e-4
+    solver: str = "CLARABEL"
+
+
+@dataclass(frozen=True)
+class PrimalDualOptions(LagrangianOptions):
+    """Options of ``Problem.solve(method="primal_dual")`` (federated stochastic gradient
+    descent-ascent on the Lagrangian; and :class:`LagrangianOptions`).
+
+    Attributes:
+      dual_lr: eta_t of the projected dual ascent lambda <- max(0, lambda + eta_t (Fhat - U)):
+        a PowerStep, a callable t -> value > 0 or a number > 0. Default PowerStep(0.5, 0.3).
+    """
+
+    dual_lr: Any = field(default_factory=lambda: PowerStep(0.5, 0.3))
+
+
+@dataclass(frozen=True)
+class AugmentedLagrangianOptions(LagrangianOptions):
+    """Options of ``Problem.solve(method="augmented_lagrangian")`` (federated stochastic
+    augmented Lagrangian; and :class:`LagrangianOptions`).
+
+    Attributes:
+      rho: the penalty rho > 0 of L_rho, also the multiplier step
+        lambda <- max(0, lambda + rho (Fhat - U)). Default 1.0.
+      dual_every: K, rounds of primal steps between multiplier updates (1: every round, the
+        linearised augmented Lagrangian method). Default 1.
+    """
+
+    rho: float = 1.0
+    dual_every: int = 1
+
+
 def parse(cls, options: dict, method: str):
     """Build the options dataclass ``cls``, rejecting unknown names with a suggestion, and check
     the options every method shares."""

@@ -110,7 +110,8 @@ class Result:
       message: a sentence saying why.
       fun: full-data objective F_0(x) + deterministic terms.
       constraints: full-data F_m(x) - U_m, shape (M,) (<= 0 when feasible).
-      slack: the last round's slacks s (M,); ``penalty``: the c at which the solver stopped.
+      slack: the last round's slacks s (M,) (zeros for methods without slacks, such as
+        "primal_dual"); ``penalty``: the c at which the solver stopped.
       kkt: :class:`KKTReport` on the full data.
       history: :class:`History`.
       communication: :class:`Communication`.
@@ -127,7 +128,8 @@ class Result:
         or the closed form's dual iteration stopping above rounding) and ``parametrized``
         (CVXPY path: compiled once with Parameters, or rebuilt each round for d > 4096; None
         for the closed form).
-      extras: method-specific settings worth keeping with the result (e.g. FedAvg's E).
+      extras: method-specific settings worth keeping with the result (e.g. FedAvg's E; the
+        Lagrangian baselines' own multipliers lambda under ``"multipliers"``).
 
     ``success`` is True only when the method's own stopping test passed (status "converged").
     """
@@ -177,8 +179,12 @@ class Result:
             lines.append("constraints   (full data; F_m - U_m <= 0 is feasible)")
             names = self.constraint_names or tuple(f"#{m + 1}" for m in range(self.slack.size))
             for m, name in enumerate(names):
+                own = self.extras.get("multipliers")     # a Lagrangian method's lambda
                 lines.append(f"  {name:<28s} F-U = {self.constraints[m]: .4g}   "
-                             f"slack = {self.slack[m]:.3g}   mu = {k.multipliers[m]:.4g}")
+                             + (f"slack = {self.slack[m]:.3g}   " if self.stages else "")
+                             + f"mu = {k.multipliers[m]:.4g}"
+                             + (f"   method's lambda = {own[m]:.4g}" if own is not None
+                                else ""))
         si = self.solver_info
         if si.get("retries") or si.get("inaccurate_rounds"):
             lines.append(f"subproblem    {si.get('retries', 0)} retries with fallback settings, "
