@@ -98,8 +98,7 @@ def _solve(problem, options: dict, kind: str) -> Result:
                                                               problem.constraints),
                   extras={"multipliers": state.multipliers.copy(),
                           "local_steps": o.local_steps, "batch_size": o.batch_size,
-                          "server_prox": algorithm.prox is not None,
-                          "multiplier_floats_down_per_client_round": M, **settings})
+                          "server_prox": algorithm.prox is not None, **settings})
 
 
 def _status(reason, state, kkt, o, kind):

@@ -149,10 +149,11 @@ def test_mini_batches_on_the_process_transport_give_the_same_iterates(ls_ball):
     b = prob.solve(transport="process", **opts)
     np.testing.assert_array_equal(a.x, b.x)
     np.testing.assert_array_equal(a.history.multipliers, b.history.multipliers)
-    # d + M floats up per client and round; d down (the M weights travel in the config)
+    # d + M floats each way per client and round (the model and the constraint estimates up,
+    # the model and the weights mu down)
     assert a.communication.up_per_client_round == D + 1
-    assert a.communication.up_total == 6 * 4 * (D + 1)
-    assert a.extras["multiplier_floats_down_per_client_round"] == 1
+    assert a.communication.down_per_client_round == D + 1
+    assert a.communication.up_total == a.communication.down_total == 6 * 4 * (D + 1)
 
 
 def test_mini_batch_status_is_honest(ls_ball):

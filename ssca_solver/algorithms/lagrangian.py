@@ -63,18 +63,14 @@ TASK = "lagrangian.local_sgd"
 PRIMAL_DUAL, AUGMENTED = "primal_dual", "augmented_lagrangian"
 
 
-def multiplier_key(m: int) -> str:
-    """The config entry that carries lambda_m to the clients."""
-    return f"lambda:{m}"
-
-
 class LagrangianSGDTask:
     """Client side: ``config["steps"]`` local SGD steps on F_0 + sum_m mu_m F_m (+ c |w|^2)
     from w_t, with fixed weights mu_m for the round (primal-dual: lambda_m; augmented
     Lagrangian: max(0, lambda_m + rho (Fhat_m - U_m)), computed by the server).
 
-    Request config: ``batch_size`` (None: every row), ``steps`` (E), ``lr`` (r_t), ``ridge``
-    (c of an exact c |w|^2 term, added as 2 c w) and ``lambda:m`` (the weights mu_m). Replies
+    Request config: ``batch_size`` (None: every row), ``steps`` (E), ``lr`` (r_t) and ``ridge``
+    (c of an exact c |w|^2 term, added as 2 c w); request array ``weights``: mu (M floats,
+    counted with the downlink). Replies
     with the local model ``w`` (d floats) and ``constraints``, the batch values F_m(w_t; batch)
     at the point received, on the first local step's batch (M floats).
     """
@@ -87,7 +83,11 @@ class LagrangianSGDTask:
         cfg = request.config
         B, lr, ridge = optional_int(cfg.get("batch_size")), float(cfg["lr"]), float(cfg["ridge"])
         M = len(self.functions)
-        mu = [float(cfg[multiplier_key(m)]) for m in range(M)]
+        mu = ([float(v) for v in np.asarray(request.arrays["weights"]).reshape(-1)] if M
+              else [])
+        if len(mu) != M:
+            raise ValueError(f"client {client.index}: the request carries {len(mu)} weights "
+                             f"for {M} stochastic constraints")
         w = np.array(request.w, dtype=float)
         steps = int(cfg["steps"])
         estimate = np.zeros(M)
@@ -238,8 +238,8 @@ class Lagrangian:
         config = {"batch_size": self.batch_size, "steps": self.local_steps,
                   "lr": positive_value(self.lr, t, "lr"),
                   "ridge": self.ridge if self.ridge is not None else 0.0}
-        config.update({multiplier_key(m): float(v) for m, v in enumerate(self.weights(state))})
-        return Request(TASK, t, state.w, config)
+        arrays = {"weights": np.array(self.weights(state), dtype=float)} if self.M else {}
+        return Request(TASK, t, state.w, config, arrays)
 
     def step(self, state, replies):
         t = state.t + 1
@@ -247,7 +247,8 @@ class Lagrangian:
         avg = np.zeros_like(state.w)
         est = np.zeros(self.M)
         for reply in replies:               # summed as they come
-            share = reply.num_rows / self.num_samples
+            # N_i / N, times the server-side factor of partial participation (1 by default)
+            share = reply.weight * reply.num_rows / self.num_samples
             avg += share * array(reply, "w")
             est += share * array(reply, "constraints")
         w = avg if self.prox is None else self.prox(avg, self.local_steps * lr)
