@@ -86,8 +86,10 @@ class SSCA:
         self.auto_tau = tau == "auto"
         self.tau = 0.1 if self.auto_tau else float(tau)
         self.adapt_tau = self.auto_tau and ad.adaptable(self.builders)
-        # a diagonal curvature where the data's scales differ: the server swaps the proximal
-        # term of each round's (unit-step) statistics for a diagonal one; closed form only
+        # a diagonal curvature where the data's scales differ: on full batches (where the
+        # backtracking guards every step) the server swaps the proximal term of the round's
+        # statistics for a diagonal one; closed form only. On mini-batches it made the
+        # paper's network diverge (cost 2.22 after 100 rounds against 0.78 without)
         self.metric_ok = (bool(unit_steps) and self.adapt_tau and hasattr(subproblem,
                                                                            "with_metric")
                           and (self.auto_batch or batch_size is None))
@@ -193,8 +195,7 @@ class SSCA:
         stats = driver.average_with_messages(state.stats, replies, self.num_samples, r)
         if full and self.adapt_tau and self.unit_steps:
             return self._backtracking_step(state, stats)
-        solver = self._solver(state, state.w) if r == 1.0 else self.subproblem
-        new, info = driver.move(state, stats, r, g, solver)
+        new, info = driver.move(state, stats, r, g, self.subproblem)
         ratio = 0.0
         if self.auto_batch and not full:
             new, ratio = self._adapt_batch(new, state.w, stats, noise, info.solution)
