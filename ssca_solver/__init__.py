@@ -5,8 +5,9 @@ Implements Algorithms 1 and 2 of Ye & Cui, "Sample-based Federated Learning via 
 """
 
 from .data import ClientData, FederatedData
-from .errors import (ClientError, DataError, DivergenceError, ModelError, ScheduleError,
-                     SSCAError, SubproblemError, UserFunctionError)
+from .errors import (ClientError, DataError, DivergenceError, ModelError, RoundFailedError,
+                     ScheduleError, SecureAggregationError, SSCAError, SubproblemError,
+                     UserFunctionError)
 from .functions import SampleFunction, StochasticConstraint, check_grad
 from .problem import Problem, register_method
 from .history import History
@@ -36,5 +37,5 @@ __all__ = [
     "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder", "Statistic",
     "ProximalLinear", "DiagonalCurvature", "SSCAError", "DataError", "ModelError",
     "UserFunctionError", "ScheduleError", "SubproblemError", "ClientError", "DivergenceError",
-    "__version__",
+    "RoundFailedError", "SecureAggregationError", "__version__",
 ]

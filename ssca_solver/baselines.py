@@ -65,4 +65,5 @@ def solve_fedavg(problem, **options) -> Result:
                   constraints=cons, slack=np.zeros(0), penalty=None, kkt=kkt, history=history,
                   communication=comm, stages=(), nit=state.t, method="fedavg",
                   subproblem=None, time=session.runner.elapsed,
-                  extras={"local_steps": o.local_steps, "momentum": o.momentum})
+                  extras={"local_steps": o.local_steps, "momentum": o.momentum},
+                  dropouts=tuple(session.runner.dropouts))

@@ -20,12 +20,16 @@ EVALUATE = "evaluate"
 
 
 class Evaluation(NamedTuple):
-    """F_m(w) (values, one per stochastic function) and their gradients, on all N rows."""
+    """F_m(w) (values, one per stochastic function) and their gradients, on all N rows.
+
+    ``complete`` is False when some client did not answer (``on_client_failure="drop"``):
+    the values then average the rows of the clients who answered."""
 
     values: np.ndarray
     grads: Optional[np.ndarray]
     floats_up: int
     floats_down: int
+    complete: bool = True
 
 
 class EvaluateTask:
@@ -76,21 +80,32 @@ class Evaluator:
         self.num_samples = problem.data.num_samples
         self.tasks = {EVALUATE: EvaluateTask(problem.functions)}
 
-    def evaluate(self, transport, w: np.ndarray, with_grad: bool) -> Evaluation:
-        request = Request(EVALUATE, 0, np.asarray(w, dtype=float), {"with_grad": bool(with_grad)})
+    def evaluate(self, source, w: np.ndarray, with_grad: bool, round: int = 0) -> Evaluation:
+        """F_m(w) and (``with_grad``) their gradients on the full data, from every client's
+        sums. ``source``: a transport, or ``source(request) -> replies`` (the runner's
+        gatherer: replies carry the factor ``weight``, e.g. the renormalisation over the
+        clients who answered, or one secure sum). ``round``: the rounds done (for messages)."""
+        request = Request(EVALUATE, int(round), np.asarray(w, dtype=float),
+                          {"with_grad": bool(with_grad)})
+        replies = source(request) if callable(source) else source.stream(request)
         up = count = 0
         values = grads = None
-        for m in transport.stream(request):      # summed as they come: O(1) replies held
+        complete = True
+        for m in replies:      # summed as they come: O(1) replies held
             v = array(m, "values")
+            if m.weight != 1.0:
+                v, complete = m.weight * v, False
             values = v.copy() if values is None else values + v
             if with_grad:
                 g = array(m, "grads")
+                if m.weight != 1.0:
+                    g = m.weight * g
                 grads = g.copy() if grads is None else grads + g
             up += m.num_floats()
             count += 1
         N = self.num_samples
         return Evaluation(values / N, grads / N if with_grad else None, up,
-                          count * request.num_floats())
+                          count * request.num_floats(), complete)
 
     def objective_gradient_norm(self, ev: Evaluation, w: np.ndarray) -> float:
         """|grad F_0(w) + grad R(w)| (R's gradient only when R is smooth)."""

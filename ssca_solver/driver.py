@@ -111,11 +111,13 @@ def combine(replies: Sequence[Reply], num_samples: int) -> tuple:
     dict of statistics per function (the plain reference of :func:`average_with_messages`).
 
     With B_i = B for every client this is exactly the paper's weight N_i / (B N); each client's
-    sums are turned into an unbiased estimate of its share N_i/N of the full average.
+    sums are turned into an unbiased estimate of its share N_i/N of the full average. Each
+    weight is multiplied by the reply's server-side factor ``weight`` (partial participation,
+    renormalisation after dropouts; 1 otherwise).
     """
     out: dict = {}
     for msg in replies:
-        wgt = msg.num_rows / (msg.batch_size * num_samples)
+        wgt = msg.weight * msg.num_rows / (msg.batch_size * num_samples)
         for key, v in msg.arrays.items():
             m, name = key.split(":", 1)
             acc = out.setdefault(int(m), {})
@@ -143,7 +145,8 @@ def average_statistics(previous: tuple, new: tuple, rho: float) -> tuple:
 
 def average_with_messages(previous: tuple, messages: Iterable[Reply], num_samples: int,
                           rho: float) -> tuple:
-    """(1 - rho) previous + rho sum_i N_i/(B_i N) q_i, with a bounded number of messages held.
+    """(1 - rho) previous + rho sum_i h_i N_i/(B_i N) q_i, with a bounded number of messages
+    held (h_i: the reply's ``weight``, 1 when every client takes part).
 
     The same numbers as ``average_statistics(previous, combine(messages, N), rho)`` (eqs.
     (Fs0bar)/(Fsmbar)) up to rounding, without the intermediate combined statistics.
@@ -157,7 +160,7 @@ def average_with_messages(previous: tuple, messages: Iterable[Reply], num_sample
 
     def flush():
         nonlocal out, held
-        wgts = [rho * g.num_rows / (g.batch_size * num_samples) for g in group]
+        wgts = [rho * g.weight * g.num_rows / (g.batch_size * num_samples) for g in group]
         if out is None:
             out = tuple({k: np.empty(np.shape(v)) for k, v in p.items()} for p in previous)
             sources, beta = previous, 1.0 - rho

@@ -76,3 +76,46 @@ class DivergenceError(SSCAError, RuntimeError):
 
     state = None
     checkpoint = None
+
+
+class RoundFailedError(SSCAError, RuntimeError):
+    """With ``on_client_failure="drop"``: every client asked in a round (or an evaluation)
+    failed, so there is nothing to combine.
+
+    Attributes:
+      round: the round (or "evaluation").
+      dropouts: the :class:`~ssca_solver.federated.Dropout` of each client, with its error.
+      state, checkpoint: as for :class:`ClientError`.
+    """
+
+    state = None
+    checkpoint = None
+
+    def __init__(self, request, dropouts):
+        self.round = "evaluation" if request.task == "evaluate" else request.round
+        self.dropouts = tuple(dropouts)
+        at = (f"round {request.round}" if request.task != "evaluate"
+              else f"the full-data evaluation after round {request.round}")
+        lines = "; ".join(f"client {d.client}: {d.error}" for d in self.dropouts[:5])
+        more = f" (and {len(self.dropouts) - 5} more)" if len(self.dropouts) > 5 else ""
+        super().__init__(f"every client asked in {at} failed ({len(self.dropouts)} of them), "
+                         f"so nothing is left to combine: {lines}{more}")
+
+    def __reduce__(self):
+        return (_rebuild_round_failed, (str(self), self.round, self.dropouts))
+
+
+def _rebuild_round_failed(text, round, dropouts):
+    err = RoundFailedError.__new__(RoundFailedError)
+    Exception.__init__(err, text)
+    err.round, err.dropouts = round, dropouts
+    return err
+
+
+class SecureAggregationError(SSCAError, RuntimeError):
+    """Secure aggregation could not complete: a value out of the fixed-point range
+    (``secure_range``), fewer surviving clients than the secret-sharing threshold, or a
+    protocol message that does not fit. The message says which."""
+
+    state = None
+    checkpoint = None

@@ -175,6 +175,31 @@ class RunOptions:
       checkpoint_every: rounds between checkpoints (default 100).
       resume: a checkpoint path to continue from (same problem and options; the seed is read
         from the checkpoint when not given).
+      clients_per_round: K, the clients that take part in each round (None: all I). They are
+        drawn from the run's seed for each round (the same on resume) as ``participation``
+        says, and weighted so that the combined statistics stay unbiased (Horvitz-Thompson):
+        E[sum over the sampled clients] = the sum over all I. Only the sampled clients are
+        sent the round's request and counted in ``res.communication``; the full-data
+        evaluations (history and KKT test) still ask every client.
+      participation: how the K clients are drawn: "uniform" (default: K of I without
+        replacement, each weighted I/K) or "proportional" (K draws with replacement with
+        probability N_i/N; a client drawn k times answers once and counts k N / (K N_i)).
+      on_client_failure: "raise" (default: a client that fails or does not answer within
+        ``client_timeout`` ends the solve with ClientError or its own exception) or "drop"
+        (it is left out of that round, the weights of those who answered are renormalised
+        to the same total, and the run goes on; every dropout is recorded in
+        ``res.dropouts`` and in checkpoints; a round in which every participant fails ends
+        the solve with RoundFailedError). With "drop" the server holds a round's replies
+        until all have arrived (the renormalisation needs to know who answered).
+      secure_aggregation: the server learns only the weighted sum of the clients' replies in
+        each round and each evaluation (pairwise additive masks from X25519 key agreement,
+        fixed-point encoding modulo 2^64, dropouts recovered from Shamir-shared seeds as in
+        Bonawitz et al. 2017; see docs/privacy.md). Needs at least 2 clients per round and the
+        ``cryptography`` package. Default False.
+      secure_range: the largest magnitude a client's weighted value may have under secure
+        aggregation (default 2^20); a larger one stops the solve with SecureAggregationError
+        naming the array (never clipped). The fixed-point step is 2^-f with
+        f = 62 - ceil(log2(secure_range)) - ceil(log2(clients per round)).
     """
 
     max_iter: int = 200
@@ -188,6 +213,11 @@ class RunOptions:
     checkpoint: Any = None
     checkpoint_every: int = 100
     resume: Any = None
+    clients_per_round: Optional[int] = None
+    participation: str = "uniform"
+    on_client_failure: str = "raise"
+    secure_aggregation: bool = False
+    secure_range: float = 2.0 ** 20
 
 
 @dataclass(frozen=True)
@@ -321,6 +351,35 @@ class AugmentedLagrangianOptions(LagrangianOptions):
     dual_every: int = 1
 
 
+PARTICIPATION = ("uniform", "proportional")
+ON_CLIENT_FAILURE = ("raise", "drop")
+
+
+def check_clients(opts: RunOptions, num_clients: int) -> None:
+    """The options that depend on the number of clients I: K in 1..I, and secure aggregation
+    with at least 2 clients per round (the sum of one client is its message)."""
+    K = opts.clients_per_round
+    if K is not None and K > num_clients:
+        raise ValueError(f"clients_per_round must be between 1 and the number of clients "
+                         f"({num_clients}), got {K}")
+    if opts.secure_aggregation and (K if K is not None else num_clients) < 2:
+        raise ValueError("secure_aggregation needs at least 2 clients per round: the sum of "
+                         "one client's reply is that reply (got "
+                         + (f"clients_per_round={K})" if K is not None
+                            else f"{num_clients} client)"))
+
+
+def run_fingerprint(opts: RunOptions) -> dict:
+    """The runner's options a resumed solve must share (None for the defaults, so checkpoints
+    written before these options existed still resume)."""
+    return {"clients_per_round": opts.clients_per_round,
+            "participation": (opts.participation if opts.clients_per_round is not None
+                              else None),
+            "on_client_failure": (None if opts.on_client_failure == "raise"
+                                  else opts.on_client_failure),
+            "secure_aggregation": (opts.secure_range if opts.secure_aggregation else None)}
+
+
 def parse(cls, options: dict, method: str):
     """Build the options dataclass ``cls``, rejecting unknown names with a suggestion, and check
     the options every method shares."""
@@ -340,8 +399,17 @@ def parse(cls, options: dict, method: str):
         timeout = real("client_timeout (seconds, or None)", timeout, low=0.0, low_open=True)
     if opts.callback is not None and not callable(opts.callback):
         raise TypeError("callback must be callable(iteration) -> bool | None")
+    per_round = opts.clients_per_round
+    if per_round is not None:
+        per_round = integer("clients_per_round (None: every client)", per_round, low=1)
     return replace(
         opts, max_iter=integer("max_iter", opts.max_iter), eval_every=every or 0,
+        clients_per_round=per_round,
+        participation=choice("participation", opts.participation, PARTICIPATION),
+        on_client_failure=choice("on_client_failure", opts.on_client_failure,
+                                 ON_CLIENT_FAILURE),
+        secure_aggregation=flag("secure_aggregation", opts.secure_aggregation),
+        secure_range=real("secure_range", opts.secure_range, low=0.0, low_open=True),
         transport=choice("transport", opts.transport, transport_names()),
         client_timeout=timeout,
         progress=flag("progress", opts.progress),

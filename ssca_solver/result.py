@@ -130,6 +130,10 @@ class Result:
         for the closed form).
       extras: method-specific settings worth keeping with the result (e.g. FedAvg's E; the
         Lagrangian baselines' own multipliers lambda under ``"multipliers"``).
+      dropouts: with ``on_client_failure="drop"``, every client that failed in a round or an
+        evaluation, in order: :class:`ssca_solver.federated.Dropout` (client, task, round,
+        error); ``round`` is the round the request belonged to (for task "evaluate", the
+        rounds done when it ran). Empty when no client failed.
 
     ``success`` is True only when the method's own stopping test passed (status "converged").
     """
@@ -152,6 +156,7 @@ class Result:
     constraint_names: tuple = field(default=())
     solver_info: dict = field(default_factory=dict)
     extras: dict = field(default_factory=dict)
+    dropouts: tuple = ()
 
     @property
     def success(self) -> bool:
@@ -195,6 +200,11 @@ class Result:
                         f"{k.multiplier_source}" if k.feasibility.size else ""))
         if k.domain_violation > 0:
             lines.append(f"              domain violation = {k.domain_violation:.3g}")
+        if self.dropouts:
+            d = self.dropouts
+            lines.append(f"dropouts      {len(d)} (client, round): "
+                         + ", ".join(f"({x.client}, {x.round})" for x in d[:8])
+                         + (" ..." if len(d) > 8 else "") + f"; first error: {d[0].error}")
         c = self.communication
         lines.append(f"communication per client per round: {c.up_per_client_round} floats up, "
                      f"{c.down_per_client_round} down; total over {c.num_clients} clients x "

@@ -23,6 +23,8 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from .errors import DivergenceError, SSCAError, UserFunctionError
+from .federated.gather import Gatherer
+from .federated.messages import Dropout
 from .history import Recorder
 
 #: |w| this many times max(1, |w_1|) with non-finite function values is called divergence
@@ -90,18 +92,34 @@ class Runner:
       penalty_of: the penalty c in force for a state (None for methods without one).
       stop_test: ``stop_test(state, evaluation) -> (passed, report)``, run at every evaluation
         (which then includes gradients); the run stops with reason "converged" when it passes.
-        This is the method's own stopping test, the only way to status "converged".
+        This is the method's own stopping test, the only way to status "converged". It is not
+        run on an evaluation that some client failed to answer (``on_client_failure="drop"``).
+      gatherer: how replies are collected (:class:`ssca_solver.federated.gather.Gatherer`:
+        participation, dropouts, secure aggregation); default: every client, failures raise.
+      sampler: the participants of each round (:class:`ssca_solver.federated.sampling.Sampler`),
+        or None for every client.
+      dropouts: the dropouts recorded so far (restored on resume).
+
+    Attributes:
+      dropouts: every :class:`~ssca_solver.federated.Dropout` of the completed rounds and
+        evaluations, in order.
     """
 
     def __init__(self, algorithm, transport, evaluator, opts, recorder: Recorder, tally: Tally,
                  meta: dict, penalty_of: Callable = lambda state: None, elapsed: float = 0.0,
-                 stop_test: Optional[Callable] = None):
+                 stop_test: Optional[Callable] = None, gatherer: Optional[Gatherer] = None,
+                 sampler=None, dropouts=()):
         self.algorithm = algorithm
         self.transport = transport
         self.evaluator = evaluator
         self.opts = opts
         self.recorder = recorder
         self.tally = tally
+        self.gatherer = gatherer if gatherer is not None else Gatherer(
+            transport, [1] * transport.num_clients)
+        self.gatherer.tally = tally
+        self.sampler = sampler
+        self.dropouts: list[Dropout] = list(dropouts)
         self.meta = meta
         self.penalty_of = penalty_of
         self.stage = int(meta.get("stage", 0))
@@ -115,29 +133,28 @@ class Runner:
         return time.perf_counter() - self._start
 
     # -- one round's messages ----------------------------------------------------------------------
-    def _counted(self, replies, request):
-        down = request.num_floats()
-        for reply in replies:
-            n = reply.num_floats()
-            self.tally.up += n
-            self.tally.down += down
-            self.tally.up_per_client_round = max(self.tally.up_per_client_round, n)
-            self.tally.down_per_client_round = down
-            yield reply
-            del reply    # the algorithm has it; do not keep it alive while the next one computes
+    def replies(self, request):
+        """The replies to a round's request, from the round's participants (every client, or
+        the sampler's draw for ``request.round``), counted with the rounds' traffic."""
+        if self.sampler is None:
+            return self.gatherer.collect(request)
+        participants, factors = self.sampler.draw(request.round)
+        return self.gatherer.collect(request, participants, factors)
 
     def exchange(self, request):
-        """One request outside the rounds (e.g. a probe): all replies, counted with the
-        evaluations' traffic."""
-        replies = self.transport.exchange(request)
-        self.tally.eval_up += sum(r.num_floats() for r in replies)
-        self.tally.eval_down += len(replies) * request.num_floats()
+        """One request outside the rounds (e.g. a probe) to every client: all replies, counted
+        with the evaluations' traffic; its dropouts are recorded at once."""
+        replies = list(self.gatherer.collect(request, kind="eval"))
+        self.dropouts.extend(self.gatherer.take())
         return replies
 
-    def evaluate(self, w, with_grad: bool):
-        ev = self.evaluator.evaluate(self.transport, w, with_grad)
-        self.tally.eval_up += ev.floats_up
-        self.tally.eval_down += ev.floats_down
+    def evaluate(self, w, with_grad: bool, round: int = 0, commit: bool = True):
+        """A full-data evaluation at w (every client), counted with the evaluations' traffic.
+        ``commit``: record its dropouts now (else they wait for the round's end)."""
+        ev = self.evaluator.evaluate(lambda request: self.gatherer.collect(request, kind="eval"),
+                                     w, with_grad, round=round)
+        if commit:
+            self.dropouts.extend(self.gatherer.take())
         return ev
 
     # -- the loop ------------------------------------------------------------------------------
@@ -153,9 +170,9 @@ class Runner:
         every = max(1, rounds // 10)
         for k in range(rounds):
             try:
+                self.gatherer.take()                # a failed round's dropouts are its error's
                 request = alg.request(state)
-                new, info = alg.step(state, self._counted(self.transport.stream(request),
-                                                          request))
+                new, info = alg.step(state, self.replies(request))
                 record = dict(alg.record(info))
                 step = record.get("step_norm", 0.0)
                 if not np.isfinite(step) or step > DIVERGENCE_STEP * max(1.0, self.start_norm):
@@ -164,9 +181,10 @@ class Runner:
                         f"exceeds {DIVERGENCE_STEP:g} max(1, |w_1|)"))
                 evaluated, converged = None, False
                 if opts.eval_every and new.t % opts.eval_every == 0:
-                    ev = self.evaluate(new.w, with_grad=self.stop_test is not None)
+                    ev = self.evaluate(new.w, with_grad=self.stop_test is not None,
+                                       round=new.t, commit=False)
                     evaluated = self.evaluator.split(ev.values, new.w)
-                    if self.stop_test is not None:
+                    if self.stop_test is not None and ev.complete:
                         converged, self.last_test = self.stop_test(new, ev)
             except BaseException as exc:
                 diverged = self._diverged(exc, state)
@@ -176,6 +194,7 @@ class Runner:
                 raise
             # the round counts only once all of it (its evaluation too) went through
             state = new
+            self.dropouts.extend(self.gatherer.take())
             self.recorder.round(new.t, stage, record)
             if evaluated is not None:
                 self.recorder.evaluation(new.t, *evaluated)
@@ -265,7 +284,8 @@ class Runner:
     # -- checkpoints and progress ----------------------------------------------------------------
     def save(self, state) -> str:
         arrays = {**{f"state/{k}": v for k, v in self.algorithm.state_arrays(state).items()},
-                  **self.recorder.arrays(), **self.tally.arrays()}
+                  **self.recorder.arrays(), **self.tally.arrays(),
+                  **dropout_arrays(self.dropouts)}
         meta = {**self.meta, "round": int(state.t), "stage": int(self.stage),
                 "elapsed": self.elapsed}
         return ckpt.save(self.opts.checkpoint, arrays, meta)
@@ -279,6 +299,25 @@ class Runner:
             if cons.size:
                 parts.append(f"max F-U={np.max(cons):.3g}")
         print("  ".join(parts), file=sys.stderr, flush=True)
+
+
+def dropout_arrays(dropouts) -> dict:
+    """The dropouts as checkpoint arrays (plain NumPy: ints and unicode strings)."""
+    if not dropouts:
+        return {}
+    return {"dropouts/client": np.array([d.client for d in dropouts], dtype=np.int64),
+            "dropouts/round": np.array([d.round for d in dropouts], dtype=np.int64),
+            "dropouts/task": np.array([d.task for d in dropouts], dtype=str),
+            "dropouts/error": np.array([d.error for d in dropouts], dtype=str)}
+
+
+def dropouts_from(arrays: dict) -> list[Dropout]:
+    """The dropouts saved by :func:`dropout_arrays` (none in a checkpoint without them)."""
+    if "dropouts/client" not in arrays:
+        return []
+    return [Dropout(int(c), str(k), int(r), str(e)) for c, r, k, e in zip(
+        arrays["dropouts/client"], arrays["dropouts/round"], arrays["dropouts/task"],
+        arrays["dropouts/error"])]
 
 
 def state_arrays_from(arrays: dict) -> dict:

@@ -11,10 +11,12 @@ import json
 from . import checkpoint as ckpt
 from .diagnostics import Evaluator, kkt_report
 from .federated import build_clients, make_transport
+from .federated.gather import Gatherer
+from .federated.sampling import Sampler
 from .history import Recorder
-from .options import seed_entropy, start_point
+from .options import check_clients, run_fingerprint, seed_entropy, start_point
 from .result import Communication
-from .runner import Runner, Tally, state_arrays_from
+from .runner import Runner, Tally, dropouts_from, state_arrays_from
 
 
 def fingerprint(problem, method: str, **options) -> dict:
@@ -53,6 +55,9 @@ class Session:
         tally = Tally()
         seed, stage, elapsed = None, 0, 0.0
         state = None
+        dropouts = []
+        check_clients(opts, problem.data.num_clients)
+        fp = {**fp, **run_fingerprint(opts)}
         if opts.resume:
             arrays, meta = ckpt.load(opts.resume)
             ckpt.check_matches(meta, fp, opts.resume)
@@ -66,17 +71,33 @@ class Session:
             state = algorithm.state_from_arrays(state_arrays_from(arrays))
             recorder.load(arrays)
             tally.load(arrays)
+            dropouts = dropouts_from(arrays)
         else:
             seed = seed_entropy(opts.seed)
             state = init_state(start_point(opts.x0, problem.dim))
             self.grad_scale = 0.0
         self.state, self.stage, self.resumed = state, stage, bool(opts.resume)
         tasks = {**algorithm.tasks(), **self.evaluator.tasks}
+        secure = None
+        if opts.secure_aggregation:
+            try:
+                from .federated import secagg      # needs the cryptography package
+            except ImportError as exc:
+                raise NotImplementedError(f"secure_aggregation is not available: {exc}") \
+                    from None
+            secure = secagg.SecureAggregation(problem.data.client_sizes, opts.secure_range)
+            tasks = secagg.client_tasks(tasks)
         clients = build_clients(problem.data, seed, tasks)
         self.transport = make_transport(opts.transport, clients, opts.client_timeout)
+        sizes = problem.data.client_sizes
+        gatherer = Gatherer(self.transport, sizes, drop=opts.on_client_failure == "drop",
+                            secure=secure, tally=tally)
+        sampler = (None if opts.clients_per_round is None else
+                   Sampler(sizes, opts.clients_per_round, opts.participation, seed))
         self.runner = Runner(algorithm, self.transport, self.evaluator, opts, recorder, tally,
                              {}, penalty_of, elapsed,
-                             None if kkt_test is None else self._stop_test(kkt_test, solver))
+                             None if kkt_test is None else self._stop_test(kkt_test, solver),
+                             gatherer=gatherer, sampler=sampler, dropouts=dropouts)
         self.runner.meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp,
                             "stage": stage, "grad_scale": self.grad_scale}
 

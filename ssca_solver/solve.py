@@ -130,7 +130,8 @@ def solve_ssca(problem, **options) -> Result:
                                 else "closed_form"),
                      "retries": int(history.retries.sum()),
                      "parametrized": getattr(subproblem, "parametrize", None),
-                     "inaccurate_rounds": inaccurate})
+                     "inaccurate_rounds": inaccurate},
+        dropouts=tuple(runner.dropouts))
 
 
 def _relative_slack_rows(slack_rows, bound_scale):

@@ -66,7 +66,7 @@ class GradientDescent:
     def step(self, state, replies):
         g = 2.0 * self.ridge * state.w
         for r in replies:                                   # weights N_i / (B_i N)
-            g += r.num_rows / (r.batch_size * self.N) * array(r, "g")
+            g += r.weight * r.num_rows / (r.batch_size * self.N) * array(r, "g")
         return GDState(state.t + 1, state.w - self.lr * g), self.lr * float(np.linalg.norm(g))
 
     def record(self, step_norm):

@@ -6,8 +6,10 @@ r_t = abar / t^alphabar,
 
     w <- w - r_t (grad F_0(w; batch) + 2 lambda w)        (lambda: an exact ridge term)
 
-and sends its model back; the server averages the models with weights N_i / N,
-wbar_t = sum_i N_i/N w_i, and with heavy-ball momentum beta
+and sends its model back (as one sum: its reply's batch_size is 1); the server averages the
+models with weights N_i / N, wbar_t = sum_i N_i/N w_i (times the reply's ``weight``: partial
+participation and the renormalisation after dropouts, :mod:`ssca_solver.federated.gather`),
+and with heavy-ball momentum beta
 
     v_t = beta v_{t-1} + (w_t - wbar_t),   w_{t+1} = w_t - v_t.
 
@@ -41,13 +43,13 @@ class LocalSGDTask:
         cfg = request.config
         B, lr, ridge = optional_int(cfg.get("batch_size")), float(cfg["lr"]), float(cfg["ridge"])
         w = np.array(request.w, dtype=float)
-        b = client.num_rows
         for k in range(int(cfg["steps"])):
-            X, y, b = client.batch(request.round, B, draw=k)
+            X, y, _ = client.batch(request.round, B, draw=k)
             where = f"client {client.index}, round {request.round}, local step {k + 1}"
             _, g = checked_value_and_grad(self.objective, w, X, y, where)
             w -= lr * (g + 2.0 * ridge * w)
-        return client.reply(request, {"w": w}, batch_size=b)
+        # a model is one sum: the server weights it N_i / (1 N), the paper's N_i / N
+        return client.reply(request, {"w": w}, batch_size=1)
 
 
 class FedAvgState(NamedTuple):
@@ -107,7 +109,8 @@ class FedAvg:
         t = state.t + 1
         avg = np.zeros_like(state.w)
         for reply in replies:              # summed as they come
-            avg += (reply.num_rows / self.num_samples) * array(reply, "w")
+            avg += (reply.weight * reply.num_rows / (reply.batch_size * self.num_samples)) \
+                * array(reply, "w")
         v = self.momentum * state.v + (state.w - avg)
         w = state.w - v
         return FedAvgState(t, w, v), FedAvgInfo(t, lr_value(self.lr, t),

@@ -208,8 +208,10 @@ class SSCA:
         key = ad.NOISE.rstrip(":")
         for i, reply in enumerate(replies):
             if key in reply.arrays:
-                noise += [ad.variance_share(float(v), reply.num_rows, reply.batch_size,
-                                            self.num_samples) for v in reply.arrays[key]]
+                # h_i^2: the variance of h_i x_i is h_i^2 that of x_i
+                noise += [reply.weight ** 2 * ad.variance_share(
+                    float(v), reply.num_rows, reply.batch_size, self.num_samples)
+                    for v in reply.arrays[key]]
                 reply = replace(reply, arrays={k: v for k, v in reply.arrays.items()
                                                if k != key})
             if t == 1 and i == 0:

@@ -1,0 +1,124 @@
+"""How the server collects the replies to one request: who takes part, what a failure does,
+whether the replies are summed securely, and what crossed the line.
+
+:class:`Gatherer` sits between the runner and a transport. For a request it yields the replies
+the algorithm (or the evaluator) combines, each with its server-side factor ``Reply.weight``:
+
+* every client, failures raise (the default): the transport's stream as it is (weight 1);
+* K sampled clients (:mod:`.sampling`): weight h_i, the Horvitz-Thompson factor;
+* ``on_client_failure="drop"``: clients that fail yield :class:`Dropout` (recorded); the
+  weights of those who answered are multiplied by
+  s = sum_{i sampled} h_i N_i / sum_{i answered} h_i N_i, so the data they stand for adds up
+  to the same total (s = N / N_answered without sampling); a request that no client answered
+  raises :class:`~ssca_solver.errors.RoundFailedError`;
+* secure aggregation (:mod:`.secagg`): one reply, ``client == AGGREGATE``, whose arrays are the
+  weighted sum computed under masks (weight s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+from ..errors import RoundFailedError
+from .messages import Dropout, Reply, Request
+
+
+class Gatherer:
+    """Collects replies through ``transport`` (see the module docstring).
+
+    Args:
+      transport: the :class:`~ssca_solver.federated.Transport`.
+      sizes: N_i of every client.
+      drop: ``on_client_failure == "drop"``.
+      secure: a :class:`~ssca_solver.federated.secagg.SecureAggregation`, or None.
+      tally: the runner's :class:`~ssca_solver.runner.Tally`, counted as messages cross.
+
+    Attributes:
+      pending: the Dropouts of the requests collected since the last :meth:`take`.
+    """
+
+    def __init__(self, transport, sizes: Sequence[int], drop: bool = False, secure=None,
+                 tally=None):
+        self.transport = transport
+        self.sizes = np.asarray(sizes, dtype=float)
+        self.drop = bool(drop)
+        self.secure = secure
+        self.tally = tally
+        self.pending: list[Dropout] = []
+
+    def take(self) -> list[Dropout]:
+        """The dropouts recorded since the last call (and forget them)."""
+        out, self.pending = self.pending, []
+        return out
+
+    # -- counting ---------------------------------------------------------------------------------
+    def count(self, kind: str, up: int, down: int) -> None:
+        """One client's message pair of a round (``kind="round"``) or of an evaluation or
+        probe (``"eval"``): ``up`` words up, ``down`` words down."""
+        t = self.tally
+        if t is None:
+            return
+        if kind == "round":
+            t.up += up
+            t.down += down
+            t.up_per_client_round = max(t.up_per_client_round, up)
+            t.down_per_client_round = down
+        else:
+            t.eval_up += up
+            t.eval_down += down
+
+    # -- collecting -------------------------------------------------------------------------------
+    def collect(self, request: Request, participants: Optional[Sequence[int]] = None,
+                factors: Optional[np.ndarray] = None, kind: str = "round") -> Iterator[Reply]:
+        """The replies to ``request`` from ``participants`` (None: every client) with their
+        weights ``factors`` (h_i; None: 1), as described in the module docstring."""
+        if self.secure is not None:
+            yield from self.secure.collect(self, request, participants, factors, kind)
+            return
+        if participants is None and not self.drop:
+            down = request.num_floats()
+            for reply in self.transport.stream(request):
+                self.count(kind, reply.num_floats(), down)
+                yield reply
+                del reply    # the algorithm has it; do not keep it alive while the next computes
+            return
+        order = list(range(len(self.sizes))) if participants is None else list(participants)
+        h = np.ones(len(order)) if factors is None else np.asarray(factors, dtype=float)
+        factor = dict(zip(order, h))
+        down = request.num_floats()
+        stream = self.transport.stream(request, participants, self.drop)
+        if not self.drop:
+            for reply in stream:
+                self.count(kind, reply.num_floats(), down)
+                yield replace(reply, weight=float(factor[reply.client]))
+                del reply
+            return
+        answered, dropped = [], []
+        for item in stream:          # held until all arrived: s depends on who answered
+            if isinstance(item, Dropout):
+                dropped.append(item)
+                self.count(kind, 0, down)
+            else:
+                answered.append(item)
+                self.count(kind, item.num_floats(), down)
+        self.pending.extend(dropped)
+        s = self.renormalisation(order, h, [r.client for r in answered], request, dropped)
+        while answered:
+            reply = answered.pop(0)
+            yield replace(reply, weight=float(factor[reply.client] * s))
+            del reply
+
+    def renormalisation(self, order, h, answered, request, dropped) -> float:
+        """s = sum_{sampled} h_i N_i / sum_{answered} h_i N_i (1.0 when all answered);
+        RoundFailedError when none did."""
+        if not answered:
+            raise RoundFailedError(request, dropped)
+        if len(answered) == len(order):
+            return 1.0
+        factor = dict(zip(order, h))
+        total = float(sum(factor[i] * self.sizes[i] for i in order))
+        got = float(sum(factor[i] * self.sizes[i] for i in answered))
+        return total / got
