@@ -26,6 +26,8 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from ..errors import UserFunctionError
+from ..federated.messages import secagg_active
 from ..functions import checked_grad, checked_value_and_grad, checked_values
 from ..surrogates import ProximalLinear
 
@@ -42,6 +44,7 @@ PROBE_TASK = "ssca.probe"
 METRIC_TASK = "ssca.metric"
 METRIC_ROWS = 64        # rows per client whose per-sample gradients give the diagonal metric
 METRIC_SPREAD = 1e6     # a diagonal metric when the curvature estimates span more than this
+CHECK_RTOL = 1e-2       # relative disagreement that fails the gradient check
 NOISE = "noise:"        # prefix of the per-function noise numbers in a reply
 
 
@@ -52,7 +55,11 @@ def fd_step(w: np.ndarray) -> float:
 
 class ProbeTask:
     """Client side of the probe: per function, [d/dh of the batch mean along u = g/|g| by grad,
-    the same by a central difference of value, the batch mean, the secant curvature along u]."""
+    the same by a central difference of value, the batch mean, the secant curvature along u].
+
+    Under secure aggregation (the server must learn sums only) the client checks its gradient
+    itself (``config["check"]``, :func:`check_gradient`) and sends only B_i L_i / N, which the
+    masked sum turns into the data-weighted mean sum_i N_i/N L_i of the secant curvatures."""
 
     def __init__(self, functions):
         self.functions = tuple(functions)
@@ -75,6 +82,13 @@ class ProbeTask:
             g2 = checked_grad(fn, w + h * u, X, y, w.size, where)
             arrays[f"probe:{m}"] = np.array([norm, (up - down) / (2 * h), float(v.mean()),
                                              float(np.linalg.norm(g2 - g)) / h])
+        if secagg_active(request):
+            if request.config.get("check"):
+                for m, fn in enumerate(self.functions):
+                    an, fd, value, _ = arrays[f"probe:{m}"]
+                    check_gradient(fn, client.index, b, w, an, fd, value)
+            N = float(request.config["num_samples"])
+            arrays = {k: np.array([b * v[3] / N]) for k, v in arrays.items()}
         return client.reply(request, arrays, batch_size=b)
 
 
@@ -110,7 +124,8 @@ def diagonal_metric(replies, num_functions: int, num_samples: int) -> np.ndarray
     for m in range(num_functions):
         total = None
         for r in replies:
-            v = (r.num_rows / (r.batch_size * num_samples)) * np.asarray(r.arrays[f"metric:{m}"])
+            v = (r.weight * r.num_rows / (r.batch_size * num_samples)) \
+                * np.asarray(r.arrays[f"metric:{m}"])
             total = v if total is None else total + v
         rows.append(total)
     D = np.vstack(rows)
@@ -126,6 +141,26 @@ def diagonal_metric(replies, num_functions: int, num_samples: int) -> np.ndarray
         top = np.max(D[m])
         D[m] = np.where(D[m] > 0, D[m] / top, 1.0) if top > 0 else 1.0
     return D
+
+
+def check_gradient(fn, client: int, batch_size: int, w, an, fd, value) -> None:
+    """Raise UserFunctionError when a function's gradient disagrees with its values on
+    ``client``'s batch of ``batch_size`` rows (the probe's numbers at w)."""
+    h = fd_step(w)
+    err, size = abs(an - fd), max(abs(an), abs(fd))
+    floor = 1e3 * np.finfo(float).eps * max(1.0, abs(value)) / h      # rounding in fd
+    if err > CHECK_RTOL * size and err > floor:
+        ratio = an / fd if fd != 0 else float("inf")
+        hint = (" (a sign error?)" if abs(ratio + 1) < 0.1 else
+                f" (a sum instead of a mean over the {batch_size} rows?)"
+                if abs(ratio - batch_size) < 0.1 * batch_size else "")
+        raise UserFunctionError(
+            f"{fn.name}: its gradient does not match its values on client {client}'s "
+            f"batch: along the gradient the derivative of the batch mean is {an:.6g} by grad "
+            f"and {fd:.6g} by a central difference of value (relative error "
+            f"{err / size:.2g}, grad/difference = {ratio:.3g}){hint}. grad must return the "
+            "gradient of the MEAN of the per-sample values; check it with ss.check_grad, or "
+            "pass check_gradients=False to skip this check")
 
 
 def split_statistics(builder, fn, w, X, y, tau: float, where: str):

@@ -16,14 +16,14 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from .. import driver
-from ..errors import UserFunctionError
-from ..federated.messages import Request, array, optional_int
+from ..federated.messages import AGGREGATE, Request, array, optional_int
+from ..federated.messages import own_factor, secagg_active
 from ..schedules import step_value
 from ..surrogates import check_strongly_convex
 from . import adaptive as ad
 
 TASK = "ssca.round"
-CHECK_RTOL = 1e-2         # relative disagreement that fails the gradient check
+CHECK_RTOL = ad.CHECK_RTOL
 
 
 class SSCARoundTask:
@@ -55,8 +55,19 @@ class SSCARoundTask:
             else:
                 stats.append(builder.statistics(fn, request.w, X, y, t, where))
         arrays = driver.pack_statistics(stats)
-        if noisy:
-            arrays[ad.NOISE.rstrip(":")] = np.array(noise)
+        secure = secagg_active(request) and bool(request.config.get("noise"))
+        if secure and not noisy:          # every masked reply has the same arrays: a full
+            noise = [0.0] * len(self.functions)      # batch's share of the noise is 0
+        if noisy or secure:
+            noise = np.array(noise)
+            if secure:
+                # summed securely with weight a = h N_i / (B N) and scaled by N: send what
+                # becomes this client's share h^2 (N_i/N)^2 |m_A - m_B|^2 / 4 (1 - B/N_i)
+                N = float(request.config["num_samples"])
+                h = own_factor(client, request)
+                noise = (h * client.num_rows * b * noise * max(0.0, 1.0 - b / client.num_rows)
+                         / (4.0 * N * N))
+            arrays[ad.NOISE.rstrip(":")] = noise
         return client.reply(request, arrays, batch_size=b)
 
 
@@ -166,13 +177,21 @@ class SSCA:
         """Check every function's gradient on each client's batch (when asked) and estimate the
         curvature along it; return the starting tau (``tau="auto"``) or the fixed tau."""
         batch = min(ad.START_BATCH, max(self.sizes)) if self.auto_batch else self.batch_size
-        replies = exchange(Request(ad.PROBE_TASK, 0, x0, {"batch_size": batch}))
+        replies = exchange(Request(ad.PROBE_TASK, 0, x0, {"batch_size": batch,
+                                                          "check": self.check_gradients}))
         curvature = 0.0
         for reply in replies:
+            if reply.client == AGGREGATE:
+                # secure aggregation: the clients checked their gradients themselves and the
+                # server learns only the data-weighted mean of their secant curvatures
+                for m in range(len(self.problem.functions)):
+                    curvature = max(curvature, reply.weight * float(
+                        array(reply, f"probe:{m}")[0]))
+                continue
             for m, fn in enumerate(self.problem.functions):
                 an, fd, value, secant = (float(v) for v in array(reply, f"probe:{m}"))
                 if self.check_gradients:
-                    _check_gradient(fn, reply, x0, an, fd, value)
+                    ad.check_gradient(fn, reply.client, reply.batch_size, x0, an, fd, value)
                 curvature = max(curvature, secant)
         if not self.auto_tau or not (self.auto_batch or self.batch_size is None):
             # a fixed mini-batch runs the paper's diminishing steps, for which the measured
@@ -207,11 +226,14 @@ class SSCA:
         p = self.problem
         key = ad.NOISE.rstrip(":")
         for i, reply in enumerate(replies):
-            if key in reply.arrays:
+            if key in reply.arrays and reply.client == AGGREGATE:     # already the shares
+                noise += reply.weight ** 2 * np.asarray(reply.arrays[key], dtype=float)
+            elif key in reply.arrays:
                 # h_i^2: the variance of h_i x_i is h_i^2 that of x_i
                 noise += [reply.weight ** 2 * ad.variance_share(
                     float(v), reply.num_rows, reply.batch_size, self.num_samples)
                     for v in reply.arrays[key]]
+            if key in reply.arrays:
                 reply = replace(reply, arrays={k: v for k, v in reply.arrays.items()
                                                if k != key})
             if t == 1 and i == 0:
@@ -367,22 +389,3 @@ class _Info:
     @property
     def step_norm(self):
         return self.step.step_norm
-
-
-def _check_gradient(fn, reply, w, an, fd, value) -> None:
-    """Raise UserFunctionError when a function's gradient disagrees with its values."""
-    h = ad.fd_step(w)
-    err, size = abs(an - fd), max(abs(an), abs(fd))
-    floor = 1e3 * np.finfo(float).eps * max(1.0, abs(value)) / h      # rounding in fd
-    if err > CHECK_RTOL * size and err > floor:
-        ratio = an / fd if fd != 0 else float("inf")
-        hint = (" (a sign error?)" if abs(ratio + 1) < 0.1 else
-                f" (a sum instead of a mean over the {reply.batch_size} rows?)"
-                if abs(ratio - reply.batch_size) < 0.1 * reply.batch_size else "")
-        raise UserFunctionError(
-            f"{fn.name}: its gradient does not match its values on client {reply.client}'s "
-            f"batch: along the gradient the derivative of the batch mean is {an:.6g} by grad "
-            f"and {fd:.6g} by a central difference of value (relative error "
-            f"{err / size:.2g}, grad/difference = {ratio:.3g}){hint}. grad must return the "
-            "gradient of the MEAN of the per-sample values; check it with ss.check_grad, or "
-            "pass check_gradients=False to skip this check")

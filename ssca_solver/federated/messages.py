@@ -119,6 +119,25 @@ def words(value) -> int:
     return int(a.size)
 
 
+#: The request-config key naming the secure aggregation a masked request belongs to
+#: (:mod:`ssca_solver.federated.secagg`).
+SECAGG = "secagg"
+
+
+def secagg_active(request: Request) -> bool:
+    """Whether ``request`` is the masked step of a secure aggregation (its reply will be
+    weighted by the client, masked and summed: a task may then send pre-combined numbers)."""
+    return SECAGG in request.config
+
+
+def own_factor(client, request: Request) -> float:
+    """h_i, client i's factor (partial participation) in a masked request; 1 otherwise."""
+    if SECAGG not in request.config:
+        return 1.0
+    ids = [int(i) for i in np.asarray(request.arrays["ids"]).ravel()]
+    return float(np.asarray(request.arrays["factor"])[ids.index(client.index)])
+
+
 def describe_error(exc: BaseException) -> str:
     """``"TypeName: message"`` of an exception, for a :class:`Dropout`."""
     try:
