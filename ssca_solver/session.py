@@ -80,6 +80,11 @@ class Session:
         tasks = {**algorithm.tasks(), **self.evaluator.tasks}
         secure = None
         if opts.secure_aggregation:
+            if not getattr(algorithm, "supports_secure_aggregation", False):
+                raise ValueError(
+                    f"method {algorithm.name!r} does not support secure_aggregation: its "
+                    "server must combine replies only as sum_i weight_i N_i/(B_i N) x_i (see "
+                    "docs/architecture.md, 'Secure aggregation'); methods that do: ssca, fedavg")
             try:
                 from .federated import secagg      # needs the cryptography package
             except ImportError as exc:

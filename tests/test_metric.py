@@ -63,7 +63,7 @@ def test_diagonal_metric_only_when_the_scales_differ():
 
 
 def test_coordinates_no_sample_moves_get_the_largest_curvature():
-    rows = [type("R", (), {"num_rows": 10, "batch_size": 10,
+    rows = [type("R", (), {"num_rows": 10, "batch_size": 10, "weight": 1.0,
                            "arrays": {"metric:0": np.array([1e-9, 1.0, 0.0])}})()]
     D = ad.diagonal_metric(rows, 1, 10)
     np.testing.assert_array_equal(D, [[1e-9, 1.0, 1.0]])

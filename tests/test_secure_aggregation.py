@@ -278,3 +278,10 @@ def test_a_client_killed_mid_run_is_dropped_under_secure_aggregation(tmp_path):
     assert [(d.client, d.round, d.task) for d in res.dropouts] == [(1, 5, "ssca.round")]
     assert "key exchange" in res.dropouts[0].error and "SIGKILL" in res.dropouts[0].error
     assert np.all(np.isfinite(res.x))
+
+
+def test_a_method_that_reads_single_replies_refuses_secure_aggregation():
+    prob = ss.Problem(_lsq(), dim=D, data=_data(), constraints=[_lsq() <= 5.0])
+    with pytest.raises(ValueError, match="method 'primal_dual' does not support "
+                                         "secure_aggregation"):
+        prob.solve(method="primal_dual", max_iter=2, secure_aggregation=True)

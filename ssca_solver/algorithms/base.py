@@ -15,6 +15,13 @@ with pure functions over an immutable state (a NamedTuple with at least ``t``, r
 
 The runner (:mod:`ssca_solver.runner`) drives any algorithm over any transport; the federated
 layer carries its requests to the handlers it registered.
+
+Replies reach ``step`` with a server-side factor ``reply.weight`` (partial participation, the
+renormalisation after dropouts; 1 by default): an algorithm combines reply i's arrays as
+``weight_i N_i / (B_i N) x_i`` (N_i = ``num_rows``, B_i = ``batch_size``; a reply that is not a
+sum over rows, such as a model, sets ``batch_size=1``). An algorithm whose server reads replies
+only through that weighted sum may set ``supports_secure_aggregation = True``: under
+``secure_aggregation`` it then receives one reply (``client == AGGREGATE``) holding the sum.
 """
 
 from __future__ import annotations

@@ -81,6 +81,7 @@ class FedAvg:
     """FedAvg (E local steps), FedSGD (E = 1), server momentum beta."""
 
     name = "fedavg"
+    supports_secure_aggregation = True     # the server reads only weighted sums of replies
     columns = {"lr": (), "step_norm": ()}
 
     def __init__(self, problem, batch_size: Optional[int], local_steps: int, lr,

@@ -85,6 +85,7 @@ class SSCA:
     """
 
     name = "ssca"
+    supports_secure_aggregation = True     # the server reads only weighted sums of replies
 
     def __init__(self, problem, builders, subproblem, batch_size, tau, rho, gamma,
                  surrogate_init: str, check_gradients: bool = False,
