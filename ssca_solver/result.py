@@ -78,6 +78,9 @@ class Communication:
     ``eval_up_total``/``eval_down_total``: the full-data evaluations for the history and the
     KKT report (diagnostics, not part of Algorithms 1-2; zero when ``eval_every=None`` apart
     from the final evaluation).
+    ``clients_per_round``: K with partial participation (only they are counted), else None.
+    Under secure aggregation the counts include the protocol's keys, shares and masked words
+    (8-byte words; byte arrays count bytes / 8).
     """
 
     rounds: int
@@ -88,6 +91,7 @@ class Communication:
     down_total: int
     eval_up_total: int
     eval_down_total: int
+    clients_per_round: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +211,10 @@ class Result:
                          + (" ..." if len(d) > 8 else "") + f"; first error: {d[0].error}")
         c = self.communication
         lines.append(f"communication per client per round: {c.up_per_client_round} floats up, "
-                     f"{c.down_per_client_round} down; total over {c.num_clients} clients x "
+                     f"{c.down_per_client_round} down; total over "
+                     + (f"{c.clients_per_round} of {c.num_clients} clients per round"
+                        if c.clients_per_round else f"{c.num_clients} clients")
+                     + " x "
                      f"{c.rounds} rounds: {c.up_total:,} up, {c.down_total:,} down "
                      f"(+ {c.eval_up_total:,} up / {c.eval_down_total:,} down for evaluations)")
         return "\n".join(lines)

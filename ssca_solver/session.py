@@ -145,5 +145,6 @@ class Session:
                              up_per_client_round=t.up_per_client_round,
                              down_per_client_round=t.down_per_client_round or self.problem.dim,
                              up_total=t.up, down_total=t.down, eval_up_total=t.eval_up,
-                             eval_down_total=t.eval_down)
+                             eval_down_total=t.eval_down,
+                             clients_per_round=self.opts.clients_per_round)
         return fun, cons, kkt, comm, self.runner.recorder.history()
