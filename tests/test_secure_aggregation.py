@@ -122,7 +122,9 @@ def test_b1_plain_message_gives_the_sample_away_and_a_masked_one_does_not():
     top = (words >> np.uint64(56)).astype(int)
     chi2 = sps.chisquare(np.bincount(top, minlength=256))
     ks = sps.kstest(words.astype(float) / 2.0 ** 64, "uniform")
-    assert chi2.pvalue > 1e-3 and ks.pvalue > 1e-3, (chi2, ks)
+    # the masks come from os.urandom, so this can fail by chance with probability 2e-6; plain
+    # fixed-point words (top byte 0 or 255) give p ~ 0
+    assert chi2.pvalue > 1e-6 and ks.pvalue > 1e-6, (chi2, ks)
     # the reconstruction from a masked message read as if it were plain
     f = secagg.fraction_bits(2.0 ** 20, len(SIZES))
     bad = []
@@ -131,8 +133,11 @@ def test_b1_plain_message_gives_the_sample_away_and_a_masked_one_does_not():
             lin = np.asarray(r.arrays["masked"]).view(np.int64)[1:1 + D] * 2.0 ** -f
             x, _ = _reconstruct(lin, w, tau)
             c = prob.data.clients[r.client]
-            bad.append(np.min(np.linalg.norm(x - c.X, axis=1)) / np.linalg.norm(c.X[0]))
-    assert np.min(bad) > 0.1
+            i = np.random.default_rng(np.random.SeedSequence(
+                seed_entropy(0), spawn_key=(r.client, r.round, 0))).choice(c.X.shape[0], 1,
+                                                                          replace=False)[0]
+            bad.append(np.linalg.norm(x - c.X[i]) / np.linalg.norm(c.X[i]))
+    assert np.median(bad) > 0.5, np.median(bad)       # measured: about 1.6
 
 
 def _fixed_point(prob, secure_kw, plain_kw, participants=None, factors=None):
