@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+import cvxpy as cp
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import lsq_linear, nnls
 
 from .federated import Request, array
 from .functions import checked_value_and_grad, checked_values
@@ -182,3 +183,40 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
                      feasibility_rel=np.maximum(cons, 0.0) / bound_scale,
                      complementarity_rel=np.minimum(mu * col / scale,
                                                     np.abs(cons) / bound_scale))
+
+
+#: "infeasible" needs the returned point to be a stationary point of the violation to this
+#: relative accuracy (:func:`violation_stationarity`)
+PHASE1_TOL = 1e-3
+
+
+def violation_stationarity(w: np.ndarray, ev: Evaluation, terms: ProblemTerms,
+                           feas_tol: float, scale: float, solver: str = "CLARABEL") -> float:
+    """How far ``w`` is from a stationary point of the violation sum_m (F_m(w) - U_m)_+ over
+    the domain, relative to ``scale`` (the constraints' largest full-data gradient at the
+    start): evidence of infeasibility needs this near 0, i.e. no direction decreases the
+    violation to first order (for convex F_m this makes w a minimiser of the violation, so
+    the constraints cannot be met; for nonconvex ones, a local one).
+
+    The subgradient is g = sum over violated m (relative violation above ``feas_tol``) of
+    grad F_m + sum over near-active m of lambda_m grad F_m, lambda in [0, 1] chosen to make
+    it smallest (bounded least squares). Without a domain the residual is |g|; with one, the
+    length of the projected step |Proj_D(w - g) - w| (one CVXPY solve).
+    """
+    k = 1 if terms.stochastic_objective else 0
+    cons = np.asarray(ev.values[k:], dtype=float) - terms.bounds
+    rel = cons / np.maximum(1.0, np.abs(terms.bounds))
+    G = np.asarray(ev.grads[k:], dtype=float).reshape(len(cons), w.size)
+    violated, near = rel > feas_tol, np.abs(rel) <= feas_tol
+    g = G[violated].sum(axis=0)
+    if np.any(near):
+        lam = lsq_linear(G[near].T, -g, bounds=(0.0, 1.0)).x
+        g = g + lam @ G[near]
+    if not terms.deterministic.has_domain:
+        r = float(np.linalg.norm(g))
+    else:
+        u = cp.Variable(w.size)
+        _, dom = terms.deterministic.instantiate(u)
+        cp.Problem(cp.Minimize(cp.sum_squares(u - (w - g))), dom).solve(solver=solver)
+        r = float(np.linalg.norm(u.value - w)) if u.value is not None else float("inf")
+    return r / scale if scale > 0 else float("inf")

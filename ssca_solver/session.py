@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 
 from . import checkpoint as ckpt
-from .diagnostics import Evaluator, kkt_report
+from .diagnostics import Evaluator, kkt_report, violation_stationarity
 from .federated import build_clients, make_transport
 from .federated.gather import Gatherer
 from .federated.sampling import Sampler
@@ -68,6 +70,7 @@ class Session:
                                  "or give the same one")
             seed, stage, elapsed = saved_seed, int(meta["stage"]), float(meta["elapsed"])
             self.grad_scale = float(meta.get("grad_scale", 0.0))
+            self.constraint_scale = float(meta.get("constraint_scale", 0.0))
             state = algorithm.state_from_arrays(state_arrays_from(arrays))
             recorder.load(arrays)
             tally.load(arrays)
@@ -76,6 +79,7 @@ class Session:
             seed = seed_entropy(opts.seed)
             state = init_state(start_point(opts.x0, problem.dim))
             self.grad_scale = 0.0
+            self.constraint_scale = 0.0
         self.state, self.stage, self.resumed = state, stage, bool(opts.resume)
         tasks = {**algorithm.tasks(), **self.evaluator.tasks}
         secure = None
@@ -104,7 +108,8 @@ class Session:
                              None if kkt_test is None else self._stop_test(kkt_test, solver),
                              gatherer=gatherer, sampler=sampler, dropouts=dropouts)
         self.runner.meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp,
-                            "stage": stage, "grad_scale": self.grad_scale}
+                            "stage": stage, "grad_scale": self.grad_scale,
+                            "constraint_scale": self.constraint_scale}
 
     def measure_scale(self, w) -> float:
         """|grad (F_0 + R)| at the start point on the full data: the scale of the relative
@@ -112,6 +117,10 @@ class Session:
         ev = self.runner.evaluate(w, with_grad=True)
         self.grad_scale = self.evaluator.objective_gradient_norm(ev, w)
         self.runner.meta["grad_scale"] = self.grad_scale
+        k = 1 if self.problem.objective is not None else 0
+        self.constraint_scale = float(max((np.linalg.norm(g) for g in ev.grads[k:]),
+                                          default=0.0))
+        self.runner.meta["constraint_scale"] = self.constraint_scale
         return self.grad_scale
 
     def __enter__(self):
@@ -119,6 +128,12 @@ class Session:
 
     def __exit__(self, *exc):
         self.transport.close()
+
+    def violation_stationarity(self, state, feas_tol: float, solver: str = "CLARABEL"):
+        """:func:`ssca_solver.diagnostics.violation_stationarity` at the returned point (after
+        :meth:`final_report`), relative to the constraints' gradient scale at the start."""
+        return violation_stationarity(state.w, self.final_evaluation, self.evaluator.terms,
+                                      feas_tol, self.constraint_scale, solver)
 
     def _stop_test(self, kkt_test, solver):
         """The runner's stop test: the KKT report at the state, judged by ``kkt_test``."""
@@ -140,6 +155,7 @@ class Session:
             raise
         fun, cons = self.evaluator.split(final.values, state.w)
         kkt = self.kkt(state, final, solver)
+        self.final_evaluation = final
         t = self.runner.tally
         comm = Communication(rounds=state.t, num_clients=self.transport.num_clients,
                              up_per_client_round=t.up_per_client_round,

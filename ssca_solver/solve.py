@@ -13,6 +13,7 @@ import numpy as np
 
 from . import options as opt
 from .algorithms import SSCA
+from .diagnostics import PHASE1_TOL
 from .driver import stage_slack
 from .errors import ModelError
 from .result import Result, Stage
@@ -116,7 +117,9 @@ def solve_ssca(problem, **options) -> Result:
                 break
         fun, cons, kkt, comm, history = session.final_report(state, o.solver)
     stages = _stages(history, o.max_iter, bound_scale)
-    status, message = _status(reason, state, kkt, history, stages, o, M, bound_scale)
+    status, message = _status(reason, state, kkt, history, stages, o, M, bound_scale,
+                              lambda: session.violation_stationarity(state, o.feas_tol,
+                                                                     o.solver))
     inaccurate = tuple(int(t) for t in history.t[history.inaccurate > 0])
     if inaccurate:
         warnings.warn(f"{len(inaccurate)} subproblem solves were flagged inaccurate (rounds "
@@ -172,8 +175,10 @@ def _violation_stalled(history, bound_scale, M):
     return b >= (1 - 1e-3) * a, a, b
 
 
-def _status(reason, state, kkt, history, stages, o, M, bound_scale):
-    """(status, message) from why the run ended and the full-data KKT report at the end."""
+def _status(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda: 0.0):
+    """(status, message) from why the run ended and the full-data KKT report at the end.
+    ``phase1()``: the returned point's relative distance from a stationary point of the
+    violation (:func:`ssca_solver.diagnostics.violation_stationarity`)."""
     if reason == "converged":
         worst = kkt.residuals(o.feas_tol, o.kkt_tol)[0]
         return "converged", (f"the full-data KKT test passed at round {state.t}: every "
@@ -187,9 +192,20 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale):
     ever_feasible = bool(M and len(evaluated) and np.any(np.max(evaluated, axis=1)
                                                           <= o.feas_tol))
     stalled, first, second = _violation_stalled(history, bound_scale, M)
-    if (M and np.max(kkt.feasibility_rel) > o.feas_tol and not ever_feasible and stalled
-            and stages and stages[-1].slack_norm > o.slack_tol
-            and stages[-1].penalty == o.penalty[-1]):
+    at_most = (M and np.max(kkt.feasibility_rel) > o.feas_tol and not ever_feasible and stalled
+               and stages and stages[-1].slack_norm > o.slack_tol
+               and stages[-1].penalty == o.penalty[-1])
+    r1 = phase1() if at_most else np.nan
+    if at_most and not r1 <= PHASE1_TOL:
+        return "max_iter", (
+            f"no feasible point was found in {state.t} rounds (relative violation "
+            f"{np.max(kkt.feasibility_rel):.3g} at the end) and the violation stopped falling "
+            f"at the largest c, but the returned point does not minimise the violation: its "
+            f"gradient there is {r1:.3g} of the constraints' gradient at the start (above "
+            f"{PHASE1_TOL:g}), so a nearby point violates less and this is no evidence of "
+            "infeasibility (with a fixed mini-batch the iterates scatter around the "
+            "constraint): try batch_size='auto' with the default tau, or more rounds")
+    if at_most:
         m = int(np.argmax(kkt.feasibility_rel))
         return "infeasible", (
             f"no feasible point was found: none of the {len(evaluated)} full-data evaluations "
@@ -198,8 +214,10 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale):
             f"largest penalty c = {stages[-1].penalty:g} the subproblem kept a positive slack "
             f"({stages[-1].slack_norm:.3g}, relative) and the violation stopped decreasing "
             f"(smallest {first:.4g} in the first half of the last stage's evaluations, "
-            f"{second:.4g} in the second). Either the constraints cannot be met, or their "
-            "multipliers exceed c: if they can be met, give larger penalties")
+            f"{second:.4g} in the second), and the returned point is a stationary point of "
+            f"the violation (its gradient {r1:.2g} of the constraints' gradient at the "
+            f"start). Either the constraints cannot be met (certain when they are convex), "
+            "or their multipliers exceed c: if they can be met, give larger penalties")
     if not o.eval_every:
         return "max_iter", (f"ran {state.t} rounds without a stopping test (eval_every=None): "
                             f"at the end {name} = {value:.3g} (tolerance {tol:g})")

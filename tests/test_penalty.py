@@ -63,3 +63,65 @@ def test_a_feasible_problem_stopped_early_is_not_called_infeasible(cancer, cance
                                                  eval_every=5, seed=0)
     assert res.history.constraints[0, 0] < 0 < res.constraints[0]
     assert res.status == "max_iter" and "did not pass" in res.message
+
+
+def _diabetes(U):
+    import cvxpy as cp
+
+    import ssca_solver as ss
+    from problems.least_squares import diabetes_regression
+
+    X, y = diabetes_regression()
+    older = X[:, 0] > 0
+    Y = np.column_stack([y, older])
+    pi = older.mean()
+    loss = ss.SampleFunction(lambda w, X, Y: 0.5 * (X @ w - Y[:, 0]) ** 2,
+                             lambda w, X, Y: X.T @ (X @ w - Y[:, 0]) / len(X), name="error")
+    old = ss.SampleFunction(lambda w, X, Y: Y[:, 1] / pi * 0.5 * (X @ w - Y[:, 0]) ** 2,
+                            lambda w, X, Y: X.T @ (Y[:, 1] / pi * (X @ w - Y[:, 0])) / len(X),
+                            name="older")
+    data = ss.FederatedData.split(X, Y, num_clients=4, seed=0)
+    return ss.Problem(loss, [old <= U], dim=X.shape[1], data=data,
+                      regularizer=lambda w: 1e-3 * cp.sum_squares(w)), X, Y, old
+
+
+def test_a_noisy_point_outside_a_feasible_bound_is_not_called_infeasible():
+    """The walkthrough's section 3: B = 20, tau = 0.5 scatters the iterates around a feasible
+    bound (U = 0.228 > min 0.2236). Every other piece of evidence says "infeasible" (no
+    feasible evaluation, violation stalled, slack above slack_tol at the largest c); the
+    returned point is no stationary point of the violation (measured: gradient 0.03 of the
+    start's), so the status is max_iter. Was a false "infeasible"."""
+    prob, X, Y, old = _diabetes(0.228)
+    res = prob.solve(batch_size=20, tau=0.5, seed=0, max_iter=600, penalty=[10.0, 100.0])
+    assert res.status == "max_iter" and res.constraints[0] > 0
+    assert "does not minimise the violation" in res.message
+    r = np.linalg.norm(old.grad(res.x, X, Y)) / np.linalg.norm(old.grad(np.zeros(11), X, Y))
+    assert r > 1e-2
+
+
+def test_an_unreachable_bound_is_infeasible_at_a_minimiser_of_the_violation():
+    """U = 0.22 < min 0.2236: the point ends where grad F_1 ~ 0 (a minimiser of the convex
+    violation), checked here with the function's own gradient on the pooled rows."""
+    prob, X, Y, old = _diabetes(0.22)
+    res = prob.solve(seed=0, max_iter=400)
+    assert res.status == "infeasible", res.message
+    assert "stationary point of the violation" in res.message
+    r = np.linalg.norm(old.grad(res.x, X, Y)) / np.linalg.norm(old.grad(np.zeros(11), X, Y))
+    assert r <= 1e-3
+
+
+def test_violation_stationarity_with_a_box_domain_is_the_projected_step():
+    """Against the projection onto a box done by hand (np.clip)."""
+    import cvxpy as cp
+
+    from ssca_solver.deterministic import DeterministicPart
+    from ssca_solver.diagnostics import Evaluation, ProblemTerms, violation_stationarity
+
+    det = DeterministicPart([], [lambda w: [cp.abs(w) <= 1.0]], 3)
+    w = np.array([1.0, 0.2, -1.0])
+    G = np.array([[-2.0, 0.5, 3.0]])      # outward at the two bounds, inward in between
+    terms = ProblemTerms(False, np.array([0.0]), det)
+    ev = Evaluation(np.array([0.5]), G, 0, 0)      # violated by 0.5
+    r = violation_stationarity(w, ev, terms, 1e-4, scale=1.0)
+    expected = np.linalg.norm(np.clip(w - G[0], -1, 1) - w)
+    assert abs(r - expected) <= 1e-6 and abs(expected - 0.5) <= 1e-12
