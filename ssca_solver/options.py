@@ -163,8 +163,17 @@ class RunOptions:
       transport: "inprocess" (default), "process" (each client in its own process), or a
         name given to :func:`ssca_solver.federated.register_transport`.
       client_timeout: seconds a client process may take to answer one request before the
-        solve stops with ClientError (default 600; None waits forever). Process transport only:
-        in-process clients cannot be interrupted.
+        solve stops with ClientError (default 600; None waits forever). Process and Flower
+        transports: in-process clients cannot be interrupted.
+      flower_engine: with ``transport="flower"``: "simulation" (default: Flower's Simulation
+        Runtime in this process) or "deployment" (a running SuperLink and one SuperNode per
+        client; see docs/engines.md).
+      flower_superlink: deployment: the SuperLink's Control API address "host:port" (e.g.
+        "127.0.0.1:9093"); required there.
+      flower_bridge: deployment: "host:port" where this process listens for the ServerApp the
+        SuperLink starts (default "127.0.0.1:0": a free port on this machine).
+      flower_start_timeout: seconds for the Flower engine to start and every node to answer
+        (default 120).
       callback: ``callback(it)`` after each round with an :class:`ssca_solver.runner.Iteration`
         (t, x, stage, penalty, step_norm, the latest full-data evaluation, the method's own
         round record and state). Return True (or raise StopIteration) to stop the run: status
@@ -210,6 +219,10 @@ class RunOptions:
     eval_every: Optional[int] = 10
     transport: str = "inprocess"
     client_timeout: Optional[float] = DEFAULT_CLIENT_TIMEOUT
+    flower_engine: str = "simulation"
+    flower_superlink: Optional[str] = None
+    flower_bridge: str = "127.0.0.1:0"
+    flower_start_timeout: float = 120.0
     callback: Optional[Callable] = None
     progress: bool = False
     checkpoint: Any = None
@@ -404,6 +417,8 @@ def parse(cls, options: dict, method: str):
     per_round = opts.clients_per_round
     if per_round is not None:
         per_round = integer("clients_per_round (None: every client)", per_round, low=1)
+    transport = choice("transport", opts.transport, transport_names())
+    flower = _flower_options(opts, options, transport)
     return replace(
         opts, max_iter=integer("max_iter", opts.max_iter), eval_every=every or 0,
         clients_per_round=per_round,
@@ -412,9 +427,44 @@ def parse(cls, options: dict, method: str):
                                  ON_CLIENT_FAILURE),
         secure_aggregation=flag("secure_aggregation", opts.secure_aggregation),
         secure_range=real("secure_range", opts.secure_range, low=0.0, low_open=True),
-        transport=choice("transport", opts.transport, transport_names()),
-        client_timeout=timeout,
+        transport=transport, client_timeout=timeout, **flower,
         progress=flag("progress", opts.progress),
         checkpoint=path_or_none("checkpoint", opts.checkpoint),
         checkpoint_every=integer("checkpoint_every", opts.checkpoint_every),
         resume=path_or_none("resume", opts.resume))
+
+
+def _address(name: str, value) -> str:
+    """``"host:port"`` (port 0..65535), as the Flower deployment options take it."""
+    if not isinstance(value, str) or ":" not in value:
+        raise ValueError(f"{name} must be 'host:port', got {value!r}")
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{name} must be 'host:port' with a port in 0..65535, got {value!r}")
+    return value
+
+
+def _flower_options(opts, given: dict, transport: str) -> dict:
+    """The flower_* options checked; given with another transport they are an error (they
+    would be ignored)."""
+    names = ("flower_engine", "flower_superlink", "flower_bridge", "flower_start_timeout")
+    if transport != "flower":
+        used = [k for k in names if k in given]
+        if used:
+            raise ValueError(f"{', '.join(used)} only apply to transport='flower' (the "
+                             f"transport is {transport!r})")
+        return {}
+    engine = choice("flower_engine", opts.flower_engine, ("simulation", "deployment"))
+    superlink = opts.flower_superlink
+    if engine == "deployment":
+        if superlink is None:
+            raise ValueError("flower_engine='deployment' needs flower_superlink='host:port', "
+                             "the SuperLink's Control API address (e.g. '127.0.0.1:9093')")
+        superlink = _address("flower_superlink", superlink)
+    elif superlink is not None or "flower_bridge" in given:
+        raise ValueError("flower_superlink and flower_bridge only apply to "
+                         "flower_engine='deployment'")
+    return {"flower_engine": engine, "flower_superlink": superlink,
+            "flower_bridge": _address("flower_bridge", opts.flower_bridge),
+            "flower_start_timeout": real("flower_start_timeout", opts.flower_start_timeout,
+                                         low=0.0, low_open=True)}

@@ -97,7 +97,7 @@ class Session:
             secure = secagg.SecureAggregation(problem.data.client_sizes, opts.secure_range)
             tasks = secagg.client_tasks(tasks)
         clients = build_clients(problem.data, seed, tasks)
-        self.transport = make_transport(opts.transport, clients, opts.client_timeout)
+        self.transport = make_transport(opts.transport, clients, opts.client_timeout, opts)
         sizes = problem.data.client_sizes
         gatherer = Gatherer(self.transport, sizes, drop=opts.on_client_failure == "drop",
                             secure=secure, tally=tally)
