@@ -49,8 +49,8 @@ def test_every_field_of_a_request_and_a_reply_crosses_exactly():
     config = {"batch_size": None, "tau": 0.1 + 1e-17, "noise": True, "name": "x",
               "big": 2 ** 62 + 1, "tiny": 5e-324, "inf": float("inf"), "neg": -3}
     request = Request("ssca.round", 7, rng.standard_normal(11), config)
-    if any(f.name == "arrays" for f in dataclasses.fields(Request)):   # the downlink arrays
-        request = dataclasses.replace(request, arrays={"mask": np.arange(4, dtype=np.uint64)})
+    request = dataclasses.replace(request, arrays={"mask": np.arange(4, dtype=np.uint64),
+                                                   "key": np.frombuffer(b"abc", np.uint8)})
     back, extra = flower.unpack(flower.pack(request, {"client": 3}))
     _same(request, back)
     assert extra == {"client": 3}
@@ -63,8 +63,9 @@ def test_every_field_of_a_request_and_a_reply_crosses_exactly():
               "scalar": np.array(2.5), "empty": np.zeros((0, 4)),
               "fortran": np.asfortranarray(rng.standard_normal((4, 3))),
               "f32": rng.standard_normal(6).astype(np.float32)}
-    reply = Reply(2, "ssca.round", 7, 113, 20, arrays)
+    reply = Reply(2, "ssca.round", 7, 113, 20, arrays, weight=2.5)
     _same(reply, flower.unpack(flower.pack(reply))[0])
+    _same(Reply(1, "t", 1, 3, 3, {}), flower.unpack(flower.pack(Reply(1, "t", 1, 3, 3, {})))[0])
     dropout = flower.Dropout(4, "ssca.round", 9, "its node died")
     _same(dropout, flower.unpack(flower.pack(dropout))[0])
 
@@ -163,7 +164,7 @@ def test_replies_come_in_the_order_asked_from_read_only_requests(transport):
     assert not any(bool(r.arrays["w_writeable"]) for r in replies)
     some = list(transport.stream(_request(2), participants=[2, 0]))
     assert [r.client for r in some] == [2, 0]
-    with pytest.raises(ValueError, match="distinct client indices"):
+    with pytest.raises(ValueError, match="participants must be distinct"):
         list(transport.stream(_request(3), participants=[0, 0]))
 
 

@@ -67,20 +67,8 @@ from .. import errors
 from ..data import ClientData
 from ..errors import ClientError
 from .client import Client
-from .messages import Reply, Request
-from .transports import DEFAULT_CLIENT_TIMEOUT, Transport
-
-try:
-    from .messages import Dropout
-except ImportError:                 # until messages.py defines it (same fields)
-    @dataclasses.dataclass(frozen=True)
-    class Dropout:                  # type: ignore[no-redef]
-        """A client that failed or timed out in a round (``tolerate_failures=True``)."""
-
-        client: int
-        task: str
-        round: int
-        error: str
+from .messages import Dropout, Reply, Request
+from .transports import DEFAULT_CLIENT_TIMEOUT, Transport, participant_order
 
 #: The Flower message type of every request (Flower allows train/evaluate/query[.action]).
 MESSAGE_TYPE = "query.ssca"
@@ -672,22 +660,13 @@ class FlowerTransport(Transport):
             self._engine = _Deployment(clients, superlink, bridge, start_timeout, timeout)
         self._session = self._engine.session
 
-    def _participants(self, participants) -> list[int]:
-        if participants is None:
-            return list(range(self.num_clients))
-        out = [int(i) for i in participants]
-        if len(set(out)) != len(out) or any(not 0 <= i < self.num_clients for i in out):
-            raise ValueError(f"participants must be distinct client indices in 0.."
-                             f"{self.num_clients - 1}, got {list(participants)}")
-        return out
-
     def stream(self, request: Request, participants=None,
                tolerate_failures: bool = False) -> Iterator:
         """Yield, in the order of ``participants`` (None: every client), each one's Reply, or a
         Dropout when it failed and ``tolerate_failures`` is True (else ClientError)."""
         if self._closed:
             raise RuntimeError("this transport is closed")
-        order = self._participants(participants)
+        order = participant_order(participants, self.num_clients)
         ttl = 3600.0 if self.timeout is None else max(self.timeout + 60.0, 60.0)
         token = self._session.send(request, order, ttl)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
