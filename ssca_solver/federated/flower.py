@@ -242,6 +242,18 @@ def load_callable(spec: str):
     return fn
 
 
+def load_partition(spec: str, partition: int) -> ClientData:
+    """A SuperNode's rows from its node config's ``data``: a ``.npz`` file with ``X`` (and
+    ``y``), or ``"module:function"``, called as ``function(partition_id)`` and returning X or
+    (X, y)."""
+    if spec.endswith(".npz"):
+        with np.load(spec, allow_pickle=False) as f:
+            return ClientData(f["X"], f["y"] if "y" in f.files else None)
+    loaded = load_callable(spec)(partition)
+    X, y = loaded if isinstance(loaded, tuple) else (loaded, None)
+    return ClientData(np.asarray(X), None if y is None else np.asarray(y))
+
+
 def _node_client(partition, context, extra, content) -> Client:
     """On a SuperNode: the Client of this node's partition, its rows from its own loader."""
     import cloudpickle
@@ -252,12 +264,10 @@ def _node_client(partition, context, extra, content) -> Client:
         spec = context.node_config.get("data")
         if spec is None:
             raise ValueError("this SuperNode has no 'data' in its node config: start it with "
-                             "--node-config \"partition-id=I data='module:function'\"")
+                             "--node-config \"partition-id=I data='FILE.npz'\" (or "
+                             "data='module:function')")
         if (spec, partition) not in _NODE_DATA:
-            loaded = load_callable(str(spec))(partition)
-            X, y = loaded if isinstance(loaded, tuple) else (loaded, None)
-            _NODE_DATA[(spec, partition)] = ClientData(np.asarray(X),
-                                                      None if y is None else np.asarray(y))
+            _NODE_DATA[(spec, partition)] = load_partition(str(spec), partition)
         blob = content["ssca.tasks"]["tasks"]
         if hashlib.sha256(blob).hexdigest() != extra["tasks_hash"]:
             raise ValueError("the task table does not match its hash")
@@ -466,8 +476,8 @@ packages = ["."]
 publisher = "ssca-solver"
 
 [tool.flwr.app.components]
-serverapp = "ssca_relay:app"
-clientapp = "ssca_solver.federated.flower:node_app"
+serverapp = "ssca_relay:serverapp"
+clientapp = "ssca_relay:clientapp"
 
 [tool.flwr.app.config]
 bridge = ""
@@ -476,7 +486,10 @@ key = ""
 
 _APP_MODULE = """\
 \"\"\"The ServerApp of ssca-solver's Flower deployment engine (written by the transport).\"\"\"
-from ssca_solver.federated.flower import relay_app as app  # noqa: F401
+from ssca_solver.federated import flower
+
+serverapp = flower.relay_app     # relays the solver's requests to the Grid
+clientapp = flower.node_app      # on each SuperNode: the client of its partition-id
 """
 
 
@@ -530,23 +543,31 @@ class _Deployment:
         self._dir = tempfile.mkdtemp(prefix="ssca-flower-app-")
         self.run_id = None
         try:
-            with open(os.path.join(self._dir, "pyproject.toml"), "w") as f:
-                f.write(_APP_PYPROJECT + "\n[tool.flwr.federations]\ndefault = \"ssca\"\n\n"
-                        f"[tool.flwr.federations.ssca]\naddress = \"{superlink}\"\n"
-                        "insecure = true\n")
-            with open(os.path.join(self._dir, "ssca_relay.py"), "w") as f:
+            app = os.path.join(self._dir, "app")
+            home = os.path.join(self._dir, "flwr-home")
+            os.makedirs(app)
+            os.makedirs(home)
+            with open(os.path.join(app, "pyproject.toml"), "w") as f:
+                f.write(_APP_PYPROJECT)
+            with open(os.path.join(app, "ssca_relay.py"), "w") as f:
                 f.write(_APP_MODULE)
+            with open(os.path.join(home, "config.toml"), "w") as f:
+                f.write(f'[superlink]\ndefault = "ssca"\n\n[superlink.ssca]\n'
+                        f'address = "{superlink}"\ninsecure = true\n')
             config = f"bridge='{host}:{port}' key='{key.hex()}'"
-            out = subprocess.run(
-                [sys.executable, "-m", "flwr.cli.app", "run", self._dir, "ssca",
-                 "--run-config", config, "--format", "json"],
-                capture_output=True, text=True, timeout=start_timeout,
-                cwd=self._dir)
-            if out.returncode != 0:
+            flwr = shutil.which("flwr", path=os.path.dirname(sys.executable)) or "flwr"
+            out = subprocess.run([flwr, "run", app, "ssca", "--run-config", config, "--format",
+                                  "json"], capture_output=True, text=True,
+                                 timeout=start_timeout, cwd=self._dir,
+                                 env={**os.environ, "FLWR_HOME": home})
+            try:
+                answer = json.loads(out.stdout)
+            except ValueError:
+                answer = {}
+            if out.returncode != 0 or not answer.get("success"):
                 raise RuntimeError(f"'flwr run' failed (exit {out.returncode}): "
                                    f"{(out.stdout + out.stderr).strip()[-2000:]}")
-            with contextlib.suppress(Exception):
-                self.run_id = json.loads(out.stdout).get("run-id")
+            self.run_id = answer.get("run-id")
             self._conn = self._accept(start_timeout)
             blob = cloudpickle.dumps(clients[0].tasks)
             seed = clients[0].seed
