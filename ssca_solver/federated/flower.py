@@ -388,6 +388,27 @@ class GridSession:
 
 # -- engines ------------------------------------------------------------------------------------
 
+def _same_blas_threads() -> dict:
+    """Give the Ray actors this process's BLAS thread count (Ray starts workers with one
+    thread, and a matrix product split over another number of threads rounds differently: the
+    iterates would differ from the in-process ones in the last bits). Sets the variables in
+    ``os.environ`` while the simulation starts (Ray's processes inherit them); returns the old
+    values to restore."""
+    try:
+        from threadpoolctl import threadpool_info
+        counts = [i["num_threads"] for i in threadpool_info()
+                  if i.get("user_api") == "blas"]
+    except Exception:                    # threadpoolctl missing: BLAS's own default
+        counts = []
+    n = str(max(counts) if counts else (os.cpu_count() or 1))
+    saved = {}
+    for k in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
+        if k not in os.environ:          # a value the user set is inherited as it is
+            saved[k] = None
+            os.environ[k] = n
+    return saved
+
+
 class _Simulation:
     """Flower's Simulation Runtime in a thread; its ServerApp hands over the Grid and waits."""
 
@@ -420,21 +441,29 @@ class _Simulation:
 
         self._thread = threading.Thread(target=run, name="ssca-flower-simulation",
                                         daemon=True)
-        self._thread.start()
+        saved = _same_blas_threads()
         try:
-            grid = grids.get(timeout=start_timeout)
-        except queue.Empty:
-            self.close()
-            raise ClientError(0, "start", f"Flower's simulation did not start within "
-                              f"flower_start_timeout={start_timeout:g} s") from None
-        if grid is None:
-            raise RuntimeError("Flower's simulation ended before it started") from (
-                self._failure[0] if self._failure else None)
-        try:
-            self.session = GridSession(grid, len(clients), start_timeout)
-        except BaseException:
-            self.close()
-            raise
+            self._thread.start()
+            try:
+                grid = grids.get(timeout=start_timeout)
+            except queue.Empty:
+                self.close()
+                raise ClientError(0, "start", f"Flower's simulation did not start within "
+                                  f"flower_start_timeout={start_timeout:g} s") from None
+            if grid is None:
+                raise RuntimeError("Flower's simulation ended before it started") from (
+                    self._failure[0] if self._failure else None)
+            try:
+                self.session = GridSession(grid, len(clients), start_timeout)
+            except BaseException:
+                self.close()
+                raise
+        finally:               # the actors run by now, with the environment they started with
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     def close(self) -> None:
         self._stop.set()
@@ -556,17 +585,24 @@ class _Deployment:
                         f'address = "{superlink}"\ninsecure = true\n')
             config = f"bridge='{host}:{port}' key='{key.hex()}'"
             flwr = shutil.which("flwr", path=os.path.dirname(sys.executable)) or "flwr"
-            out = subprocess.run([flwr, "run", app, "ssca", "--run-config", config, "--format",
-                                  "json"], capture_output=True, text=True,
-                                 timeout=start_timeout, cwd=self._dir,
-                                 env={**os.environ, "FLWR_HOME": home})
-            try:
-                answer = json.loads(out.stdout)
-            except ValueError:
-                answer = {}
-            if out.returncode != 0 or not answer.get("success"):
-                raise RuntimeError(f"'flwr run' failed (exit {out.returncode}): "
-                                   f"{(out.stdout + out.stderr).strip()[-2000:]}")
+            deadline = time.monotonic() + start_timeout
+            while True:          # the SuperLink may still be starting: retry while unavailable
+                out = subprocess.run(
+                    [flwr, "run", app, "ssca", "--run-config", config, "--format", "json"],
+                    capture_output=True, text=True, cwd=self._dir,
+                    timeout=max(1.0, deadline - time.monotonic()),
+                    env={**os.environ, "FLWR_HOME": home})
+                try:
+                    answer = json.loads(out.stdout)
+                except ValueError:
+                    answer = {}
+                if out.returncode == 0 and answer.get("success"):
+                    break
+                text = (out.stdout + out.stderr).strip()
+                if "unavailable" not in text or time.monotonic() + 1 > deadline:
+                    raise RuntimeError(f"'flwr run' failed (exit {out.returncode}) with the "
+                                       f"SuperLink at {superlink}: {text[-2000:]}")
+                time.sleep(1.0)
             self.run_id = answer.get("run-id")
             self._conn = self._accept(start_timeout)
             blob = cloudpickle.dumps(clients[0].tasks)
@@ -727,3 +763,68 @@ def make(clients, timeout, flower_engine="simulation", flower_superlink=None,
     """The registry's factory for ``transport="flower"`` (options of the same names)."""
     return FlowerTransport(clients, timeout, flower_engine, flower_superlink, flower_bridge,
                            flower_start_timeout)
+
+
+# -- a federation on this machine (tests, benchmarks, trying the deployment engine) -------------
+
+class LocalFederation:
+    """A SuperLink and one SuperNode per client on 127.0.0.1 (free ports), each node holding
+    its client's rows in ``directory/client{i}.npz`` (node config ``partition-id=i
+    data='...'``): what docs/engines.md runs by hand on several machines, here as child
+    processes. Every process is recorded by PID (:attr:`pids`) and stopped by that PID in
+    :meth:`close` (SIGTERM, then SIGKILL after ``grace`` seconds).
+
+    Args:
+      data: the FederatedData whose blocks the nodes hold.
+      directory: where the .npz files, logs and FLWR_HOME go.
+    """
+
+    def __init__(self, data, directory, grace: float = 15.0):
+        self.directory = os.fspath(directory)
+        self.grace = grace
+        self.procs: list = []
+        port = _free_port()
+        self.superlink = f"127.0.0.1:{port}"
+        env = {**os.environ, "FLWR_HOME": os.path.join(self.directory, "flwr-home")}
+        bindir = os.path.dirname(sys.executable)
+        tool = lambda name: shutil.which(name, path=bindir) or name   # noqa: E731
+        try:
+            self._start([tool("flower-superlink"), "--insecure", "--host", "127.0.0.1",
+                         "--port", str(port), "--disable-runtime-dependency-installation"],
+                        "superlink.log", env)
+            for i, c in enumerate(data.clients):
+                path = os.path.join(self.directory, f"client{i}.npz")
+                np.savez(path, **({"X": c.X} if c.y is None else {"X": c.X, "y": c.y}))
+                self._start([tool("flower-supernode"), "--insecure", "--superlink",
+                             self.superlink, "--port", str(_free_port()), "--node-config",
+                             f"partition-id={i} data='{path}'"], f"supernode{i}.log", env)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, argv, log_name, env):
+        with open(os.path.join(self.directory, log_name), "w") as log:
+            self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                               env=env, stdin=subprocess.DEVNULL))
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + self.grace
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
