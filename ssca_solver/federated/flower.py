@@ -296,12 +296,13 @@ class GridSession:
       grid: the ServerApp's Grid.
       num_clients: I; the handshake maps client i to the node whose ``partition-id`` is i.
       start_timeout: seconds to wait for every node to join and answer the handshake.
-      extra: metadata sent with every request (the deployment's seed and task-table hash).
-      tasks_blob: the pickled task table (deployment; None in simulation).
+      extra: client -> metadata sent with each of its requests (deployment: its seed and
+        task-table hash; None in simulation).
+      tasks_blob: client -> its pickled task table (deployment; None in simulation).
     """
 
     def __init__(self, grid: Grid, num_clients: int, start_timeout: float,
-                 extra: Optional[dict] = None, tasks_blob: Optional[bytes] = None):
+                 extra: Optional[dict] = None, tasks_blob: Optional[dict] = None):
         self.grid = grid
         self.num_clients = int(num_clients)
         self.extra = dict(extra or {})
@@ -354,9 +355,9 @@ class GridSession:
         """Push one message per participant; a token for :meth:`poll`."""
         msgs = []
         for i in participants:
-            content = pack(request, {**self.extra, "client": int(i)})
+            content = pack(request, {**self.extra.get(i, {}), "client": int(i)})
             if self.tasks_blob is not None:
-                content["ssca.tasks"] = ConfigRecord({"tasks": self.tasks_blob})
+                content["ssca.tasks"] = ConfigRecord({"tasks": self.tasks_blob[i]})
             msgs.append(Message(content, dst_node_id=self.nodes[i], message_type=MESSAGE_TYPE,
                                 group_id=str(request.round), ttl=ttl))
         ids = list(self.grid.push_messages(msgs))
@@ -605,9 +606,10 @@ class _Deployment:
                 time.sleep(1.0)
             self.run_id = answer.get("run-id")
             self._conn = self._accept(start_timeout)
-            blob = cloudpickle.dumps(clients[0].tasks)
-            seed = clients[0].seed
-            extra = {"seed": seed, "tasks_hash": hashlib.sha256(blob).hexdigest()}
+            blob, extra = {}, {}       # each client's own seed and task table
+            for i, c in enumerate(clients):
+                blob[i] = cloudpickle.dumps(c.tasks)
+                extra[i] = {"seed": c.seed, "tasks_hash": hashlib.sha256(blob[i]).hexdigest()}
             self._conn.send((len(clients), start_timeout, extra, blob))
             self._result(start_timeout + 30)
         except BaseException:
