@@ -149,7 +149,7 @@ class Session:
     def final_report(self, state, solver: str = "CLARABEL"):
         """(fun, constraints, kkt, communication, history) at ``state.w`` on the full data."""
         try:
-            final = self.runner.evaluate(state.w, with_grad=True)
+            final = self.runner.evaluate(state.w, with_grad=True, round=state.t)
         except BaseException as exc:
             self.runner.failed(exc, state)
             raise
