@@ -290,3 +290,42 @@ def test_a_method_that_reads_single_replies_refuses_secure_aggregation():
     with pytest.raises(ValueError, match="method 'primal_dual' does not support "
                                          "secure_aggregation"):
         prob.solve(method="primal_dual", max_iter=2, secure_aggregation=True)
+
+
+class FreshClients(Transport):
+    """Each message answered by a fresh copy of its client (as an engine with a pool of
+    workers would), the client's secrets carried between messages by export/import_state on
+    the client's side only."""
+
+    def __init__(self, prob):
+        self.prob = prob
+        self.num_clients = prob.data.num_clients
+        self.kept = {}                       # client index -> its exported secrets
+
+    def stream(self, request, participants=None, tolerate_failures=False):
+        for i in (range(self.num_clients) if participants is None else participants):
+            c = _clients(self.prob, True)[i]
+            secagg.import_state(c, self.kept.get(i, {}))
+            reply = c.handle(request.read_only())
+            self.kept[i] = secagg.export_state(c)
+            yield reply
+
+
+def test_secrets_can_live_outside_the_client_object_between_messages():
+    prob = _problem()
+    a = combine(list(Gatherer(InProcessTransport(_clients(prob, True)), SIZES,
+                              secure=secagg.SecureAggregation(SIZES, 2.0 ** 20)).collect(
+        round_request(2, np.full(D, 0.1), 5))), prob.data.num_samples)[0]
+    t = FreshClients(prob)
+    b = combine(list(Gatherer(t, SIZES, secure=secagg.SecureAggregation(SIZES, 2.0 ** 20))
+                     .collect(round_request(2, np.full(D, 0.1), 5))), prob.data.num_samples)[0]
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    assert all(not kept for kept in t.kept.values())     # the secrets go after unmasking
+    with pytest.raises(ss.SecureAggregationError, match="no secrets for aggregation"):
+        t.kept.clear()
+        t2 = FreshClients(prob)
+        t2.stream = lambda req, p=None, tol=False: (
+            _clients(prob, True)[i].handle(req.read_only()) for i in range(len(SIZES)))
+        list(Gatherer(t2, SIZES, secure=secagg.SecureAggregation(SIZES, 2.0 ** 20)).collect(
+            round_request(2, np.full(D, 0.1), 5)))

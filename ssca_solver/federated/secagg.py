@@ -32,6 +32,8 @@ or the server ignores it: its self mask b_v stays secret). See docs/privacy.md.
 
 Clients keep the secrets of one aggregation between its four messages (in their own process
 on the process transport); a client restarted in between has lost them and counts as dropped.
+An engine that hands each message to a fresh client object must carry them on the client's
+side between messages: :func:`export_state` / :func:`import_state`.
 """
 
 from __future__ import annotations
@@ -271,6 +273,55 @@ def unmask_task(client, request: Request) -> Reply:
                  dtype=np.uint8).reshape(len(dropped), SHARE_BYTES)
     _store(client).pop(agg, None)              # done: the secrets go
     return client.reply(request, {"b_shares": b, "s_shares": s})
+
+
+def export_state(client) -> dict:
+    """This client's secrets of the aggregations in progress, as plain arrays (``"agg/field"``
+    -> uint8 or int64 array), for an engine that does not route the four messages of an
+    aggregation to the same live ``Client`` object but keeps per-node state between messages
+    on the client's side (e.g. Flower's ``Context.state`` on a SuperNode). Never send them to
+    the server: they are the private keys. :func:`import_state` puts them back."""
+    out = {}
+    for agg, st in _store(client).items():
+        p = f"{agg}/"
+        out[p + "c"] = np.frombuffer(st["c"].private_bytes_raw(), np.uint8).copy()
+        out[p + "s"] = np.frombuffer(st["s"].private_bytes_raw(), np.uint8).copy()
+        out[p + "b"] = np.frombuffer(st["b"], np.uint8).copy()
+        if "ids1" in st:
+            out[p + "ids1"] = np.array(st["ids1"], dtype=np.int64)
+            out[p + "c_pk"], out[p + "s_pk"] = st["c_pk"].copy(), st["s_pk"].copy()
+            out[p + "threshold"] = np.array([st["threshold"]], dtype=np.int64)
+            out[p + "own"] = np.frombuffer(st["own"][0] + st["own"][1], np.uint8).copy()
+        if "ids2" in st:
+            out[p + "ids2"] = np.array(st["ids2"], dtype=np.int64)
+            senders = sorted(st["inbox"])
+            out[p + "inbox_from"] = np.array(senders, dtype=np.int64)
+            out[p + "inbox"] = np.array([np.frombuffer(st["inbox"][v], np.uint8)
+                                         for v in senders],
+                                        dtype=np.uint8).reshape(len(senders), CIPHER_BYTES)
+    return out
+
+
+def import_state(client, arrays: Mapping) -> None:
+    """Restore on ``client`` the secrets saved by :func:`export_state` (replacing its own)."""
+    store = _store(client)
+    store.clear()
+    for agg in sorted({k.rsplit("/", 1)[0] for k in arrays}):
+        def get(field):
+            return np.asarray(arrays[f"{agg}/{field}"])
+        st = {"c": X25519PrivateKey.from_private_bytes(get("c").tobytes()),
+              "s": X25519PrivateKey.from_private_bytes(get("s").tobytes()),
+              "b": get("b").tobytes()}
+        if f"{agg}/ids1" in arrays:
+            own = get("own").tobytes()
+            st.update(ids1=[int(i) for i in get("ids1")], c_pk=get("c_pk").copy(),
+                      s_pk=get("s_pk").copy(), threshold=int(get("threshold")[0]),
+                      own=(own[:SHARE_BYTES], own[SHARE_BYTES:]))
+        if f"{agg}/ids2" in arrays:
+            st["ids2"] = [int(i) for i in get("ids2")]
+            st["inbox"] = {int(v): row.tobytes() for v, row in zip(get("inbox_from"),
+                                                                    get("inbox"))}
+        store[agg] = st
 
 
 def client_tasks(tasks: Mapping) -> dict:
