@@ -144,7 +144,8 @@ class Session:
 
     def kkt(self, state, ev, solver: str = "CLARABEL"):
         """The KKT report at ``state.w`` from a full-data evaluation with gradients."""
-        return kkt_report(state.w, ev, self.evaluator.terms, solver, self.grad_scale)
+        return kkt_report(state.w, ev, self.evaluator.terms, solver, self.grad_scale,
+                          getattr(state, "metric", None))
 
     def final_report(self, state, solver: str = "CLARABEL"):
         """(fun, constraints, kkt, communication, history) at ``state.w`` on the full data."""

@@ -103,3 +103,67 @@ def test_no_metric_exchange_outside_the_unit_step_defaults(cancer, monkeypatch):
     assert res.status == "max_iter"     # ran its rounds without asking for a metric
     with pytest.raises(RuntimeError, match="metric asked"):
         prob.solve(seed=0, max_iter=5, eval_every=None)
+
+
+def _column_times(k):
+    """The walkthrough's regression (diabetes, bound on the older group's error) with column 3
+    multiplied by k, and its CVXPY optimum on the pooled rows."""
+    import cvxpy as cp
+
+    from problems.least_squares import diabetes_regression
+
+    X, y = diabetes_regression()
+    X = X.copy()
+    X[:, 3] *= k
+    older = X[:, 0] > 0
+    Y = np.column_stack([y, older])
+    pi = older.mean()
+    loss = ss.SampleFunction(lambda w, X, Y: 0.5 * (X @ w - Y[:, 0]) ** 2,
+                             lambda w, X, Y: X.T @ (X @ w - Y[:, 0]) / len(X), name="error")
+    old = ss.SampleFunction(lambda w, X, Y: Y[:, 1] / pi * 0.5 * (X @ w - Y[:, 0]) ** 2,
+                            lambda w, X, Y: X.T @ (Y[:, 1] / pi * (X @ w - Y[:, 0])) / len(X),
+                            name="older")
+    prob = ss.Problem(loss, [old <= 0.228], dim=X.shape[1],
+                      data=ss.FederatedData.split(X, Y, num_clients=4, seed=0),
+                      regularizer=lambda w: 1e-3 * cp.sum_squares(w))
+    w = cp.Variable(X.shape[1])
+    r = X @ w - y
+    con = cp.sum(cp.multiply(older / pi, 0.5 * cp.square(r))) / len(y) <= 0.228
+    ref = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(r) / len(y) + 1e-3 * cp.sum_squares(w)),
+                     [con])
+    ref.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    return prob, X, Y, (loss, old), w.value, ref.value, float(con.dual_value)
+
+
+def test_stationarity_in_the_metric_catches_a_point_off_in_the_small_coordinates():
+    """One column 1e4 times larger: at a point 0.005 off the optimum in a small coordinate the
+    plain ratio |grad L| / (size of its terms) is below 1e-4 (the large column sets both), the
+    ratio in the metric's units is not."""
+    from ssca_solver.diagnostics import Evaluation, ProblemTerms, kkt_report
+
+    prob, X, Y, fns, w_star, _, mu = _column_times(1e4)
+    x = w_star.copy()
+    x[5] += 0.005
+    values = np.array([fn.value(x, X, Y).mean() for fn in fns])
+    grads = np.array([fn.grad(x, X, Y) for fn in fns])
+    ev = Evaluation(values, grads, 0, 0)
+    terms = ProblemTerms(True, prob.bounds, prob.deterministic)
+    per_sample = np.array([[fn.grad(x, X[i:i + 1], Y[i:i + 1]) ** 2 for i in range(len(X))]
+                           for fn in fns]).mean(axis=1)
+    D = per_sample / per_sample.max(axis=1, keepdims=True)
+    assert D.min() < 1e-6                                   # the metric would be on
+    plain = kkt_report(x, ev, terms)
+    scaled = kkt_report(x, ev, terms, metric=D)
+    assert plain.stationarity_rel < 1e-4 < scaled.stationarity_rel
+
+
+def test_a_large_column_is_not_certified_away_from_the_optimum():
+    """Was a false certificate: 'converged' at round 70, 1.6 % above the optimum, with mu 3.75
+    against 0.415. Whatever the status now, 'converged' must mean the optimum."""
+    prob, X, Y, fns, w_star, best, mu = _column_times(1e4)
+    res = prob.solve(seed=0)
+    if res.status == "converged":
+        assert abs(res.fun - best) <= 1e-3 * best
+        assert res.kkt.multipliers[0] == pytest.approx(mu, rel=1e-2)
+    else:
+        assert res.status == "max_iter"

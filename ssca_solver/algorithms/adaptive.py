@@ -40,6 +40,7 @@ GROW_EVERY = 50          # and an increase at least this often: the batch reache
 TAU_UP, TAU_DOWN = 2.0, 0.9
 MAX_REJECTS = 8         # rejected steps in a row after which the point is settled
 MERIT_RTOL = {"closed_form": 1e-12, "cvxpy": 1e-7}   # merit increases below this are rounding
+MERIT_ROUNDING = 1e-14  # and below this times the size of the terms the merit is made of
 PROBE_TASK = "ssca.probe"
 METRIC_TASK = "ssca.metric"
 METRIC_ROWS = 64        # rows per client whose per-sample gradients give the diagonal metric

@@ -284,14 +284,28 @@ class SSCA:
         excess = np.maximum(np.asarray(values[k:]) - self.problem.bounds, 0.0)
         return float(obj + penalty * np.sum(excess))
 
+    def _merit_size(self, stats, w) -> float:
+        """The size of the terms the merit is computed from (its rounding is ~1e-16 of it)."""
+        size = 0.0
+        for b, st in zip(self.builders, stats):
+            form = b.quadratic_form(st)
+            if form is None:
+                return 0.0
+            a, lin, const = form
+            size += abs(a) * float(w @ w) + abs(float(lin @ w)) + abs(const)
+        return size
+
     def _backtracking_step(self, state, stats):
         """Full batches: accept the step to w_t if the merit did not increase (then tau shrinks),
         else retry from the last accepted point with tau doubled."""
         merit = self._merit(stats, state.w, state.penalty)
-        # an increase within the subproblem solver's accuracy is rounding, not a bad step
+        # an increase within the subproblem solver's accuracy is rounding, not a bad step; and
+        # so is one within the rounding of the merit itself, which the statistics give as
+        # const + lin.w + quad |w|^2, terms far larger than the value when tau is large
         rtol = ad.MERIT_RTOL.get(getattr(self.subproblem, "name", ""), 1e-9)
+        noise = ad.MERIT_ROUNDING * self._merit_size(stats, state.w)
         worse = (np.isfinite(state.merit) and len(state.prev_stats)
-                 and merit > state.merit + rtol * max(1.0, abs(state.merit)))
+                 and merit > state.merit + max(rtol * max(1.0, abs(state.merit)), noise))
         if worse:                                    # reject w_t
             k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
         else:
