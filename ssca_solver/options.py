@@ -189,8 +189,9 @@ class RunOptions:
         says, and weighted so that the combined statistics stay unbiased (Horvitz-Thompson):
         E[sum over the sampled clients] = the sum over all I. Only the sampled clients are
         sent the round's request and counted in ``res.communication``; the full-data
-        evaluations (history and KKT test) still ask every client. With K < I the estimate is
-        random even on full batches, so method "ssca" runs its rho and gamma schedules there
+        evaluations (history and KKT test) still ask every client. With K < I (or proportional
+        draws) the estimate is random even on full batches, so method "ssca" runs its rho and
+        gamma schedules there
         (no unit steps, backtracking or diagonal metric, which assume exact statistics).
       participation: how the K clients are drawn: "uniform" (default: K of I without
         replacement, each weighted I/K) or "proportional" (K draws with replacement with

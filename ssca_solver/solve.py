@@ -72,7 +72,9 @@ def solve_ssca(problem, **options) -> Result:
     check_schedules(o.rho, o.gamma, stochastic=o.batch_size is not None)
     # with K < I clients per round even full batches give a random estimate (the draw of the
     # clients): the paper's diminishing rho and gamma, not deterministic SCA's unit steps
-    sampled = o.clients_per_round is not None and o.clients_per_round < problem.data.num_clients
+    # (proportional draws are with replacement: random even with K = I)
+    sampled = o.clients_per_round is not None and (
+        o.clients_per_round < problem.data.num_clients or o.participation == "proportional")
     unit_steps = "rho" not in options and "gamma" not in options and not sampled
     M = problem.num_constraints
     builders = problem.builders                 # the functions' surrogates as they are now

@@ -155,6 +155,9 @@ def test_sampled_clients_make_the_default_options_run_the_schedules():
     assert np.all(res.history.rho < 1) and np.all(res.history.rejected == 0)
     full = _problem().solve(max_iter=6, seed=0, clients_per_round=6, eval_every=None)
     assert np.all(full.history.rho == 1)
+    drawn = _problem().solve(max_iter=6, seed=0, clients_per_round=6, eval_every=None,
+                             participation="proportional")      # with replacement: random
+    assert np.all(drawn.history.rho < 1)
 
 
 def test_drop_without_failures_gives_the_same_iterates_as_raise():
