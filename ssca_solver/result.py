@@ -133,7 +133,9 @@ class Result:
         (CVXPY path: compiled once with Parameters, or rebuilt each round for d > 4096; None
         for the closed form).
       extras: method-specific settings worth keeping with the result (e.g. FedAvg's E; the
-        Lagrangian baselines' own multipliers lambda under ``"multipliers"``).
+        Lagrangian baselines' own multipliers lambda under ``"multipliers"``; SSCA's
+        ``"diagonal_metric"``: the spread of the curvature estimates when the default options
+        used the diagonal metric, see :mod:`ssca_solver.algorithms.adaptive`).
       dropouts: with ``on_client_failure="drop"``, every client that failed in a round or an
         evaluation, in order: :class:`ssca_solver.federated.Dropout` (client, task, round,
         error); ``round`` is the round the request belonged to (for task "evaluate", the
@@ -177,6 +179,10 @@ class Result:
                  + f"   time: {self.time:.2f} s",
                  f"objective     {self.fun:.6g}   (full data, with deterministic terms)"]
         sampling = _sampling(self.history)
+        if self.extras.get("diagonal_metric"):
+            sampling = (sampling + "; " if sampling else "") + (
+                "diagonal metric on full batches (the curvature estimates span "
+                f"{self.extras['diagonal_metric']:.2g})")
         if sampling:
             lines.append(f"sampling      {sampling}")
         if self.stages and self.slack.size:

@@ -134,6 +134,8 @@ def solve_ssca(problem, **options) -> Result:
         history=history, communication=comm, stages=tuple(stages), nit=state.t,
         method="ssca", subproblem=subproblem.name, time=runner.elapsed,
         constraint_names=tuple(c.name for c in problem.constraints),
+        extras=({"diagonal_metric": float(1.0 / np.min(state.metric))}
+                if state.metric.size else {}),
         solver_info={"solver": (o.solver if isinstance(subproblem, CvxpySubproblem)
                                 else "closed_form"),
                      "retries": int(history.retries.sum()),

@@ -81,6 +81,8 @@ def test_badly_scaled_run_uses_the_metric_and_resumes_exactly(cancer, tmp_path):
     prob = _badly_scaled(cancer)
     opts = dict(seed=3, max_iter=60, eval_every=None)
     full = prob.solve(**opts)
+    assert full.extras["diagonal_metric"] > ad.METRIC_SPREAD
+    assert "diagonal metric on full batches" in full.report()
     path = tmp_path / "m.ckpt"
     first = prob.solve(checkpoint=path, callback=lambda it: it.t == 25, **opts)
     assert first.status == "stopped"

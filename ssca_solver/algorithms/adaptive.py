@@ -13,6 +13,12 @@ backtracking on full batches.
   Var = sum_i (N_i/N)^2 |g_A - g_B|^2 / 4 (1 - B_i/N_i). While the Lagrangian's noise exceeds
   its size (an exponential average of Var / |grad L|^2 above 1), the batch doubles, up to every
   row of every client.
+* **Diagonal metric** (before round 1, closed-form path): each client sends the sum of its
+  squared per-sample gradients over up to METRIC_ROWS rows, per function (an empirical-Fisher
+  estimate of the Hessian's diagonal). When for some function the estimates span more than
+  METRIC_SPREAD, full-batch rounds use the proximal term tau (w - w_t)' diag(D_m) (w - w_t)
+  (:meth:`ClosedFormSubproblem.solve_metric`), and the KKT test also measures stationarity
+  in the metric's units.
 * **Full batches** (deterministic SCA): rho = gamma = 1, and the exact-penalty merit
   F_0 + R + c sum_m (F_m - U_m)_+ (known exactly at w_t from the clients' statistics) must not
   increase; a step that increases it is retried from the last accepted point with tau doubled
