@@ -51,7 +51,10 @@ class History:
     ``multipliers`` (subproblem duals, rounds x M), ``surrogate_value`` (optimal value of
     Problem 2/5), ``step_norm`` (|wbar_t - w_t|), ``retries`` (subproblem fallback attempts)
     and ``inaccurate`` (1.0 when the round's subproblem solve was flagged inaccurate); method
-    "fedavg" adds ``lr`` and ``step_norm`` (|w_{t+1} - w_t|).
+    "fedavg" adds ``lr`` and ``step_norm`` (|w_{t+1} - w_t|); "primal_dual" and
+    "augmented_lagrangian" add ``lr``, ``dual_step``, ``step_norm``, ``multipliers`` (their own
+    lambda_{t+1}, rounds x M), ``weights`` (the mu_t the clients used) and
+    ``constraint_estimate`` (Fhat - U, rounds x M).
     Every ``eval_every`` rounds: ``eval_t``, ``objective`` (full-data F_0 + deterministic
     terms at w_t) and ``constraints`` (full-data F_m(w_t) - U_m, len(eval_t) x M).
     Read them as attributes (``res.history.slack``); ``names`` lists them.
