@@ -30,7 +30,8 @@ full-data evaluations of the stopping test and SSCA's probe are diagnostics, cou
 the JSON) to reach it first, mean +- std over the runs that reached it and how many did; how
 many runs meet the target at their returned point; curves of gap and violation against rounds
 and floats (median over seeds), final status ("stopped": the T-round budget ran out;
-"converged": the KKT test passed earlier), time.
+"converged": the KKT test passed earlier), the rows the clients read to the target (the
+computation: SSCA's batches, the baselines' E x B per round; SSCA's probe not counted), time.
 
 Usage:  python benchmarks/constrained.py [--quick] [--problems a,b] [--seeds n] [--replot]
                                          [--out NAME]
@@ -188,16 +189,32 @@ def run(name, label, options, seed, T, every):
     per_round = c.num_clients * (c.up_per_client_round + c.down_per_client_round)
     hit = next((k for k in range(len(t)) if gap[k] <= GAP_TARGET and viol[k] <= VIOL_TARGET),
                None)
+    rows = np.cumsum(rows_per_round(prob, method, opts, h))
     return {"seed": seed, "status": res.status, "rounds": int(res.nit), "wall_s": res.time,
             "t": t, "gap": gap, "violation": viol, "floats_per_round": per_round,
             "eval_floats": c.eval_up_total + c.eval_down_total,
             "reached_round": None if hit is None else t[hit],
             "reached_floats": None if hit is None else t[hit] * per_round,
+            "reached_rows": None if hit is None else int(rows[t[hit] - 1]),
+            "rows_total": int(rows[-1]) if rows.size else 0,
             "final_gap": gap[-1], "final_violation": viol[-1],
             "final_fun": float(res.fun),
             "multipliers_kkt": [float(v) for v in res.kkt.multipliers],
             "multipliers_method": ([float(v) for v in res.extras["multipliers"]]
                                    if "multipliers" in res.extras else None)}
+
+
+def rows_per_round(prob, method, opts, history):
+    """Rows each round's clients read (the computation): SSCA, the batch of the round (the
+    history's batch_size, NaN: full) capped at each N_i; the baselines, E local steps of B rows
+    each (every row with "full"). SSCA's probe before round 1 is not counted."""
+    sizes = np.array(prob.data.client_sizes)
+    if method == "ssca":
+        return np.array([sizes.sum() if np.isnan(b) else np.minimum(sizes, int(b)).sum()
+                         for b in np.asarray(history.batch_size, dtype=float)])
+    B = opts.get("batch_size", 10)
+    rows = sizes.sum() if B in (None, "full") else np.minimum(sizes, int(B)).sum()
+    return np.full(len(history.t), opts.get("local_steps", 1) * rows)
 
 
 def score(runs, T):
@@ -230,6 +247,7 @@ def summarise(runs):
     reached = [r for r in runs if r["reached_round"] is not None]
     rr = np.array([r["reached_round"] for r in reached], dtype=float)
     ff = np.array([r["reached_floats"] for r in reached], dtype=float)
+    nn = np.array([r["reached_rows"] for r in reached], dtype=float)
     ok = [r for r in runs if r["status"] != "error"]
     at_end = sum(1 for r in ok if r["final_gap"] <= GAP_TARGET
                  and r["final_violation"] <= VIOL_TARGET)
@@ -238,6 +256,8 @@ def summarise(runs):
             "rounds_std": float(rr.std()) if rr.size else None,
             "floats_mean": float(ff.mean()) if ff.size else None,
             "floats_std": float(ff.std()) if ff.size else None,
+            "rows_mean": float(nn.mean()) if nn.size else None,
+            "rows_std": float(nn.std()) if nn.size else None,
             "final_gap_median": float(np.median([r["final_gap"] for r in ok])) if ok else None,
             "final_violation_median": (float(np.median([r["final_violation"] for r in ok]))
                                        if ok else None),
@@ -310,9 +330,9 @@ def optional_references() -> dict:
 
 def table_markdown(results) -> str:
     lines = ["| problem | method | reached | rounds to target | floats to target | "
-             "floats/round | target held at the end | final gap (median) | "
-             "final violation (median) | statuses |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "floats/round | rows read to target | target held at the end | "
+             "final gap (median) | final violation (median) | statuses |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, pr in results.items():
         for label, m in pr["methods"].items():
             s = m["summary"]
@@ -321,13 +341,15 @@ def table_markdown(results) -> str:
             floats = (f"{s['floats_mean']:.3g} ± {s['floats_std']:.2g}"
                       if s["floats_mean"] is not None else "—")
             fpr = f"{s['floats_per_round']:,}" if s["floats_per_round"] else "—"
+            rws = (f"{s['rows_mean']:.3g} ± {s['rows_std']:.2g}" if s.get("rows_mean")
+                   is not None else "—")
             gap = (f"{s['final_gap_median']:.2e}" if s["final_gap_median"] is not None
                    else "—")
             vio = (f"{s['final_violation_median']:.1e}"
                    if s["final_violation_median"] is not None else "—")
             st = ", ".join(f"{k} {v}" for k, v in s["statuses"].items())
             lines.append(f"| {name} | {label} | {s['reached']}/{s['runs']} | {rounds} | "
-                         f"{floats} | {fpr} | {s['target_at_end']}/{s['runs']} | {gap} | "
+                         f"{floats} | {fpr} | {rws} | {s['target_at_end']}/{s['runs']} | {gap} | "
                          f"{vio} | {st} |")
     return "\n".join(lines)
 
