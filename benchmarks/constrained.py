@@ -79,8 +79,11 @@ GRID_SSCA = [dict(batch_size=b, tau=tau, penalty=[10.0, 100.0, 1000.0])
              for b in (50, "full") for tau in (0.1, 1.0, 10.0)]
 GRID_PD = [dict(batch_size=b, lr=a, dual_lr=e) for b in (50, "full")
            for a, e in ((0.1, 0.1), (0.5, 0.5), (0.5, 2.0))]
+#: (a first grid with rho in {1, 10} only diverged or stalled on the QCQP in all 6 settings:
+#: its multiplier steps rho (Fhat - U) overshoot there; rho = 0.3 is the small-step setting,
+#: like GRID_PD's (0.1, 0.1))
 GRID_AL = [dict(batch_size=b, lr=a, rho=r) for b in (50, "full")
-           for a, r in ((0.1, 1.0), (0.5, 1.0), (0.5, 10.0))]
+           for a, r in ((0.1, 0.3), (0.5, 1.0), (0.5, 10.0))]
 #: the network (cost: 3 settings each, B = 50 only, stated in the JSON): smaller steps (the
 #: multiplier grows while the cross-entropy is far above U, and lr * lambda with it), and the
 #: baselines start at lambda = 1 (from lambda = 0 the |w|^2 step drives w to the stationary
