@@ -393,13 +393,15 @@ def plot(results, path, title):
                 if not x.size:
                     continue
                 y = np.abs(y) if key == "gap" else y
-                ax.plot(x, np.maximum(y, 1e-10), color=colors[label], label=label)
+                ax.plot(x, np.maximum(y, 1e-10 if key == "gap" else 1e-6),
+                        color=colors[label], label=label)
             ax.axhline(GAP_TARGET if key == "gap" else VIOL_TARGET, color="k", ls=":", lw=1)
             ax.set_yscale("log")
             ax.set_xscale("log" if xkey == "floats" else "linear")
             ax.set_xlabel("rounds" if xkey == "rounds" else "floats sent (up + down)")
             ax.set_ylabel("|F - F*| / |F*|" if key == "gap"
-                          else "max (F_m - U_m)+ / max(1,|U_m|)")
+                          else "max (F_m - U_m)+ / max(1,|U_m|)\n(feasible: 1e-6)",
+                          fontsize=8)
             ax.set_title(f"{name}: {'objective gap' if key == 'gap' else 'violation'} "
                          f"(median of {pr['methods']['SSCA default']['summary']['runs']})",
                          fontsize=9)
