@@ -88,7 +88,8 @@ class Session:
                 raise ValueError(
                     f"method {algorithm.name!r} does not support secure_aggregation: its "
                     "server must combine replies only as sum_i weight_i N_i/(B_i N) x_i (see "
-                    "docs/architecture.md, 'Secure aggregation'); methods that do: ssca, fedavg")
+                    "docs/architecture.md, 'Secure aggregation'); methods that do: ssca, fedavg, "
+                    "primal_dual, augmented_lagrangian")
             try:
                 from .federated import secagg      # needs the cryptography package
             except ImportError as exc:

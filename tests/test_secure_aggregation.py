@@ -285,7 +285,10 @@ def test_a_client_killed_mid_run_is_dropped_under_secure_aggregation(tmp_path):
     assert np.all(np.isfinite(res.x))
 
 
-def test_a_method_that_reads_single_replies_refuses_secure_aggregation():
+def test_a_method_that_reads_single_replies_refuses_secure_aggregation(monkeypatch):
+    # a method without the declaration (primal_dual with it taken away)
+    from ssca_solver.algorithms.lagrangian import Lagrangian
+    monkeypatch.setattr(Lagrangian, "supports_secure_aggregation", False)
     prob = ss.Problem(_lsq(), dim=D, data=_data(), constraints=[_lsq() <= 5.0])
     with pytest.raises(ValueError, match="method 'primal_dual' does not support "
                                          "secure_aggregation"):

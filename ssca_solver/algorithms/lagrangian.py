@@ -91,9 +91,8 @@ class LagrangianSGDTask:
         w = np.array(request.w, dtype=float)
         steps = int(cfg["steps"])
         estimate = np.zeros(M)
-        b = client.num_rows
         for k in range(steps):
-            X, y, b = client.batch(request.round, B, draw=k)
+            X, y, _ = client.batch(request.round, B, draw=k)
             where = f"client {client.index}, round {request.round}, local step {k + 1}"
             g = 2.0 * ridge * w
             if self.objective is not None:
@@ -105,7 +104,8 @@ class LagrangianSGDTask:
                 if mu[m]:
                     g = g + mu[m] * gm
             w -= lr * g
-        return client.reply(request, {"w": w, "constraints": estimate}, batch_size=b)
+        # a model and batch means are one value each, not sums over rows: weighted N_i / (1 N)
+        return client.reply(request, {"w": w, "constraints": estimate}, batch_size=1)
 
 
 class LagrangianState(NamedTuple):
@@ -192,6 +192,7 @@ class Lagrangian:
     """
 
     columns: Mapping[str, tuple]
+    supports_secure_aggregation = True     # the server reads only weighted sums of replies
 
     def __init__(self, problem, kind: str, batch_size: Optional[int], local_steps: int, lr,
                  dual_lr=None, rho: float = 0.0, dual_every: int = 1, multipliers0=None,
@@ -247,8 +248,10 @@ class Lagrangian:
         avg = np.zeros_like(state.w)
         est = np.zeros(self.M)
         for reply in replies:               # summed as they come
-            # N_i / N, times the server-side factor of partial participation (1 by default)
-            share = reply.weight * reply.num_rows / self.num_samples
+            # weight_i N_i / (B_i N) with B_i = 1 (a model, not a sum over rows): N_i / N times
+            # the server-side factor of partial participation and dropouts (1 by default);
+            # under secure aggregation one reply holds the whole weighted sum
+            share = reply.weight * reply.num_rows / (reply.batch_size * self.num_samples)
             avg += share * array(reply, "w")
             est += share * array(reply, "constraints")
         w = avg if self.prox is None else self.prox(avg, self.local_steps * lr)
