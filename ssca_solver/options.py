@@ -201,7 +201,8 @@ class RunOptions:
         (it is left out of that round, the weights of those who answered are renormalised
         to the same total, and the run goes on; every dropout is recorded in
         ``res.dropouts`` and in checkpoints; a round in which every participant fails ends
-        the solve with RoundFailedError). With "drop" the server holds a round's replies
+        the solve with RoundFailedError; a full-data evaluation asks a failed client once
+        more before leaving it out). With "drop" the server holds a round's replies
         until all have arrived (the renormalisation needs to know who answered).
       secure_aggregation: the server learns only the weighted sum of the clients' replies in
         each round and each evaluation (pairwise additive masks from X25519 key agreement,

@@ -253,3 +253,37 @@ def test_a_client_killed_mid_run_is_dropped_and_the_run_finishes(method, tmp_pat
     arrays, _ = checkpoint.load(tmp_path / "k.npz")
     assert list(arrays["dropouts/client"]) == [3] and list(arrays["dropouts/round"]) == [5]
     assert isinstance(res.dropouts[0], Dropout)
+
+
+def test_an_evaluation_asks_a_failed_client_once_more():
+    """A client that fails once (here: its first evaluation) answers the second time; one
+    that always fails is left out and the evaluation renormalised."""
+    calls = {"n": 0}
+
+    def flaky(X, _):
+        if X[0, 0] == MARK and len(X) == SIZES[4]:      # client 4, full data: evaluations
+            calls["n"] += 1
+            return calls["n"] == 1
+        return False
+
+    prob = ss.Problem(_lsq(fail=flaky), dim=D, data=_data(marker_client=4))
+    from ssca_solver.diagnostics import Evaluator
+    clients = ssca_clients(prob, 0)
+    g = Gatherer(InProcessTransport(clients), SIZES, drop=True)
+    ev = Evaluator(prob).evaluate(lambda r: g.collect(r, kind="eval"), np.zeros(D), True)
+    assert ev.complete and g.take() == [] and calls["n"] == 2
+    ref = Evaluator(prob).evaluate(InProcessTransport(clients), np.zeros(D), True)
+    np.testing.assert_array_equal(ev.grads, ref.grads)
+    prob = ss.Problem(_lsq(fail=lambda X, _: X[0, 0] == MARK and len(X) == SIZES[4]), dim=D,
+                      data=_data(marker_client=4))
+    clients = ssca_clients(prob, 0)
+    g = Gatherer(InProcessTransport(clients), SIZES, drop=True)
+    ev = Evaluator(prob).evaluate(lambda r: g.collect(r, kind="eval"), np.zeros(D), True,
+                                  round=7)
+    (drop,) = g.take()
+    assert not ev.complete and (drop.client, drop.task, drop.round) == (4, "evaluate", 7)
+    rows = [c for i, c in enumerate(prob.data.clients) if i != 4]
+    X = np.vstack([c.X for c in rows])
+    y = np.concatenate([c.y for c in rows])
+    np.testing.assert_allclose(ev.grads[0], X.T @ (X @ np.zeros(D) - y) / len(y),
+                               rtol=1e-12, atol=1e-12)

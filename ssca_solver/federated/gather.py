@@ -6,8 +6,9 @@ the algorithm (or the evaluator) combines, each with its server-side factor ``Re
 
 * every client, failures raise (the default): the transport's stream as it is (weight 1);
 * K sampled clients (:mod:`.sampling`): weight h_i, the Horvitz-Thompson factor;
-* ``on_client_failure="drop"``: clients that fail yield :class:`Dropout` (recorded); the
-  weights of those who answered are multiplied by
+* ``on_client_failure="drop"``: clients that fail yield :class:`Dropout` (recorded; in a
+  full-data evaluation a failed client is asked once more first); the weights of those who
+  answered are multiplied by
   s = sum_{i sampled} h_i N_i / sum_{i answered} h_i N_i, so the data they stand for adds up
   to the same total (s = N / N_answered without sampling); a request that no client answered
   raises :class:`~ssca_solver.errors.RoundFailedError`;
@@ -104,6 +105,19 @@ class Gatherer:
             else:
                 answered.append(item)
                 self.count(kind, item.num_floats(), down)
+        if dropped and kind == "eval":
+            # a full-data evaluation asks the failed clients once more (a dead process client
+            # has been restarted): only a second failure leaves it out
+            again = list(self.transport.stream(request, [d.client for d in dropped], True))
+            dropped = []
+            for item in again:
+                if isinstance(item, Dropout):
+                    dropped.append(item)
+                    self.count(kind, 0, down)
+                else:
+                    answered.append(item)
+                    self.count(kind, item.num_floats(), down)
+            answered.sort(key=lambda r: order.index(r.client))
         self.pending.extend(dropped)
         s = self.renormalisation(order, h, [r.client for r in answered], request, dropped)
         while answered:
