@@ -102,6 +102,22 @@ def test_solve_on_flower_gives_the_in_process_iterates_bit_for_bit():
     assert a.communication == b.communication and b.nit == 20
 
 
+def test_secure_aggregation_with_partial_participation_runs_on_flower(cancer):
+    """Secure aggregation keeps each client's secrets between the four messages of an
+    aggregation: on Flower they live in the node's Context (a Ray actor or ClientApp process
+    does not outlive a message). Same masked sums, so the same iterates as in process."""
+    from problems.neyman_pearson import neyman_pearson
+
+    X, y = cancer
+    prob = neyman_pearson(ss.FederatedData.split(X, y, num_clients=4, seed=0), alpha=0.3)
+    opts = dict(max_iter=6, penalty=(10.0,), batch_size=20, tau=0.1, seed=5, eval_every=3,
+                secure_aggregation=True, clients_per_round=3, on_client_failure="drop")
+    xa, a = _iterates(prob, "inprocess", **opts)
+    xb, b = _iterates(prob, "flower", **opts)
+    assert xa.shape == (6, 31) and np.array_equal(xa, xb)
+    assert a.communication == b.communication
+
+
 def test_flower_options_are_checked():
     prob = ss.Problem(ss.SampleFunction(lambda w, X, y: X @ w, lambda w, X, y: X.mean(0)),
                       dim=2, data=ss.FederatedData([np.ones((3, 2)), np.ones((3, 2))]))

@@ -17,15 +17,15 @@ from problems.neyman_pearson import neyman_pearson  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def federation(tmp_path, cancer):
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory, cancer):
     """(SuperLink address, the FederatedData whose blocks the nodes hold, the PIDs)."""
     from ssca_solver.federated.flower import LocalFederation
 
     X, y = cancer
     data = ss.FederatedData.split(X, y, num_clients=2, seed=0)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    with LocalFederation(data, tmp_path) as fed:
+    with LocalFederation(data, tmp_path_factory.mktemp("federation")) as fed:
         assert len(fed.pids) == 3
         yield fed.superlink, data, fed.pids
         procs = fed.procs
@@ -49,3 +49,22 @@ def test_a_superlink_and_two_supernodes_give_the_in_process_iterates(federation)
     (xa, a), (xb, b) = runs["inprocess"], runs["flower"]
     assert xa.shape == (4, 31) and np.array_equal(xa, xb)
     assert np.array_equal(a.x, b.x) and a.communication == b.communication
+
+
+def test_secure_aggregation_runs_on_the_deployment_runtime(federation):
+    """The clients' secrets live in each node's Flower Context between the messages of one
+    aggregation (Flower starts a fresh ClientApp process per message)."""
+    superlink, data, pids = federation
+    prob = neyman_pearson(data, alpha=0.3)
+    opts = dict(max_iter=2, penalty=(10.0,), batch_size=20, tau=0.1, seed=5, eval_every=None,
+                check_gradients=False, secure_aggregation=True)
+    xs = {}
+    for transport, extra in (("inprocess", {}),
+                             ("flower", dict(flower_engine="deployment", client_timeout=120,
+                                             flower_superlink=superlink,
+                                             flower_start_timeout=120))):
+        got = []
+        prob.solve(transport=transport, callback=lambda it: got.append(it.x.copy()), **opts,
+                   **extra)
+        xs[transport] = np.array(got)
+    assert xs["inprocess"].shape == (2, 31) and np.array_equal(xs["inprocess"], xs["flower"])

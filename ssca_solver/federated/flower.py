@@ -37,8 +37,10 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib
+import io
 import json
 import os
+import pickle
 import queue
 import secrets
 import shutil
@@ -191,6 +193,43 @@ def _read_only(request: Request) -> Request:
     return request
 
 
+#: a Client's attributes as built; anything else was added by its tasks (e.g. the secrets
+#: secure aggregation keeps between the messages of one aggregation)
+_CLIENT_FIELDS = frozenset(("index", "X", "y", "seed", "tasks"))
+_STATE = "ssca.client-state"
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles a client's task state; X25519 private keys (not picklable) as their raw bytes."""
+
+    def reducer_override(self, obj):
+        try:
+            from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+        except ImportError:
+            return NotImplemented
+        if isinstance(obj, X25519PrivateKey):
+            return X25519PrivateKey.from_private_bytes, (obj.private_bytes_raw(),)
+        return NotImplemented
+
+
+def _restore_state(client: Client, context: Context) -> None:
+    """The client's task state from the node's Flower Context (kept by the node's own
+    SuperNode, or the simulation, between messages: a ClientApp process or Ray actor does not
+    outlive a message)."""
+    for k in [k for k in vars(client) if k not in _CLIENT_FIELDS]:
+        delattr(client, k)
+    if _STATE in context.state:
+        for k, v in pickle.loads(context.state[_STATE]["blob"]).items():
+            setattr(client, k, v)
+
+
+def _save_state(client: Client, context: Context) -> None:
+    extra = {k: v for k, v in vars(client).items() if k not in _CLIENT_FIELDS}
+    buf = io.BytesIO()
+    _StatePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(extra)
+    context.state[_STATE] = ConfigRecord({"blob": buf.getvalue()})
+
+
 def _answer(message: Message, context: Context, client_for) -> Message:
     """The ClientApp's handler: the request -> the client's Reply (or its error)."""
     partition = int(context.node_config["partition-id"])
@@ -203,7 +242,11 @@ def _answer(message: Message, context: Context, client_for) -> Message:
             raise RuntimeError(f"a request for client {extra['client']} reached the node of "
                                f"partition-id {partition}")
         client = client_for(partition, context, extra, message.content)
-        reply = client.handle(_read_only(request))
+        _restore_state(client, context)
+        try:
+            reply = client.handle(_read_only(request))
+        finally:
+            _save_state(client, context)
         return Message(pack(reply), reply_to=message)
     except BaseException as exc:         # travels to the server as text
         return Message(_error_record(exc, partition), reply_to=message)
