@@ -18,9 +18,19 @@ cache load and the engines' warm-up), as a ratio to the in-process round of the 
 start-up time (solve call to the end of round 1, minus one median round), and the largest
 |x_flower - x_inprocess| over every iterate (0: bit for bit).
 
-Secure aggregation and partial participation (issue 11 items 2-3) are measured here once
-``secure_aggregation`` and ``clients_per_round`` are solve options; until then the JSON holds a
-TODO naming what is missing.
+Secure aggregation (issue 11 item 2): the same round with ``secure_aggregation=True`` in process
+and on the Flower simulation (four exchanges per round: keys, encrypted shares, the masked task,
+unmasking), as a ratio to the plain in-process round.
+
+Partial participation (item 3): rounds and floats (up + down, counted from the messages, the
+full-data evaluations excluded) until a target is met, for K = 2, 5, 10 of I = 10 clients
+(uniform sampling, in process), on
+* the paper's network above (prob:class-uncon, B = 100, tau = 0.1): test accuracy on the 10,000
+  Fashion-MNIST test rows >= TARGET_ACCURACY (checked every 10 rounds);
+* Neyman-Pearson (problems/neyman_pearson.py: breast cancer, 10 clients, alpha = 0.3, the
+  default options: adaptive batches, tau = 'auto', penalties 1e2..1e5): the pooled objective
+  within 1 % of CVXPY's optimum and the type-I loss within 1e-3 of alpha (checked every 5
+  rounds, from w itself).
 
 Usage:  python benchmarks/engines.py [--quick] [--rounds R] [--deployment-rounds R]
         [--skip-deployment]
@@ -48,9 +58,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import ssca_solver as ss  # noqa: E402
 from _common import RESULTS, log, machine, machine_title, write_json  # noqa: E402
 from problems.mlp import MLP, classification_uncon  # noqa: E402
-from ssca_solver.options import SSCAOptions  # noqa: E402
 
 CLIENTS, BATCH = 10, 100
+TARGET_ACCURACY = 0.80
+NP_ALPHA, NP_LAM = 0.3, 1e-3
 
 
 def paper_data(quick: bool):
@@ -88,6 +99,85 @@ def run(prob, net, rounds: int, **transport) -> dict:
             "startup_s": float(stamps[0] - t0 - median) if per_round.size else None,
             "total_s": total, "up_floats_per_client_round": res.communication.up_per_client_round,
             "x": np.array(xs)}
+
+
+def to_target(prob, K, max_rounds, check_every, reached, describe, **opts) -> dict:
+    """Rounds and floats until ``reached(w)`` (checked every ``check_every`` rounds), and
+    ``describe(w)`` at the returned point (how far from the target a run that missed it is)."""
+    hit = []
+
+    def callback(it):
+        if it.t % check_every == 0 and reached(it.x):
+            hit.append(it.t)
+            return True
+        return None
+
+    t0 = time.perf_counter()
+    res = prob.solve(max_iter=max_rounds, clients_per_round=K, callback=callback, seed=0,
+                     **opts)
+    c = res.communication
+    return {"K": K, "reached": bool(hit), "rounds": hit[0] if hit else None,
+            "rounds_run": int(res.nit), "floats_up": int(c.up_total),
+            "floats_down": int(c.down_total), "floats": int(c.up_total + c.down_total),
+            "at_the_end": describe(res.x), "seconds": time.perf_counter() - t0}
+
+
+def sweep_network(prob, net, quick: bool) -> dict:
+    from ssca_solver.datasets import fashion_mnist
+
+    try:
+        _, (Xt, yt) = fashion_mnist()
+    except Exception as exc:
+        return {"skipped": f"no Fashion-MNIST test set: {exc}"}
+    max_rounds = 150 if quick else 1000
+    out = {"target": f"test accuracy >= {TARGET_ACCURACY} (10,000 test rows), checked every "
+                     f"10 rounds; at most {max_rounds} rounds", "runs": []}
+    for K in (2, 5, 10):
+        log(f"[engines] network, K = {K} of {CLIENTS}: to accuracy {TARGET_ACCURACY} ...")
+        r = to_target(prob, K, max_rounds, 10,
+                      lambda w: net.evaluate(w, Xt, yt)[1] >= TARGET_ACCURACY,
+                      lambda w: {"test_accuracy": float(net.evaluate(w, Xt, yt)[1])},
+                      batch_size=BATCH, tau=0.1, x0=net.init(0), eval_every=None,
+                      check_gradients=False)
+        log(f"[engines]   {r}")
+        out["runs"].append(r)
+    return out
+
+
+def sweep_np(quick: bool) -> dict:
+    from problems.neyman_pearson import neyman_pearson, pooled_reference
+    from ssca_solver.datasets import breast_cancer
+
+    X, y = breast_cancer()
+    data = ss.FederatedData.split(X, y, num_clients=CLIENTS, seed=0)
+    prob = neyman_pearson(data, alpha=NP_ALPHA, lam=NP_LAM)
+    _, opt, _, _ = pooled_reference(X, y, NP_ALPHA, NP_LAM)
+    pi0, pi1 = np.mean(y == 0), np.mean(y == 1)
+
+    def losses(w):
+        loss = np.logaddexp(0.0, -(2 * y - 1) * (X @ w))
+        return loss[y == 1].mean() + NP_LAM * w @ w, loss[y == 0].mean()
+
+    def reached(w):
+        f, g = losses(w)
+        return f <= opt + 0.01 * abs(opt) and g <= NP_ALPHA + 1e-3
+
+    def describe(w):
+        f, g = losses(w)
+        return {"objective_relative_gap": float((f - opt) / abs(opt)),
+                "type_I_loss_minus_alpha": float(g - NP_ALPHA)}
+
+    max_rounds = 300 if quick else 1000
+    out = {"target": f"pooled objective <= 1.01 x CVXPY optimum ({opt:.6g}) and type-I loss "
+                     f"<= alpha + 1e-3, checked every 5 rounds; at most {max_rounds} rounds "
+                     f"(per penalty stage)", "class_fractions": [float(pi0), float(pi1)],
+           "runs": []}
+    for K in (2, 5, 10):
+        log(f"[engines] Neyman-Pearson, K = {K} of {CLIENTS} ...")
+        r = to_target(prob, K, max_rounds, 5, reached, describe, eval_every=None)
+        log(f"[engines]   {r}")
+        out["runs"].append(r)
+    return out
 
 
 def main():
@@ -143,15 +233,22 @@ def main():
         table[label]["ratio_to_inprocess"] = r["median_round_s"] / base["median_round_s"]
         table[label]["max_abs_dx_vs_inprocess"] = float(np.max(np.abs(r["x"][:n] -
                                                                       base["x"][:n])))
-    todo = ("TODO: secure_aggregation and clients_per_round are not solve options on main yet "
-            f"(checked {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}): the "
-            "secure-aggregation round time and the rounds/floats to a target accuracy for K in "
-            "{2, 5, 10} of 10 clients (paper's network and problems/neyman_pearson.py) are not "
-            "measured")
-    have = {f for f in SSCAOptions.__dataclass_fields__}
-    if {"secure_aggregation", "clients_per_round"} <= have:
-        todo = ("TODO: the options exist on main now; this benchmark does not measure them yet "
-                "(re-run after it is extended)")
+    secure = {}
+    for label, kw in (("inprocess + secure aggregation", {"transport": "inprocess"}),
+                      ("flower simulation + secure aggregation", {"transport": "flower"})):
+        r = max(3, rounds // 3)
+        log(f"[engines] {label}: {r} rounds ...")
+        out = run(prob, net, r, secure_aggregation=True, **kw)
+        out["ratio_to_inprocess"] = out["median_round_s"] / base["median_round_s"]
+        out["max_abs_dx_vs_plain_inprocess"] = float(np.max(np.abs(
+            out["x"] - base["x"][:len(out["x"])])))
+        out.pop("x")
+        secure[label] = out
+        log(f"[engines] {label}: median round {out['median_round_s']:.4f} s "
+            f"({out['ratio_to_inprocess']:.3g}x)")
+    participation = {"paper network (prob:class-uncon, Fashion-MNIST)":
+                     sweep_network(prob, net, args.quick),
+                     "Neyman-Pearson (breast cancer, 10 clients)": sweep_np(args.quick)}
     payload = {
         "benchmark": "engines", "quick": args.quick,
         "command": "python " + " ".join(sys.argv),
@@ -163,7 +260,8 @@ def main():
                               "eval_every=None, seed 0"},
         "flwr": __import__("flwr").__version__,
         "round_time": table,
-        "secure_aggregation_and_partial_participation": todo,
+        "secure_aggregation_round": secure,
+        "partial_participation": participation,
         "wall_seconds": time.time() - t_start,
     }
     path = write_json(name, payload)
