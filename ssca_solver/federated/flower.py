@@ -37,10 +37,8 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib
-import io
 import json
 import os
-import pickle
 import queue
 import secrets
 import shutil
@@ -193,41 +191,29 @@ def _read_only(request: Request) -> Request:
     return request
 
 
-#: a Client's attributes as built; anything else was added by its tasks (e.g. the secrets
-#: secure aggregation keeps between the messages of one aggregation)
-_CLIENT_FIELDS = frozenset(("index", "X", "y", "seed", "tasks"))
-_STATE = "ssca.client-state"
-
-
-class _StatePickler(pickle.Pickler):
-    """Pickles a client's task state; X25519 private keys (not picklable) as their raw bytes."""
-
-    def reducer_override(self, obj):
-        try:
-            from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-        except ImportError:
-            return NotImplemented
-        if isinstance(obj, X25519PrivateKey):
-            return X25519PrivateKey.from_private_bytes, (obj.private_bytes_raw(),)
-        return NotImplemented
+_STATE = "ssca.secagg-state"
 
 
 def _restore_state(client: Client, context: Context) -> None:
-    """The client's task state from the node's Flower Context (kept by the node's own
-    SuperNode, or the simulation, between messages: a ClientApp process or Ray actor does not
-    outlive a message)."""
-    for k in [k for k in vars(client) if k not in _CLIENT_FIELDS]:
-        delattr(client, k)
+    """Secure aggregation's secrets of this node, from its Flower Context (kept by the node's
+    own SuperNode, or the simulation, between messages: a ClientApp process or Ray actor does
+    not outlive a message), as plain arrays (:func:`secagg.export_state`; nothing unpickled)."""
     if _STATE in context.state:
-        for k, v in pickle.loads(context.state[_STATE]["blob"]).items():
-            setattr(client, k, v)
+        from . import secagg
+
+        record = context.state[_STATE]
+        secagg.import_state(client, {k: record[k].numpy() for k in record.keys()})
+    elif getattr(client, "_secagg", None):
+        client._secagg.clear()          # a store left by an earlier message in this process
 
 
 def _save_state(client: Client, context: Context) -> None:
-    extra = {k: v for k, v in vars(client).items() if k not in _CLIENT_FIELDS}
-    buf = io.BytesIO()
-    _StatePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(extra)
-    context.state[_STATE] = ConfigRecord({"blob": buf.getvalue()})
+    if getattr(client, "_secagg", None) is None:
+        return                          # no secure aggregation task ran here
+    from . import secagg
+
+    context.state[_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v))
+                                         for k, v in secagg.export_state(client).items()})
 
 
 def _answer(message: Message, context: Context, client_for) -> Message:
