@@ -162,6 +162,14 @@ def _children() -> set:
     return out
 
 
+def _name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
+
+
 @pytest.fixture(scope="module")
 def transport():
     before = _children()
@@ -169,10 +177,11 @@ def transport():
     with flower.FlowerTransport(clients, timeout=10.0) as tr:
         assert _children() - before            # Ray's processes run
         yield tr
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120        # Ray's processes exit slowly on a loaded machine
     while _children() - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _children() - before, "close() left processes of the simulation behind"
+        time.sleep(0.5)
+    left = {pid: _name(pid) for pid in _children() - before}
+    assert not left, f"close() left processes of the simulation behind: {left}"
 
 
 def _request(t, **config):
