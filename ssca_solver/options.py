@@ -168,8 +168,8 @@ class RunOptions:
       flower_engine: with ``transport="flower"``: "simulation" (default: Flower's Simulation
         Runtime in this process) or "deployment" (a running SuperLink and one SuperNode per
         client; see docs/engines.md).
-      flower_superlink: deployment: the SuperLink's Control API address "host:port" (e.g.
-        "127.0.0.1:9093"); required there.
+      flower_superlink: deployment: the SuperLink's address "host:port" (its --host/--port;
+        e.g. "127.0.0.1:9093"); required there.
       flower_bridge: deployment: "host:port" where this process listens for the ServerApp the
         SuperLink starts (default "127.0.0.1:0": a free port on this machine).
       flower_start_timeout: seconds for the Flower engine to start and every node to answer
@@ -461,7 +461,7 @@ def _flower_options(opts, given: dict, transport: str) -> dict:
     if engine == "deployment":
         if superlink is None:
             raise ValueError("flower_engine='deployment' needs flower_superlink='host:port', "
-                             "the SuperLink's Control API address (e.g. '127.0.0.1:9093')")
+                             "the SuperLink's address, its --host:--port (e.g. '127.0.0.1:9093')")
         superlink = _address("flower_superlink", superlink)
     elif superlink is not None or "flower_bridge" in given:
         raise ValueError("flower_superlink and flower_bridge only apply to "

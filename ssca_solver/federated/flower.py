@@ -11,14 +11,18 @@ objects and answers with :meth:`Client.handle`. Two engines (option ``flower_eng
   ``Grid`` to the transport and waits until the transport is closed. The clients (rows, seed,
   task table) reach the ``ClientApp`` through its closure; the virtual node with
   ``partition-id`` i hosts client i.
-* ``"deployment"``: a running SuperLink (``flower_superlink``, its Control API address) and one
-  SuperNode per client, each started with ``--node-config "partition-id=i data='module:fn'"``:
-  ``fn(i)`` runs on the node and returns its rows ``(X, y)``; the rows never leave the node.
+* ``"deployment"``: a running SuperLink (``flower_superlink``: the address of its HTTP APIs,
+  one port in Flower 1.42) and one SuperNode per client, each started with
+  ``--node-config "partition-id=i data='FILE.npz'"`` (``X`` and ``y`` in the file) or
+  ``data='module:fn'`` (``fn(i)`` runs on the node and returns ``X`` or ``(X, y)``): the rows
+  never leave the node (:func:`load_partition`).
   The transport writes a small Flower App, submits it with ``flwr run``; the SuperLink starts
   its ``ServerApp``, which connects back to this process over an authenticated local
   connection (``flower_bridge``) and relays the requests to its ``Grid``. The server sends
   each node the run's seed and the task table (pickled code, as a Flower App ships code to the
   nodes); nodes send back only arrays and scalars, which the server never unpickles.
+  Secure aggregation's client secrets stay on the node between messages, in its Flower
+  ``Context`` (Flower starts a fresh ClientApp process per message).
 
 Every field of :class:`~ssca_solver.federated.messages.Request` and ``Reply`` crosses exactly
 (arrays of any dtype through Flower's ``Array``, scalars through JSON, which keeps ints, floats,
@@ -722,7 +726,7 @@ class FlowerTransport(Transport):
       timeout: seconds a client may take to answer one request (``client_timeout``); None
         waits forever.
       engine: "simulation" or "deployment".
-      superlink: the SuperLink's Control API address (deployment), e.g. "127.0.0.1:9093".
+      superlink: the SuperLink's address (deployment), e.g. "127.0.0.1:9093".
       bridge: where this process listens for the deployment ServerApp ("host:port", port 0: a
         free one).
       start_timeout: seconds for the engine to start and every node to answer.
@@ -744,7 +748,7 @@ class FlowerTransport(Transport):
         else:
             if superlink is None:
                 raise ValueError("flower_engine='deployment' needs flower_superlink='host:port' "
-                                 "(the SuperLink's Control API address, e.g. 127.0.0.1:9093)")
+                                 "(the SuperLink's --host:--port, e.g. 127.0.0.1:9093)")
             self._engine = _Deployment(clients, superlink, bridge, start_timeout, timeout)
         self._session = self._engine.session
 
