@@ -236,4 +236,6 @@ def violation_stationarity(w: np.ndarray, ev: Evaluation, terms: ProblemTerms,
         _, dom = terms.deterministic.instantiate(u)
         cp.Problem(cp.Minimize(cp.sum_squares(u - (w - g))), dom).solve(solver=solver)
         r = float(np.linalg.norm(u.value - w)) if u.value is not None else float("inf")
-    return r / scale if scale > 0 else float("inf")
+    if scale > 0:
+        return r / scale
+    return 0.0 if r == 0 else float("inf")     # no scale (zero gradients at the start)

@@ -80,6 +80,7 @@ class Session:
             state = init_state(start_point(opts.x0, problem.dim))
             self.grad_scale = 0.0
             self.constraint_scale = 0.0
+        self.seed = seed
         self.state, self.stage, self.resumed = state, stage, bool(opts.resume)
         tasks = {**algorithm.tasks(), **self.evaluator.tasks}
         secure = None
@@ -129,6 +130,35 @@ class Session:
 
     def __exit__(self, *exc):
         self.transport.close()
+
+    def violation_curvature(self, state, probes: int = 8, step: float = 1e-2) -> float:
+        """The largest drop of the relative violation sum_m (F_m - U_m)_+ / max(1, |U_m|)
+        found along ``probes`` random directions u (both signs, size ``step`` max(1, |w|)),
+        as the mean of the two sides minus the value at w (a second difference: the first
+        order cancels). A drop means negative curvature: w is a saddle of the violation, not a
+        minimiser (e.g. w = 0 of a network), so a zero gradient there is no evidence of
+        infeasibility. 2 ``probes`` full-data evaluations (values only), counted with the
+        evaluations; directions from the run's seed."""
+        terms = self.evaluator.terms
+        scale = np.maximum(1.0, np.abs(terms.bounds))
+
+        def violation(values):
+            k = 1 if terms.stochastic_objective else 0
+            cons = np.asarray(values[k:], dtype=float) - terms.bounds
+            return float(np.sum(np.maximum(cons, 0.0) / scale))
+
+        w = state.w
+        base = violation(self.final_evaluation.values)
+        rng = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(2 ** 31 - 1,)))
+        h = step * max(1.0, float(np.linalg.norm(w)))
+        drop = 0.0
+        for _ in range(probes):
+            u = rng.standard_normal(w.size)
+            u *= h / np.linalg.norm(u)
+            sides = [violation(self.runner.evaluate(w + s * u, with_grad=False).values)
+                     for s in (1.0, -1.0)]
+            drop = max(drop, base - 0.5 * (sides[0] + sides[1]))
+        return drop
 
     def violation_stationarity(self, state, feas_tol: float, solver: str = "CLARABEL"):
         """:func:`ssca_solver.diagnostics.violation_stationarity` at the returned point (after

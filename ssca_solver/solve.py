@@ -14,6 +14,9 @@ import numpy as np
 from . import options as opt
 from .algorithms import SSCA
 from .diagnostics import PHASE1_TOL
+
+#: a drop of the violation's second difference above this (relative) makes the point a saddle
+SADDLE_TOL = 1e-12
 from .driver import stage_slack
 from .errors import ModelError
 from .result import Result, Stage
@@ -121,7 +124,8 @@ def solve_ssca(problem, **options) -> Result:
     stages = _stages(history, o.max_iter, bound_scale)
     status, message = _status(reason, state, kkt, history, stages, o, M, bound_scale,
                               lambda: session.violation_stationarity(state, o.feas_tol,
-                                                                     o.solver))
+                                                                     o.solver),
+                              lambda: session.violation_curvature(state))
     inaccurate = tuple(int(t) for t in history.t[history.inaccurate > 0])
     if inaccurate:
         warnings.warn(f"{len(inaccurate)} subproblem solves were flagged inaccurate (rounds "
@@ -179,10 +183,13 @@ def _violation_stalled(history, bound_scale, M):
     return b >= (1 - 1e-3) * a, a, b
 
 
-def _status(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda: 0.0):
+def _status(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda: 0.0,
+            saddle=lambda: 0.0):
     """(status, message) from why the run ended and the full-data KKT report at the end.
     ``phase1()``: the returned point's relative distance from a stationary point of the
-    violation (:func:`ssca_solver.diagnostics.violation_stationarity`)."""
+    violation (:func:`ssca_solver.diagnostics.violation_stationarity`); ``saddle()``: the
+    largest drop of the violation's second difference along random directions
+    (:meth:`ssca_solver.session.Session.violation_curvature`)."""
     if reason == "converged":
         worst = kkt.residuals(o.feas_tol, o.kkt_tol)[0]
         return "converged", (f"the full-data KKT test passed at round {state.t}: every "
@@ -209,6 +216,16 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambd
             f"{PHASE1_TOL:g}), so a nearby point violates less and this is no evidence of "
             "infeasibility (with a fixed mini-batch the iterates scatter around the "
             "constraint): try batch_size='auto' with the default tau, or more rounds")
+    drop = saddle() if at_most else 0.0
+    if at_most and drop > SADDLE_TOL * max(1.0, float(np.sum(kkt.feasibility_rel))):
+        return "max_iter", (
+            f"no feasible point was found in {state.t} rounds (relative violation "
+            f"{np.max(kkt.feasibility_rel):.3g} at the end), and the violation's gradient "
+            f"vanishes at the returned point ({r1:.2g} of the constraints' gradient at the "
+            f"start), but it is a saddle of the violation, not a minimiser: along a random "
+            f"direction the violation's second difference drops by {drop:.3g}. So this is no "
+            "evidence of infeasibility (a network at w = 0 is such a point): start elsewhere "
+            "(x0), or give smaller penalties first")
     if at_most:
         m = int(np.argmax(kkt.feasibility_rel))
         return "infeasible", (

@@ -125,3 +125,25 @@ def test_violation_stationarity_with_a_box_domain_is_the_projected_step():
     r = violation_stationarity(w, ev, terms, 1e-4, scale=1.0)
     expected = np.linalg.norm(np.clip(w - G[0], -1, 1) - w)
     assert abs(r - expected) <= 1e-6 and abs(expected - 0.5) <= 1e-12
+
+
+def test_a_saddle_of_the_violation_is_not_called_infeasible():
+    """F(w) = mean_n 1 + x_n (w_1^2 - w_2^2) <= 0.5 is feasible (any |w_2| >= 0.71), but from
+    w = 0 its gradient is 0 and SSCA cannot move: every piece of evidence says "infeasible",
+    including a vanishing gradient of the violation. The second difference along random
+    directions drops (negative curvature along w_2): a saddle, so the status is max_iter."""
+    import cvxpy as cp
+
+    import ssca_solver as ss
+
+    rng = np.random.default_rng(0)
+    x = 1.0 + 0.1 * rng.standard_normal((200, 1))
+    F = ss.SampleFunction(lambda w, X, y: 1.0 + X[:, 0] * (w[0] ** 2 - w[1] ** 2),
+                          lambda w, X, y: X[:, 0].mean() * np.array([2 * w[0], -2 * w[1]]),
+                          name="saddle")
+    prob = ss.Problem(lambda w: cp.sum_squares(w), [F <= 0.5], dim=2,
+                      data=ss.FederatedData.split(x, None, num_clients=4, seed=0))
+    res = prob.solve(seed=0, x0=np.zeros(2), max_iter=50, batch_size=10, tau=1.0)
+    assert np.allclose(res.x, 0.0) and res.constraints[0] > 0.4
+    assert res.status == "max_iter", res.message
+    assert "saddle of the violation" in res.message
