@@ -42,8 +42,9 @@ FedAvg's ridge). Any other R and every domain D go to the server, which applies 
 the proximal step prox_{s R + I_D}(wbar) = argmin_u |u - wbar|^2 / 2 + s R(u), u in D, with
 s = E r_t (the length of the round's local steps), solved by CVXPY (Clarabel, compiled once with
 Parameters). With E = 1 this is exactly proximal SGD; with E > 1 the local steps do not see R
-or D (a server-side composite step, Yuan et al. 2021's "FedDualAvg"-style splitting), so the
-fixed point is exact only as r_t -> 0 (like FedAvg's client drift).
+or D (a server-side proximal step; Yuan, Zaheer and Reddi 2021, "Federated Composite
+Optimization", discuss it and client-side alternatives), so the fixed point is exact only as
+r_t -> 0 (like FedAvg's client drift).
 """
 
 from __future__ import annotations
