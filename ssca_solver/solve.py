@@ -259,6 +259,14 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambd
             f"(smallest {first:.4g} in the first half of the last stage's evaluations, "
             f"{second:.4g} in the second) but {missing}, so this is no evidence of "
             "infeasibility: try more rounds (max_iter), a larger batch or larger penalties")
+    if (M and not ever_feasible and np.max(kkt.feasibility_rel) > o.feas_tol
+            and not np.isfinite(first)):
+        return "max_iter", (
+            f"no feasible point was found in {state.t} rounds (relative violation "
+            f"{np.max(kkt.feasibility_rel):.3g} at the end); the last stage had fewer than 4 "
+            "full-data evaluations, too few to tell whether the violation still falls, so "
+            "this is no evidence of infeasibility: try more rounds (max_iter) or larger "
+            "penalties")
     if M and not ever_feasible and np.max(kkt.feasibility_rel) > o.feas_tol:
         return "max_iter", (
             f"no feasible point was found in {state.t} rounds (relative violation "

@@ -147,3 +147,12 @@ def test_a_saddle_of_the_violation_is_not_called_infeasible():
     assert np.allclose(res.x, 0.0) and res.constraints[0] > 0.4
     assert res.status == "max_iter", res.message
     assert "saddle of the violation" in res.message
+
+
+def test_too_few_evaluations_to_judge_the_violation_say_so(cancer_data):
+    """A last stage with fewer than 4 evaluations: the message said 'smallest nan in the first
+    half ...'; it now says there were too few evaluations."""
+    res = neyman_pearson(cancer_data, alpha=0.01).solve(max_iter=20, eval_every=10,
+                                                        penalty=[1.0, 10.0], seed=0)
+    assert res.status == "max_iter"
+    assert "nan" not in res.message and "fewer than 4" in res.message, res.message
