@@ -45,3 +45,28 @@ def round_request(t, w, batch_size, tau=0.1):
     from ssca_solver.federated import Request
 
     return Request("ssca.round", t, w, {"batch_size": batch_size, "tau": tau})
+
+
+def diabetes_older_group(U, column_scale=1.0):
+    """The walkthrough's problem: least squares on diabetes s.t. the older group's mean error
+    <= U (4 clients, ridge 1e-3 |w|^2), with column 3 multiplied by ``column_scale``.
+    Returns (problem, X, Y, (loss, older_group_loss))."""
+    import cvxpy as cp
+
+    from problems.least_squares import diabetes_regression
+
+    X, y = diabetes_regression()
+    X = X.copy()
+    X[:, 3] *= column_scale
+    older = X[:, 0] > 0
+    Y = np.column_stack([y, older])
+    pi = older.mean()
+    loss = ss.SampleFunction(lambda w, X, Y: 0.5 * (X @ w - Y[:, 0]) ** 2,
+                             lambda w, X, Y: X.T @ (X @ w - Y[:, 0]) / len(X), name="error")
+    old = ss.SampleFunction(lambda w, X, Y: Y[:, 1] / pi * 0.5 * (X @ w - Y[:, 0]) ** 2,
+                            lambda w, X, Y: X.T @ (Y[:, 1] / pi * (X @ w - Y[:, 0])) / len(X),
+                            name="older")
+    prob = ss.Problem(loss, [old <= U], dim=X.shape[1],
+                      data=ss.FederatedData.split(X, Y, num_clients=4, seed=0),
+                      regularizer=lambda w: 1e-3 * cp.sum_squares(w))
+    return prob, X, Y, (loss, old)

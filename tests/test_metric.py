@@ -112,29 +112,17 @@ def _column_times(k):
     multiplied by k, and its CVXPY optimum on the pooled rows."""
     import cvxpy as cp
 
-    from problems.least_squares import diabetes_regression
+    from conftest import diabetes_older_group
 
-    X, y = diabetes_regression()
-    X = X.copy()
-    X[:, 3] *= k
-    older = X[:, 0] > 0
-    Y = np.column_stack([y, older])
-    pi = older.mean()
-    loss = ss.SampleFunction(lambda w, X, Y: 0.5 * (X @ w - Y[:, 0]) ** 2,
-                             lambda w, X, Y: X.T @ (X @ w - Y[:, 0]) / len(X), name="error")
-    old = ss.SampleFunction(lambda w, X, Y: Y[:, 1] / pi * 0.5 * (X @ w - Y[:, 0]) ** 2,
-                            lambda w, X, Y: X.T @ (Y[:, 1] / pi * (X @ w - Y[:, 0])) / len(X),
-                            name="older")
-    prob = ss.Problem(loss, [old <= 0.228], dim=X.shape[1],
-                      data=ss.FederatedData.split(X, Y, num_clients=4, seed=0),
-                      regularizer=lambda w: 1e-3 * cp.sum_squares(w))
+    prob, X, Y, fns = diabetes_older_group(0.228, column_scale=k)
+    y, older, pi = Y[:, 0], Y[:, 1] > 0, np.mean(Y[:, 1] > 0)
     w = cp.Variable(X.shape[1])
     r = X @ w - y
     con = cp.sum(cp.multiply(older / pi, 0.5 * cp.square(r))) / len(y) <= 0.228
     ref = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(r) / len(y) + 1e-3 * cp.sum_squares(w)),
                      [con])
     ref.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
-    return prob, X, Y, (loss, old), w.value, ref.value, float(con.dual_value)
+    return prob, X, Y, fns, w.value, ref.value, float(con.dual_value)
 
 
 def test_stationarity_in_the_metric_catches_a_point_off_in_the_small_coordinates():

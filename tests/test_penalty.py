@@ -66,23 +66,10 @@ def test_a_feasible_problem_stopped_early_is_not_called_infeasible(cancer, cance
 
 
 def _diabetes(U):
-    import cvxpy as cp
+    from conftest import diabetes_older_group
 
-    import ssca_solver as ss
-    from problems.least_squares import diabetes_regression
-
-    X, y = diabetes_regression()
-    older = X[:, 0] > 0
-    Y = np.column_stack([y, older])
-    pi = older.mean()
-    loss = ss.SampleFunction(lambda w, X, Y: 0.5 * (X @ w - Y[:, 0]) ** 2,
-                             lambda w, X, Y: X.T @ (X @ w - Y[:, 0]) / len(X), name="error")
-    old = ss.SampleFunction(lambda w, X, Y: Y[:, 1] / pi * 0.5 * (X @ w - Y[:, 0]) ** 2,
-                            lambda w, X, Y: X.T @ (Y[:, 1] / pi * (X @ w - Y[:, 0])) / len(X),
-                            name="older")
-    data = ss.FederatedData.split(X, Y, num_clients=4, seed=0)
-    return ss.Problem(loss, [old <= U], dim=X.shape[1], data=data,
-                      regularizer=lambda w: 1e-3 * cp.sum_squares(w)), X, Y, old
+    prob, X, Y, (_, old) = diabetes_older_group(U)
+    return prob, X, Y, old
 
 
 def test_a_noisy_point_outside_a_feasible_bound_is_not_called_infeasible():
