@@ -104,10 +104,7 @@ def _solve(problem, options: dict, kind: str) -> Result:
 def _status(reason, state, kkt, o, kind):
     """(status, message): "converged" only when the full-data KKT test passed."""
     if reason == "converged":
-        worst = kkt.residuals(o.feas_tol, o.kkt_tol)[0]
-        return "converged", (f"the full-data KKT test passed at round {state.t}: every "
-                             f"relative residual within tolerance (largest: {worst[0]} "
-                             f"{worst[1]:.2g} <= {worst[2]:g})")
+        return "converged", kkt.passed_message(state.t, o.feas_tol, o.kkt_tol)
     if reason == "stopped":
         return "stopped", f"stopped by the callback after round {state.t}"
     name, value, tol = kkt.residuals(o.feas_tol, o.kkt_tol)[0]

@@ -64,6 +64,12 @@ class KKTReport:
 
         return sorted(rows, key=lambda r: -ratio(r))
 
+    def passed_message(self, t: int, feas_tol: float, kkt_tol: float) -> str:
+        """The message of status "converged": the round and the largest residual."""
+        name, value, tol = self.residuals(feas_tol, kkt_tol)[0]
+        return (f"the full-data KKT test passed at round {t}: every relative residual within "
+                f"tolerance (largest: {name} {value:.2g} <= {tol:g})")
+
     def passed(self, feas_tol: float, kkt_tol: float) -> bool:
         """The KKT test: every relative residual within its tolerance."""
         return all(v <= tol for _, v, tol in self.residuals(feas_tol, kkt_tol))

@@ -94,8 +94,8 @@ class Session:
             try:
                 from .federated import secagg      # needs the cryptography package
             except ImportError as exc:
-                raise NotImplementedError(f"secure_aggregation is not available: {exc}") \
-                    from None
+                raise ImportError(f"secure_aggregation needs the cryptography package ({exc}): "
+                                  "pip install 'ssca-solver[secure]'") from None
             secure = secagg.SecureAggregation(problem.data.client_sizes, opts.secure_range)
             tasks = secagg.client_tasks(tasks)
         clients = build_clients(problem.data, seed, tasks)

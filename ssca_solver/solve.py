@@ -191,10 +191,7 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambd
     largest drop of the violation's second difference along random directions
     (:meth:`ssca_solver.session.Session.violation_curvature`)."""
     if reason == "converged":
-        worst = kkt.residuals(o.feas_tol, o.kkt_tol)[0]
-        return "converged", (f"the full-data KKT test passed at round {state.t}: every "
-                             f"relative residual within tolerance (largest: {worst[0]} "
-                             f"{worst[1]:.2g} <= {worst[2]:g})")
+        return "converged", kkt.passed_message(state.t, o.feas_tol, o.kkt_tol)
     if reason == "stopped":
         return "stopped", (f"stopped by the callback after round {state.t}"
                            + (f" (c = {state.penalty:g})" if M else ""))

@@ -98,25 +98,19 @@ class Gatherer:
                 del reply
             return
         answered, dropped = [], []
-        for item in stream:          # held until all arrived: s depends on who answered
-            if isinstance(item, Dropout):
-                dropped.append(item)
-                self.count(kind, 0, down)
-            else:
-                answered.append(item)
-                self.count(kind, item.num_floats(), down)
+
+        def collect(items):
+            for item in items:
+                failed = isinstance(item, Dropout)
+                (dropped if failed else answered).append(item)
+                self.count(kind, 0 if failed else item.num_floats(), down)
+
+        collect(stream)              # held until all arrived: s depends on who answered
         if dropped and kind == "eval":
             # a full-data evaluation asks the failed clients once more (a dead process client
             # has been restarted): only a second failure leaves it out
-            again = list(self.transport.stream(request, [d.client for d in dropped], True))
-            dropped = []
-            for item in again:
-                if isinstance(item, Dropout):
-                    dropped.append(item)
-                    self.count(kind, 0, down)
-                else:
-                    answered.append(item)
-                    self.count(kind, item.num_floats(), down)
+            retry, dropped = [d.client for d in dropped], []
+            collect(self.transport.stream(request, retry, True))
             answered.sort(key=lambda r: order.index(r.client))
         self.pending.extend(dropped)
         s = self.renormalisation(order, h, [r.client for r in answered], request, dropped)
