@@ -15,7 +15,7 @@ from .options import (AugmentedLagrangianOptions, FedAvgOptions, PrimalDualOptio
                       RunOptions, SSCAOptions)
 from .result import Communication, KKTReport, Result, SSCAResult, Stage
 from .runner import Iteration
-from .schedules import PowerStep, ScheduleWarning
+from .schedules import EpochStep, PowerStep, ScheduleWarning
 from .solve import solve_ssca
 from .surrogates import DiagonalCurvature, ProximalLinear, Statistic, SurrogateBuilder
 
@@ -33,7 +33,7 @@ __all__ = [
     "ClientData", "FederatedData", "SampleFunction", "StochasticConstraint", "check_grad",
     "Problem", "register_method", "RunOptions", "FedAvgOptions", "solve_fedavg", "PrimalDualOptions",
     "solve_primal_dual", "AugmentedLagrangianOptions", "solve_augmented_lagrangian", "PowerStep",
-    "ScheduleWarning", "SSCAOptions", "solve_ssca", "Result", "SSCAResult", "Iteration",
+    "EpochStep", "ScheduleWarning", "SSCAOptions", "solve_ssca", "Result", "SSCAResult", "Iteration",
     "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder", "Statistic",
     "ProximalLinear", "DiagonalCurvature", "SSCAError", "DataError", "ModelError",
     "UserFunctionError", "ScheduleError", "SubproblemError", "ClientError", "DivergenceError",

@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import DataError
 from .federated import DEFAULT_CLIENT_TIMEOUT, transport_names
-from .schedules import PowerStep
+from .schedules import EpochStep, PowerStep
 
 
 # -- value checks -------------------------------------------------------------------------------
@@ -249,11 +249,13 @@ class SSCAOptions(RunOptions):
       tau: proximal weight of eqs. (fs0bar)/(fsmbar): "auto" (default: the curvature along
         the gradient measured before round 1, then adapted by backtracking on full batches) or
         a number > 0 (paper: 0.1).
-      rho: schedule of eq. (rho) (PowerStep, callable t -> value, or constant in (0, 1]).
-        Default PowerStep(0.9, 0.4).
-      gamma: schedule of eq. (gamma). Default PowerStep(0.9, 0.55). Both defaults satisfy every
+      rho: schedule of eq. (rho) (EpochStep, PowerStep, callable t -> value, or constant in
+        (0, 1]). Default EpochStep(0.3, 0.4): 0.3 / (1 + e_t)^0.4 with e_t the passes over the
+        data before round t (the steps decay with the data read, not with the rounds).
+      gamma: schedule of eq. (gamma). Default EpochStep(0.3, 0.55). Both defaults satisfy every
         condition of eqs. (rho)/(gamma); the paper's Section VI choices violate
-        sum gamma^2 < inf and draw a warning.
+        sum gamma^2 < inf and draw a warning. The schedules run with a fixed B, with K < I
+        clients per round, or when rho or gamma is given; otherwise rho_t = gamma_t = 1.
       penalty: c, a number or an increasing sequence c_1 < c_2 < ... (Theorem 2). Only used
         with stochastic constraints.
       slack_tol: the continuation raises c after a stage whose slack estimate (the mean over
@@ -276,8 +278,8 @@ class SSCAOptions(RunOptions):
 
     batch_size: Any = "auto"
     tau: Any = "auto"
-    rho: Any = field(default_factory=lambda: PowerStep(0.9, 0.4))
-    gamma: Any = field(default_factory=lambda: PowerStep(0.9, 0.55))
+    rho: Any = field(default_factory=lambda: EpochStep(0.3, 0.4))
+    gamma: Any = field(default_factory=lambda: EpochStep(0.3, 0.55))
     penalty: Any = (1e2, 1e3, 1e4, 1e5)
     slack_tol: float = 1e-3
     feas_tol: float = 1e-4

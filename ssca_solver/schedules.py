@@ -2,6 +2,9 @@
 
 A schedule is any callable ``t -> float`` for t = 1, 2, ...; :class:`PowerStep` is the paper's
 ``a / t**alpha`` family (Section VI uses rho_t = a1 / t^alpha, gamma_t = a2 / t^(alpha + 0.05)).
+:class:`EpochStep` (the default of method "ssca") is the same family on a clock of passes over
+the data instead of rounds, so that a round that reads 10 rows per client decays the steps
+as much as a tenth of a round that reads 100.
 """
 
 from __future__ import annotations
@@ -45,6 +48,64 @@ class PowerStep:
 
 
 @dataclass(frozen=True)
+class EpochStep:
+    """The diminishing step ``a / (1 + e_t)**alpha`` on a clock of epochs (the default of
+    eqs. (rho)/(gamma) in method "ssca").
+
+    e_t = (t - 1) / R is the number of passes over the data made before round t, R the rounds
+    per epoch: N over the rows the clients read per round (in expectation when K < I clients
+    take part), which the solver fills in (:meth:`per_epoch`). So rho_1 = gamma_1 = a whatever
+    the batch, and the steps decay with the data seen, not with the rounds: at B = 1 a round
+    reads 1/100 of what it reads at B = 100 and the steps decay 100 times more slowly per round.
+    For large t, EpochStep(a, alpha) ~ (a R^alpha) / t^alpha, a :class:`PowerStep` with the same
+    exponent, so the conditions of eqs. (rho)/(gamma) are those of PowerStep
+    (:func:`check_schedules`). Called directly (no epoch length known), R = 1: ``a / t**alpha``.
+
+    Args:
+      a: scale, in (0, 1] (the first value).
+      alpha: exponent, >= 0.
+
+    Example:
+      >>> s = EpochStep(0.3, 0.55)
+      >>> s(1), round(s.per_epoch(60.0)(61), 4)      # 60 rounds per epoch: round 61 = 1 epoch
+      (0.3, 0.2049)
+    """
+
+    a: float
+    alpha: float
+
+    def __post_init__(self):
+        PowerStep(self.a, self.alpha)       # the same checks
+        if self.a > 1:
+            raise ScheduleError(f"EpochStep: a is the first value and must be <= 1, got {self.a!r}")
+
+    def __call__(self, t: int) -> float:
+        return self.a / float(t) ** self.alpha
+
+    def per_epoch(self, rounds: float) -> Callable[[int], float]:
+        """The schedule t -> a / (1 + (t - 1) / rounds)^alpha for ``rounds`` rounds per epoch."""
+        if not (math.isfinite(rounds) and rounds > 0):
+            raise ScheduleError(f"EpochStep: rounds per epoch must be > 0, got {rounds!r}")
+        return _EpochClock(self.a, self.alpha, float(rounds))
+
+
+@dataclass(frozen=True)
+class _EpochClock:
+    a: float
+    alpha: float
+    rounds: float
+
+    def __call__(self, t: int) -> float:
+        return self.a / (1.0 + (t - 1) / self.rounds) ** self.alpha
+
+
+def at_epochs(schedule, rounds: float):
+    """``schedule`` on the clock of ``rounds`` rounds per epoch when it is an EpochStep;
+    any other schedule counts rounds and is returned as it is."""
+    return schedule.per_epoch(rounds) if isinstance(schedule, EpochStep) else schedule
+
+
+@dataclass(frozen=True)
 class _Constant:
     value: float
 
@@ -54,7 +115,7 @@ class _Constant:
 
 def as_schedule(value, name: str) -> Callable[[int], float]:
     """Turn ``value`` (a PowerStep, a callable, or a constant in (0, 1]) into a schedule."""
-    if isinstance(value, PowerStep) or callable(value):
+    if isinstance(value, (PowerStep, EpochStep)) or callable(value):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not 0 < value <= 1:
@@ -83,7 +144,8 @@ def step_value(schedule, t: int, name: str) -> float:
 def check_schedules(rho, gamma, stochastic: bool = True) -> list[str]:
     """Check the conditions of eqs. (rho) and (gamma) that can be checked, and warn.
 
-    For PowerStep schedules (rho = a1/t^p, gamma = a2/t^q) the conditions are exactly:
+    For PowerStep and EpochStep schedules (rho ~ a1/t^p, gamma ~ a2/t^q) the conditions are
+    exactly:
     rho_t -> 0 and sum rho = inf: 0 < p <= 1; gamma_t -> 0, sum gamma = inf, sum gamma^2 < inf:
     1/2 < q <= 1; gamma/rho -> 0: q > p. For other callables only the values are checked, at
     run time (see :func:`step_value`); a constant step (a number) violates rho_t -> 0 and
@@ -96,15 +158,16 @@ def check_schedules(rho, gamma, stochastic: bool = True) -> list[str]:
         if stochastic and isinstance(s, _Constant):
             issued.append(f"{name} = {s.value} (constant): eqs. (rho)/(gamma) need {name}_t -> 0 "
                           "with mini-batches")
-    if isinstance(rho, PowerStep):
+    power = (PowerStep, EpochStep)
+    if isinstance(rho, power):
         if not 0 < rho.alpha <= 1:
             issued.append(f"rho = {rho}: eq. (rho) needs 0 < alpha <= 1 "
                           "(rho_t -> 0 and sum rho_t = inf)")
-    if isinstance(gamma, PowerStep):
+    if isinstance(gamma, power):
         if not 0.5 < gamma.alpha <= 1:
             issued.append(f"gamma = {gamma}: eq. (gamma) needs 1/2 < alpha <= 1 "
                           "(sum gamma_t = inf and sum gamma_t^2 < inf)")
-    if isinstance(rho, PowerStep) and isinstance(gamma, PowerStep):
+    if isinstance(rho, power) and isinstance(gamma, power):
         if not gamma.alpha > rho.alpha:
             issued.append(f"gamma/rho -> 0 (eq. (gamma)) needs gamma's exponent {gamma.alpha} "
                           f"> rho's exponent {rho.alpha}")

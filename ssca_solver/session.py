@@ -32,9 +32,9 @@ def fingerprint(problem, method: str, **options) -> dict:
 def describe_schedule(schedule) -> str:
     """A step-size schedule as text for a fingerprint: its value for PowerStep and constants,
     else the callable's qualified name (its repr would hold a memory address)."""
-    from .schedules import PowerStep
+    from .schedules import EpochStep, PowerStep
 
-    if isinstance(schedule, (PowerStep, int, float)) or type(schedule).__name__ == "_Constant":
+    if isinstance(schedule, (PowerStep, EpochStep, int, float)) or type(schedule).__name__ == "_Constant":
         return repr(schedule)
     return f"{getattr(schedule, '__module__', '?')}.{getattr(schedule, '__qualname__', '?')}"
 

@@ -82,8 +82,12 @@ def solve_ssca(problem, **options) -> Result:
     M = problem.num_constraints
     builders = problem.builders                 # the functions' surrogates as they are now
     subproblem = make_subproblem(problem, builders, o.subproblem, o.solver, o.solver_options)
+    # the expected fraction of the clients in a round, for the epoch clock of EpochStep: K/I
+    # (proportional draws: K with replacement, distinct clients fewer; K/I is near enough)
+    participation = (1.0 if o.clients_per_round is None
+                     else min(1.0, o.clients_per_round / problem.data.num_clients))
     algorithm = SSCA(problem, builders, subproblem, o.batch_size, o.tau, o.rho, o.gamma,
-                     o.surrogate_init, o.check_gradients, unit_steps)
+                     o.surrogate_init, o.check_gradients, unit_steps, participation)
     fp = fingerprint(problem, "ssca", batch_size=o.batch_size, tau=o.tau,
                      penalty=list(o.penalty),
                      max_iter=o.max_iter if M else None,   # stages' lengths; Alg. 1 may extend

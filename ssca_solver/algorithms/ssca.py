@@ -18,7 +18,7 @@ import numpy as np
 from .. import driver
 from ..federated.messages import AGGREGATE, Request, array, optional_int
 from ..federated.messages import own_factor, secagg_active
-from ..schedules import step_value
+from ..schedules import at_epochs, step_value
 from ..surrogates import check_strongly_convex
 from . import adaptive as ad
 
@@ -80,8 +80,10 @@ class SSCA:
       subproblem: the subproblem solver (closed form or CVXPY).
       batch_size: B (None: full batch; "auto": adaptive, see :mod:`.adaptive`).
       tau: the proximal weight (a number, or "auto": from the probe, adapted on full batches).
-      rho, gamma, surrogate_init: as in :class:`ssca_solver.options.SSCAOptions`.
+      rho, gamma, surrogate_init: as in :class:`ssca_solver.options.SSCAOptions`
+        (an :class:`~ssca_solver.EpochStep` runs on the clock of passes over the data).
       check_gradients: check every function's gradient in the probe before round 1.
+      participation: the expected fraction of the clients in a round (K / I), for that clock.
     """
 
     name = "ssca"
@@ -89,7 +91,7 @@ class SSCA:
 
     def __init__(self, problem, builders, subproblem, batch_size, tau, rho, gamma,
                  surrogate_init: str, check_gradients: bool = False,
-                 unit_steps: bool = True):
+                 unit_steps: bool = True, participation: float = 1.0):
         self.problem = problem
         self.builders = tuple(builders)
         self.subproblem = subproblem
@@ -106,6 +108,7 @@ class SSCA:
                                                                            "with_metric")
                           and (self.auto_batch or batch_size is None))
         self.rho, self.gamma = rho, gamma
+        self.participation = float(participation)
         self.surrogate_init = surrogate_init
         self.check_gradients = bool(check_gradients)
         self.unit_steps = bool(unit_steps)     # rho = gamma = 1 on full batches (adaptive)
@@ -209,7 +212,7 @@ class SSCA:
             # on full batches this is deterministic SCA (majorization-minimization)
             r = g = 1.0
         else:
-            r, g = step_value(self.rho, t, "rho"), step_value(self.gamma, t, "gamma")
+            r, g = self._steps(state, t)
         noise = np.zeros(len(self.builders))
         replies = self._screened(replies, t, noise)
         stats = driver.average_with_messages(state.stats, replies, self.num_samples, r)
@@ -220,6 +223,17 @@ class SSCA:
         if self.auto_batch and not full:
             new, ratio = self._adapt_batch(new, state.w, stats, noise, info.solution)
         return new, _Info(info, self._batch(state), self._tau(state), ratio, 0)
+
+    def _steps(self, state, t):
+        """rho_t and gamma_t of eqs. (rho)/(gamma); an EpochStep counts passes over the data:
+        R = N / (rows read per round) rounds per epoch, at the batch in force (with
+        batch_size="auto" the batch grows, and so does the clock's speed)."""
+        b = self._batch(state)
+        rows = (float(self.num_samples) if b is None
+                else float(sum(min(int(b), int(n)) for n in self.sizes)))
+        R = self.num_samples / max(rows * self.participation, 1e-300)
+        return (step_value(at_epochs(self.rho, R), t, "rho"),
+                step_value(at_epochs(self.gamma, R), t, "gamma"))
 
     def _screened(self, replies, t, noise):
         """Strip and add up the noise numbers; at round 1 check the first message's surrogates
