@@ -2,6 +2,7 @@
 
 import numpy as np
 
+import ssca_solver as ss
 from problems.neyman_pearson import neyman_pearson
 
 
@@ -77,13 +78,20 @@ def test_a_noisy_point_outside_a_feasible_bound_is_not_called_infeasible():
     bound (U = 0.228 > min 0.2236). Every other piece of evidence says "infeasible" (no
     feasible evaluation, violation stalled, slack above slack_tol at the largest c); the
     returned point is no stationary point of the violation (measured: gradient 0.03 of the
-    start's), so the status is max_iter. Was a false "infeasible"."""
+    start's), so the status is max_iter. Was a false "infeasible". The schedules are those
+    of the walkthrough's run (rho = 0.9/t^0.4, gamma = 0.9/t^0.55 on rounds); with the
+    default EpochStep ones the violation is still falling at the end (another piece of
+    evidence against "infeasible"), checked too."""
     prob, X, Y, old = _diabetes(0.228)
-    res = prob.solve(batch_size=20, tau=0.5, seed=0, max_iter=600, penalty=[10.0, 100.0])
+    res = prob.solve(batch_size=20, tau=0.5, seed=0, max_iter=600, penalty=[10.0, 100.0],
+                     rho=ss.PowerStep(0.9, 0.4), gamma=ss.PowerStep(0.9, 0.55))
     assert res.status == "max_iter" and res.constraints[0] > 0
     assert "does not minimise the violation" in res.message
     r = np.linalg.norm(old.grad(res.x, X, Y)) / np.linalg.norm(old.grad(np.zeros(11), X, Y))
     assert r > 1e-2
+    res = prob.solve(batch_size=20, tau=0.5, seed=0, max_iter=600, penalty=[10.0, 100.0])
+    assert res.status == "max_iter" and res.constraints[0] > 0
+    assert "violation was still decreasing" in res.message
 
 
 def test_an_unreachable_bound_is_infeasible_at_a_minimiser_of_the_violation():

@@ -108,6 +108,10 @@ class SSCA:
                                                                            "with_metric")
                           and (self.auto_batch or batch_size is None))
         self.rho, self.gamma = rho, gamma
+        # fixed mini-batches with tau="auto": the paper's tau = 0.1, doubled (and the step
+        # retried) when the batch merit jumps above its running level (_guarded_step)
+        self.guard = (self.auto_tau and not self.auto_batch and batch_size is not None
+                      and ad.adaptable(self.builders) and ad.SPIKE_GUARD)
         self.participation = float(participation)
         self.surrogate_init = surrogate_init
         self.check_gradients = bool(check_gradients)
@@ -121,7 +125,7 @@ class SSCA:
         self.columns = {"rho": (), "gamma": (), "penalty": (), "slack": (self.M,),
                         "multipliers": (self.M,), "surrogate_value": (), "step_norm": (),
                         "retries": (), "inaccurate": (), "batch_size": (), "tau": (),
-                        "noise_ratio": (), "rejected": ()}
+                        "noise_ratio": (), "rejected": (), "batch_merit": ()}
 
     # -- protocol ----------------------------------------------------------------------------------
     def tasks(self) -> Mapping:
@@ -215,6 +219,9 @@ class SSCA:
             r, g = self._steps(state, t)
         noise = np.zeros(len(self.builders))
         replies = self._screened(replies, t, noise)
+        if self.guard and not full:
+            fresh = driver.average_with_messages(state.stats, replies, self.num_samples, 1.0)
+            return self._guarded_step(state, fresh, r, g)
         stats = driver.average_with_messages(state.stats, replies, self.num_samples, r)
         if full and self.adapt_tau and self.unit_steps:
             return self._backtracking_step(state, stats)
@@ -225,6 +232,10 @@ class SSCA:
         return new, _Info(info, self._batch(state), self._tau(state), ratio, 0)
 
     def _steps(self, state, t):
+        r, g = self._schedule(state, t)
+        return r * state.scale, g * state.scale
+
+    def _schedule(self, state, t):
         """rho_t and gamma_t of eqs. (rho)/(gamma); an EpochStep counts passes over the data:
         R = N / (rows read per round) rounds per epoch, at the batch in force (with
         batch_size="auto" the batch grows, and so does the clock's speed)."""
@@ -309,6 +320,44 @@ class SSCA:
             size += abs(a) * float(w @ w) + abs(float(lin @ w)) + abs(const)
         return size
 
+    def _guarded_step(self, state, fresh, r, g):
+        """Fixed mini-batches with tau="auto": the paper's step, unless the batch estimate of
+        the merit at w_t jumped above its running level by more than its noise (SPIKE_SD
+        standard deviations and SPIKE_REL of the level): then the step that led to w_t was too
+        long. w_t is dropped, the step is retried from w_{t-1} with tau doubled (the surrogate
+        Fbar^(t-1) with twice its curvature about w_{t-1}), and the clients use the doubled
+        tau from the next round on. The level and its variance are exponential averages over
+        the accepted rounds (weight SPIKE_AVERAGING)."""
+        phi = self._merit(fresh, state.w, state.penalty)
+        level, var = state.merit, state.noise
+        if np.isfinite(level):
+            top = level + max(ad.SPIKE_REL * abs(level), ad.SPIKE_SD * np.sqrt(var))
+            spike = bool(state.prev_w.size) and not phi <= top
+            # the level follows every round, a jump clipped to the threshold (a level fed by
+            # accepted rounds only is biased low and rejects ever more steps)
+            b, seen = ad.SPIKE_AVERAGING, min(phi, top) if np.isfinite(phi) else top
+            level, var = (1 - b) * level + b * seen, (1 - b) * var + b * (seen - level) ** 2
+        else:
+            spike, level, var = False, phi, 0.0
+        if spike:
+            scale, k = state.scale, 1.0
+            if scale > ad.SPIKE_SCALE_MIN:
+                scale = scale / 2.0
+            else:
+                k = ad.TAU_UP
+            scaled = tuple(ad.rescale_tau(st, state.prev_w, k) for st in state.stats)
+            start = state._replace(w=state.prev_w)
+            rs, gs = self._steps(state, state.t)      # the rejected step's rho and gamma
+            new, info = driver.move(start, scaled, rs * scale / state.scale,
+                                    gs * scale / state.scale, self.subproblem)
+            new = new._replace(tau=self._tau(state) * k, merit=level, noise=var, scale=scale,
+                               prev_w=state.prev_w, rejects=state.rejects + 1)
+            return new, _Info(info, self._batch(state), self._tau(state) * k, 0.0, 1, phi)
+        stats = driver.average_statistics(state.stats, fresh, r)
+        new, info = driver.move(state, stats, r, g, self.subproblem)
+        new = new._replace(merit=level, noise=var, prev_w=state.w.copy(), rejects=0)
+        return new, _Info(info, self._batch(state), self._tau(state), 0.0, 0, phi)
+
     def _backtracking_step(self, state, stats):
         """Full batches: accept the step to w_t if the merit did not increase (then tau shrinks),
         else retry from the last accepted point with tau doubled."""
@@ -350,7 +399,7 @@ class SSCA:
                 "retries": sol.retries, "inaccurate": float(sol.inaccurate),
                 "batch_size": np.nan if info.batch is None else info.batch,
                 "tau": info.tau, "noise_ratio": info.noise_ratio,
-                "rejected": info.rejected}
+                "rejected": info.rejected, "batch_merit": info.batch_merit}
 
     def describe(self, info) -> str:
         s = info.step
@@ -365,7 +414,8 @@ class SSCA:
                "nu": state.nu, "batch": np.asarray(state.batch), "tau": np.asarray(state.tau),
                "noise": np.asarray(state.noise), "since": np.asarray(state.since),
                "merit": np.asarray(state.merit), "prev_w": state.prev_w,
-               "rejects": np.asarray(state.rejects), "metric": state.metric}
+               "rejects": np.asarray(state.rejects), "metric": state.metric,
+               "scale": np.asarray(state.scale)}
         for name, group in (("stats", state.stats), ("prev_stats", state.prev_stats)):
             for m, st in enumerate(group):
                 for k, v in st.items():
@@ -395,17 +445,19 @@ class SSCA:
             int(arrays["since"]), float(arrays["merit"]),
             np.array(arrays["prev_w"], dtype=float), group("prev_stats", False),
             int(arrays["rejects"]),
-            np.array(arrays["metric"], dtype=float) if "metric" in arrays else np.zeros((0, 0)))
+            np.array(arrays["metric"], dtype=float) if "metric" in arrays else np.zeros((0, 0)),
+            float(arrays["scale"]) if "scale" in arrays else 1.0)
 
 
 class _Info:
     """A round's StepInfo with what the adaptive defaults did."""
 
-    __slots__ = ("step", "batch", "tau", "noise_ratio", "rejected")
+    __slots__ = ("step", "batch", "tau", "noise_ratio", "rejected", "batch_merit")
 
-    def __init__(self, step, batch, tau, noise_ratio, rejected):
+    def __init__(self, step, batch, tau, noise_ratio, rejected, batch_merit=float("nan")):
         self.step, self.batch, self.tau = step, batch, tau
         self.noise_ratio, self.rejected = noise_ratio, rejected
+        self.batch_merit = batch_merit
 
     @property
     def t(self):
