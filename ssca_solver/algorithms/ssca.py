@@ -321,18 +321,22 @@ class SSCA:
         return size
 
     def _guarded_step(self, state, fresh, r, g):
-        """Fixed mini-batches with tau="auto": the paper's step, unless the batch estimate of
-        the merit at w_t jumped above its running level by more than its noise (SPIKE_SD
-        standard deviations and SPIKE_REL of the level): then the step that led to w_t was too
-        long. w_t is dropped, the step is retried from w_{t-1} with tau doubled (the surrogate
-        Fbar^(t-1) with twice its curvature about w_{t-1}), and the clients use the doubled
-        tau from the next round on. The level and its variance are exponential averages over
-        the accepted rounds (weight SPIKE_AVERAGING)."""
+        """Fixed mini-batches with tau="auto": the paper's step (eqs. (Fs0bar)-(updatew)),
+        unless the batch estimate of the merit F_0 + R + c sum (F_m - U_m)_+ at w_t (from the
+        round's statistics, no extra message) jumped above its running level by more than
+        SPIKE_SD running standard deviations and SPIKE_REL of the level: then the step that
+        led to w_t was too long. w_t and its batch are dropped, the step is retried from
+        w_{t-1} (same surrogate) with half its gamma, and rho_t and gamma_t are halved for
+        the rest of the run (``state.scale``). The level and its variance are exponential
+        averages (weight SPIKE_AVERAGING) over every round, a jump entering clipped to the
+        threshold. Once the factor is at most SPIKE_SCALE_MIN the guard stops: it can cost
+        at most four halvings, whatever the noise."""
         phi = self._merit(fresh, state.w, state.penalty)
         level, var = state.merit, state.noise
         if np.isfinite(level):
             top = level + max(ad.SPIKE_REL * abs(level), ad.SPIKE_SD * np.sqrt(var))
-            spike = bool(state.prev_w.size) and not phi <= top
+            spike = (bool(state.prev_w.size) and state.scale > ad.SPIKE_SCALE_MIN
+                     and not phi <= top)
             # the level follows every round, a jump clipped to the threshold (a level fed by
             # accepted rounds only is biased low and rejects ever more steps)
             b, seen = ad.SPIKE_AVERAGING, min(phi, top) if np.isfinite(phi) else top
@@ -340,19 +344,13 @@ class SSCA:
         else:
             spike, level, var = False, phi, 0.0
         if spike:
-            scale, k = state.scale, 1.0
-            if scale > ad.SPIKE_SCALE_MIN:
-                scale = scale / 2.0
-            else:
-                k = ad.TAU_UP
-            scaled = tuple(ad.rescale_tau(st, state.prev_w, k) for st in state.stats)
+            scale = state.scale / 2.0
             start = state._replace(w=state.prev_w)
             rs, gs = self._steps(state, state.t)      # the rejected step's rho and gamma
-            new, info = driver.move(start, scaled, rs * scale / state.scale,
-                                    gs * scale / state.scale, self.subproblem)
-            new = new._replace(tau=self._tau(state) * k, merit=level, noise=var, scale=scale,
-                               prev_w=state.prev_w, rejects=state.rejects + 1)
-            return new, _Info(info, self._batch(state), self._tau(state) * k, 0.0, 1, phi)
+            new, info = driver.move(start, state.stats, rs / 2.0, gs / 2.0, self.subproblem)
+            new = new._replace(merit=level, noise=var, scale=scale, prev_w=state.prev_w,
+                               rejects=state.rejects + 1)
+            return new, _Info(info, self._batch(state), self._tau(state), 0.0, 1, phi)
         stats = driver.average_statistics(state.stats, fresh, r)
         new, info = driver.move(state, stats, r, g, self.subproblem)
         new = new._replace(merit=level, noise=var, prev_w=state.w.copy(), rejects=0)
