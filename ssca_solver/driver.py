@@ -63,10 +63,6 @@ class SSCAState(NamedTuple):
       metric: the diagonal metrics D_m (one row per stochastic function) that replace the
         proximal term tau |w - w_t|^2 by tau (w - w_t)' diag(D_m) (w - w_t) (adaptive defaults
         on the closed-form path; empty: the scalar curvature of the paper).
-      scale: the factor on rho_t and gamma_t (fixed mini-batches: halved when a step made the
-        batch merit jump, see ``SSCA._guarded_step``). On fixed mini-batches ``merit`` and
-        ``noise`` hold the running level of the batch merit and its variance, and ``prev_w``
-        the point w_{t-1}.
     """
 
     t: int
@@ -83,7 +79,6 @@ class SSCAState(NamedTuple):
     prev_stats: tuple = ()
     rejects: int = 0
     metric: np.ndarray = np.zeros((0, 0))
-    scale: float = 1.0
 
 
 class StepInfo(NamedTuple):

@@ -108,10 +108,6 @@ class SSCA:
                                                                            "with_metric")
                           and (self.auto_batch or batch_size is None))
         self.rho, self.gamma = rho, gamma
-        # fixed mini-batches with tau="auto": the paper's tau = 0.1, doubled (and the step
-        # retried) when the batch merit jumps above its running level (_guarded_step)
-        self.guard = (self.auto_tau and not self.auto_batch and batch_size is not None
-                      and ad.adaptable(self.builders) and ad.SPIKE_GUARD)
         self.participation = float(participation)
         self.surrogate_init = surrogate_init
         self.check_gradients = bool(check_gradients)
@@ -125,7 +121,7 @@ class SSCA:
         self.columns = {"rho": (), "gamma": (), "penalty": (), "slack": (self.M,),
                         "multipliers": (self.M,), "surrogate_value": (), "step_norm": (),
                         "retries": (), "inaccurate": (), "batch_size": (), "tau": (),
-                        "noise_ratio": (), "rejected": (), "batch_merit": ()}
+                        "noise_ratio": (), "rejected": ()}
 
     # -- protocol ----------------------------------------------------------------------------------
     def tasks(self) -> Mapping:
@@ -219,9 +215,6 @@ class SSCA:
             r, g = self._steps(state, t)
         noise = np.zeros(len(self.builders))
         replies = self._screened(replies, t, noise)
-        if self.guard and not full:
-            fresh = driver.average_with_messages(state.stats, replies, self.num_samples, 1.0)
-            return self._guarded_step(state, fresh, r, g)
         stats = driver.average_with_messages(state.stats, replies, self.num_samples, r)
         if full and self.adapt_tau and self.unit_steps:
             return self._backtracking_step(state, stats)
@@ -232,10 +225,6 @@ class SSCA:
         return new, _Info(info, self._batch(state), self._tau(state), ratio, 0)
 
     def _steps(self, state, t):
-        r, g = self._schedule(state, t)
-        return r * state.scale, g * state.scale
-
-    def _schedule(self, state, t):
         """rho_t and gamma_t of eqs. (rho)/(gamma); an EpochStep counts passes over the data:
         R = N / (rows read per round) rounds per epoch, at the batch in force (with
         batch_size="auto" the batch grows, and so does the clock's speed)."""
@@ -320,42 +309,6 @@ class SSCA:
             size += abs(a) * float(w @ w) + abs(float(lin @ w)) + abs(const)
         return size
 
-    def _guarded_step(self, state, fresh, r, g):
-        """Fixed mini-batches with tau="auto": the paper's step (eqs. (Fs0bar)-(updatew)),
-        unless the batch estimate of the merit F_0 + R + c sum (F_m - U_m)_+ at w_t (from the
-        round's statistics, no extra message) jumped above its running level by more than
-        SPIKE_SD running standard deviations and SPIKE_REL of the level: then the step that
-        led to w_t was too long. w_t and its batch are dropped, the step is retried from
-        w_{t-1} (same surrogate) with half its gamma, and rho_t and gamma_t are halved for
-        the rest of the run (``state.scale``). The level and its variance are exponential
-        averages (weight SPIKE_AVERAGING) over every round, a jump entering clipped to the
-        threshold. Once the factor is at most SPIKE_SCALE_MIN the guard stops: it can cost
-        at most four halvings, whatever the noise."""
-        phi = self._merit(fresh, state.w, state.penalty)
-        level, var = state.merit, state.noise
-        if np.isfinite(level):
-            top = level + max(ad.SPIKE_REL * abs(level), ad.SPIKE_SD * np.sqrt(var))
-            spike = (bool(state.prev_w.size) and state.scale > ad.SPIKE_SCALE_MIN
-                     and not phi <= top)
-            # the level follows every round, a jump clipped to the threshold (a level fed by
-            # accepted rounds only is biased low and rejects ever more steps)
-            b, seen = ad.SPIKE_AVERAGING, min(phi, top) if np.isfinite(phi) else top
-            level, var = (1 - b) * level + b * seen, (1 - b) * var + b * (seen - level) ** 2
-        else:
-            spike, level, var = False, phi, 0.0
-        if spike:
-            scale = state.scale / 2.0
-            start = state._replace(w=state.prev_w)
-            rs, gs = self._steps(state, state.t)      # the rejected step's rho and gamma
-            new, info = driver.move(start, state.stats, rs / 2.0, gs / 2.0, self.subproblem)
-            new = new._replace(merit=level, noise=var, scale=scale, prev_w=state.prev_w,
-                               rejects=state.rejects + 1)
-            return new, _Info(info, self._batch(state), self._tau(state), 0.0, 1, phi)
-        stats = driver.average_statistics(state.stats, fresh, r)
-        new, info = driver.move(state, stats, r, g, self.subproblem)
-        new = new._replace(merit=level, noise=var, prev_w=state.w.copy(), rejects=0)
-        return new, _Info(info, self._batch(state), self._tau(state), 0.0, 0, phi)
-
     def _backtracking_step(self, state, stats):
         """Full batches: accept the step to w_t if the merit did not increase (then tau shrinks),
         else retry from the last accepted point with tau doubled."""
@@ -397,7 +350,7 @@ class SSCA:
                 "retries": sol.retries, "inaccurate": float(sol.inaccurate),
                 "batch_size": np.nan if info.batch is None else info.batch,
                 "tau": info.tau, "noise_ratio": info.noise_ratio,
-                "rejected": info.rejected, "batch_merit": info.batch_merit}
+                "rejected": info.rejected}
 
     def describe(self, info) -> str:
         s = info.step
@@ -412,8 +365,7 @@ class SSCA:
                "nu": state.nu, "batch": np.asarray(state.batch), "tau": np.asarray(state.tau),
                "noise": np.asarray(state.noise), "since": np.asarray(state.since),
                "merit": np.asarray(state.merit), "prev_w": state.prev_w,
-               "rejects": np.asarray(state.rejects), "metric": state.metric,
-               "scale": np.asarray(state.scale)}
+               "rejects": np.asarray(state.rejects), "metric": state.metric}
         for name, group in (("stats", state.stats), ("prev_stats", state.prev_stats)):
             for m, st in enumerate(group):
                 for k, v in st.items():
@@ -443,19 +395,17 @@ class SSCA:
             int(arrays["since"]), float(arrays["merit"]),
             np.array(arrays["prev_w"], dtype=float), group("prev_stats", False),
             int(arrays["rejects"]),
-            np.array(arrays["metric"], dtype=float) if "metric" in arrays else np.zeros((0, 0)),
-            float(arrays["scale"]) if "scale" in arrays else 1.0)
+            np.array(arrays["metric"], dtype=float) if "metric" in arrays else np.zeros((0, 0)))
 
 
 class _Info:
     """A round's StepInfo with what the adaptive defaults did."""
 
-    __slots__ = ("step", "batch", "tau", "noise_ratio", "rejected", "batch_merit")
+    __slots__ = ("step", "batch", "tau", "noise_ratio", "rejected")
 
-    def __init__(self, step, batch, tau, noise_ratio, rejected, batch_merit=float("nan")):
+    def __init__(self, step, batch, tau, noise_ratio, rejected):
         self.step, self.batch, self.tau = step, batch, tau
         self.noise_ratio, self.rejected = noise_ratio, rejected
-        self.batch_merit = batch_merit
 
     @property
     def t(self):
