@@ -46,3 +46,49 @@ def test_values_outside_unit_interval_are_errors():
     with pytest.raises(ss.ScheduleError, match="raised at t=2"):
         step_value(lambda t: 1 / (t - 2), 2, "gamma")
     assert step_value(lambda t: 1 / t, 4, "rho") == 0.25
+
+
+def test_epochstep_values_and_its_clock():
+    s = ss.EpochStep(0.3, 0.55)
+    assert s(1) == 0.3 and np.isclose(s(10), 0.3 / 10 ** 0.55)   # called directly: R = 1
+    clock = s.per_epoch(60.0)                   # 60 rounds per epoch
+    assert clock(1) == 0.3
+    assert np.isclose(clock(61), 0.3 / 2 ** 0.55) and np.isclose(clock(31), 0.3 / 1.5 ** 0.55)
+    with pytest.raises(ss.ScheduleError, match="first value"):
+        ss.EpochStep(1.5, 0.5)
+    with pytest.raises(ss.ScheduleError):
+        ss.EpochStep(0.3, -1.0)
+    with pytest.raises(ss.ScheduleError, match="rounds per epoch"):
+        s.per_epoch(0.0)
+
+
+def test_default_schedules_are_epoch_steps_that_satisfy_the_conditions():
+    o = ss.SSCAOptions()
+    assert o.rho == ss.EpochStep(0.3, 0.4) and o.gamma == ss.EpochStep(0.3, 0.55)
+    assert check_schedules(o.rho, o.gamma) == []
+    with pytest.warns(ss.ScheduleWarning, match="sum gamma_t\\^2"):
+        check_schedules(ss.EpochStep(0.3, 0.4), ss.EpochStep(0.3, 0.45))
+    with pytest.warns(ss.ScheduleWarning, match="gamma/rho"):
+        check_schedules(ss.EpochStep(0.3, 0.7), ss.PowerStep(0.9, 0.6))
+
+
+@pytest.mark.parametrize("B, K", [(10, None), (40, None), (10, 2)])
+def test_the_solver_runs_epoch_steps_on_passes_over_the_data(cancer_data, B, K):
+    """rho_t = 0.3 / (1 + (t-1) R^-1)^0.4 with R = N / (rows read per round): sum_i min(B, N_i)
+    rows, times K/I when K of the I clients take part."""
+    from problems.logistic import logistic_loss
+    dim = cancer_data.clients[0].X.shape[1]
+    prob = ss.Problem(logistic_loss(), dim=dim, data=cancer_data)
+    res = prob.solve(batch_size=B, tau=0.1, max_iter=30, seed=0, eval_every=None,
+                     clients_per_round=K)
+    sizes = cancer_data.client_sizes
+    rows = sum(min(B, n) for n in sizes) * (1.0 if K is None else K / len(sizes))
+    R = sum(sizes) / rows
+    t = np.arange(1, 31)
+    np.testing.assert_allclose(res.history.rho, 0.3 / (1 + (t - 1) / R) ** 0.4, rtol=1e-12)
+    np.testing.assert_allclose(res.history.gamma, 0.3 / (1 + (t - 1) / R) ** 0.55, rtol=1e-12)
+    # a PowerStep keeps counting rounds
+    res = prob.solve(batch_size=B, tau=0.1, max_iter=5, seed=0, eval_every=None,
+                     rho=ss.PowerStep(0.9, 0.4), gamma=ss.PowerStep(0.9, 0.55),
+                     clients_per_round=K)
+    np.testing.assert_allclose(res.history.gamma, 0.9 / np.arange(1, 6) ** 0.55, rtol=1e-12)
