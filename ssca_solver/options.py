@@ -254,8 +254,10 @@ class SSCAOptions(RunOptions):
         data before round t (the steps decay with the data read, not with the rounds).
       gamma: schedule of eq. (gamma). Default EpochStep(0.3, 0.55). Both defaults satisfy every
         condition of eqs. (rho)/(gamma); the paper's Section VI choices violate
-        sum gamma^2 < inf and draw a warning. The schedules run with a fixed B, with K < I
-        clients per round, or when rho or gamma is given; otherwise rho_t = gamma_t = 1.
+        sum gamma^2 < inf and draw a warning. The schedules run with a fixed B, with "full"
+        and a numeric tau, with K < I clients per round (or proportional participation), or
+        when rho or gamma is given; otherwise rho_t = gamma_t = 1. The previous defaults,
+        counted in rounds, were PowerStep(0.9, 0.4) and PowerStep(0.9, 0.55).
       penalty: c, a number or an increasing sequence c_1 < c_2 < ... (Theorem 2). Only used
         with stochastic constraints.
       slack_tol: the continuation raises c after a stage whose slack estimate (the mean over

@@ -114,7 +114,8 @@ class _Constant:
 
 
 def as_schedule(value, name: str) -> Callable[[int], float]:
-    """Turn ``value`` (a PowerStep, a callable, or a constant in (0, 1]) into a schedule."""
+    """Turn ``value`` (an EpochStep, a PowerStep, a callable, or a constant in (0, 1]) into a
+    schedule."""
     if isinstance(value, (PowerStep, EpochStep)) or callable(value):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
