@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import DataError
 from .federated import DEFAULT_CLIENT_TIMEOUT, transport_names
-from .schedules import EpochStep, PowerStep
+from .schedules import PowerStep
 
 
 # -- value checks -------------------------------------------------------------------------------
@@ -249,15 +249,19 @@ class SSCAOptions(RunOptions):
       tau: proximal weight of eqs. (fs0bar)/(fsmbar): "auto" (default: the curvature along
         the gradient measured before round 1, then adapted by backtracking on full batches) or
         a number > 0 (paper: 0.1).
-      rho: schedule of eq. (rho) (EpochStep, PowerStep, callable t -> value, or constant in
-        (0, 1]). Default EpochStep(0.3, 0.4): 0.3 / (1 + e_t)^0.4 with e_t the passes over the
-        data before round t (the steps decay with the data read, not with the rounds).
-      gamma: schedule of eq. (gamma). Default EpochStep(0.3, 0.55). Both defaults satisfy every
+      rho: schedule of eq. (rho): "auto" (default), an EpochStep, a PowerStep, a callable
+        t -> value, or a constant in (0, 1]. "auto" is EpochStep(0.3, 0.4) on rounds with
+        sampled statistics (a fixed B, or K < I clients): 0.3 / (1 + e_t)^0.4 with e_t the
+        passes over the data before round t, so the steps decay with the data read, not with
+        the rounds; and PowerStep(0.9, 0.4) (0.9 / t^0.4) on rounds with exact ones (every row
+        of every client: "full" with a numeric tau), where nothing needs averaging.
+      gamma: schedule of eq. (gamma): "auto" (default) is EpochStep(0.3, 0.55) on sampled
+        rounds and PowerStep(0.9, 0.55) on exact ones. Every default satisfies every
         condition of eqs. (rho)/(gamma); the paper's Section VI choices violate
         sum gamma^2 < inf and draw a warning. The schedules run with a fixed B, with "full"
         and a numeric tau, with K < I clients per round (or proportional participation), or
-        when rho or gamma is given; otherwise rho_t = gamma_t = 1. The previous defaults,
-        counted in rounds, were PowerStep(0.9, 0.4) and PowerStep(0.9, 0.55).
+        when rho or gamma is given; otherwise rho_t = gamma_t = 1. (Before EpochStep the
+        defaults were PowerStep(0.9, 0.4) and PowerStep(0.9, 0.55) on every round.)
       penalty: c, a number or an increasing sequence c_1 < c_2 < ... (Theorem 2). Only used
         with stochastic constraints.
       slack_tol: the continuation raises c after a stage whose slack estimate (the mean over
@@ -280,8 +284,8 @@ class SSCAOptions(RunOptions):
 
     batch_size: Any = "auto"
     tau: Any = "auto"
-    rho: Any = field(default_factory=lambda: EpochStep(0.3, 0.4))
-    gamma: Any = field(default_factory=lambda: EpochStep(0.3, 0.55))
+    rho: Any = "auto"
+    gamma: Any = "auto"
     penalty: Any = (1e2, 1e3, 1e4, 1e5)
     slack_tol: float = 1e-3
     feas_tol: float = 1e-4

@@ -113,9 +113,27 @@ class _Constant:
         return self.value
 
 
+#: rho and gamma when the options leave them "auto" (the default of method "ssca"): rounds with
+#: exact statistics (every row of every client, deterministic SCA with a fixed tau) take the
+#: round-counted schedules below; rounds on sampled data (a fixed B, or K < I clients) take the
+#: epoch-counted ones, whose smaller first values average more rounds of noise
+DEFAULT_EXACT = {"rho": PowerStep(0.9, 0.4), "gamma": PowerStep(0.9, 0.55)}
+DEFAULT_SAMPLED = {"rho": EpochStep(0.3, 0.4), "gamma": EpochStep(0.3, 0.55)}
+
+
+def resolve(schedule, name: str, exact: bool):
+    """``schedule``, or for "auto" the default for rounds with exact (``exact``) or sampled
+    statistics (:data:`DEFAULT_EXACT`, :data:`DEFAULT_SAMPLED`)."""
+    if isinstance(schedule, str):
+        return (DEFAULT_EXACT if exact else DEFAULT_SAMPLED)[name]
+    return schedule
+
+
 def as_schedule(value, name: str) -> Callable[[int], float]:
     """Turn ``value`` (an EpochStep, a PowerStep, a callable, or a constant in (0, 1]) into a
     schedule."""
+    if isinstance(value, str) and value == "auto":
+        return value
     if isinstance(value, (PowerStep, EpochStep)) or callable(value):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):

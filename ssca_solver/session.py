@@ -34,7 +34,7 @@ def describe_schedule(schedule) -> str:
     else the callable's qualified name (its repr would hold a memory address)."""
     from .schedules import EpochStep, PowerStep
 
-    if isinstance(schedule, (PowerStep, EpochStep, int, float)) or type(schedule).__name__ == "_Constant":
+    if isinstance(schedule, (PowerStep, EpochStep, int, float, str)) or type(schedule).__name__ == "_Constant":
         return repr(schedule)
     return f"{getattr(schedule, '__module__', '?')}.{getattr(schedule, '__qualname__', '?')}"
 

@@ -20,7 +20,7 @@ SADDLE_TOL = 1e-12
 from .driver import stage_slack
 from .errors import ModelError
 from .result import Result, Stage
-from .schedules import as_schedule, check_schedules
+from .schedules import as_schedule, check_schedules, resolve
 from .session import Session, describe_schedule, fingerprint
 from .subproblems import CvxpySubproblem, make_subproblem
 
@@ -72,12 +72,14 @@ def solve_ssca(problem, **options) -> Result:
     "max_iter", with the residual that failed named in the message.
     """
     o = _parse(problem, options)
-    check_schedules(o.rho, o.gamma, stochastic=o.batch_size is not None)
     # with K < I clients per round even full batches give a random estimate (the draw of the
     # clients): the paper's diminishing rho and gamma, not deterministic SCA's unit steps
     # (proportional draws are with replacement: random even with K = I)
     sampled = o.clients_per_round is not None and (
         o.clients_per_round < problem.data.num_clients or o.participation == "proportional")
+    exact = o.batch_size is None and not sampled       # the schedules' regime at round 1
+    check_schedules(resolve(o.rho, "rho", exact), resolve(o.gamma, "gamma", exact),
+                    stochastic=o.batch_size is not None)
     unit_steps = "rho" not in options and "gamma" not in options and not sampled
     M = problem.num_constraints
     builders = problem.builders                 # the functions' surrogates as they are now
@@ -87,7 +89,7 @@ def solve_ssca(problem, **options) -> Result:
     participation = (1.0 if o.clients_per_round is None
                      else min(1.0, o.clients_per_round / problem.data.num_clients))
     algorithm = SSCA(problem, builders, subproblem, o.batch_size, o.tau, o.rho, o.gamma,
-                     o.surrogate_init, o.check_gradients, unit_steps, participation)
+                     o.surrogate_init, o.check_gradients, unit_steps, participation, sampled)
     fp = fingerprint(problem, "ssca", batch_size=o.batch_size, tau=o.tau,
                      penalty=list(o.penalty),
                      max_iter=o.max_iter if M else None,   # stages' lengths; Alg. 1 may extend

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import ssca_solver as ss
-from ssca_solver.schedules import check_schedules, step_value
+from ssca_solver.schedules import check_schedules, resolve, step_value
 
 
 def test_powerstep_values():
@@ -64,8 +64,11 @@ def test_epochstep_values_and_its_clock():
 
 def test_default_schedules_are_epoch_steps_that_satisfy_the_conditions():
     o = ss.SSCAOptions()
-    assert o.rho == ss.EpochStep(0.3, 0.4) and o.gamma == ss.EpochStep(0.3, 0.55)
-    assert check_schedules(o.rho, o.gamma) == []
+    assert o.rho == "auto" and o.gamma == "auto"
+    for exact in (False, True):
+        rho, gamma = resolve(o.rho, "rho", exact), resolve(o.gamma, "gamma", exact)
+        assert isinstance(rho, ss.PowerStep if exact else ss.EpochStep)
+        assert check_schedules(rho, gamma) == []
     with pytest.warns(ss.ScheduleWarning, match="sum gamma_t\\^2"):
         check_schedules(ss.EpochStep(0.3, 0.4), ss.EpochStep(0.3, 0.45))
     with pytest.warns(ss.ScheduleWarning, match="gamma/rho"):
@@ -92,3 +95,20 @@ def test_the_solver_runs_epoch_steps_on_passes_over_the_data(cancer_data, B, K):
                      rho=ss.PowerStep(0.9, 0.4), gamma=ss.PowerStep(0.9, 0.55),
                      clients_per_round=K)
     np.testing.assert_allclose(res.history.gamma, 0.9 / np.arange(1, 6) ** 0.55, rtol=1e-12)
+
+
+def test_auto_schedules_follow_the_rounds_regime(cancer_data):
+    """Full rows of every client (exact statistics, a numeric tau): 0.9/t^0.4 and 0.9/t^0.55
+    on rounds; K < I clients on full rows (sampled): the epoch defaults with R = I/K."""
+    from problems.logistic import logistic_loss
+    dim = cancer_data.clients[0].X.shape[1]
+    prob = ss.Problem(logistic_loss(), dim=dim, data=cancer_data)
+    t = np.arange(1, 11)
+    res = prob.solve(batch_size="full", tau=0.1, max_iter=10, seed=0, eval_every=None)
+    np.testing.assert_allclose(res.history.rho, 0.9 / t ** 0.4, rtol=1e-12)
+    np.testing.assert_allclose(res.history.gamma, 0.9 / t ** 0.55, rtol=1e-12)
+    res = prob.solve(batch_size="full", tau=0.1, max_iter=10, seed=0, eval_every=None,
+                     clients_per_round=2)
+    np.testing.assert_allclose(res.history.gamma, 0.3 / (1 + (t - 1) / 2.5) ** 0.55, rtol=1e-12)
+    with pytest.raises(ss.ScheduleError):
+        prob.solve(batch_size=10, rho="fast", max_iter=2)
