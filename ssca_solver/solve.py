@@ -77,9 +77,11 @@ def solve_ssca(problem, **options) -> Result:
     # (proportional draws are with replacement: random even with K = I)
     sampled = o.clients_per_round is not None and (
         o.clients_per_round < problem.data.num_clients or o.participation == "proportional")
-    exact = o.batch_size is None and not sampled       # the schedules' regime at round 1
-    check_schedules(resolve(o.rho, "rho", exact), resolve(o.gamma, "gamma", exact),
-                    stochastic=o.batch_size is not None)
+    # "auto" schedules: the round-counted ones when every round has exact statistics (full
+    # rows of every client), the epoch-counted ones otherwise (fixed B, "auto" batches, K < I)
+    exact = o.batch_size is None and not sampled
+    rho, gamma = resolve(o.rho, "rho", exact), resolve(o.gamma, "gamma", exact)
+    check_schedules(rho, gamma, stochastic=o.batch_size is not None)
     unit_steps = "rho" not in options and "gamma" not in options and not sampled
     M = problem.num_constraints
     builders = problem.builders                 # the functions' surrogates as they are now
@@ -88,8 +90,8 @@ def solve_ssca(problem, **options) -> Result:
     # (proportional draws: K with replacement, distinct clients fewer; K/I is near enough)
     participation = (1.0 if o.clients_per_round is None
                      else min(1.0, o.clients_per_round / problem.data.num_clients))
-    algorithm = SSCA(problem, builders, subproblem, o.batch_size, o.tau, o.rho, o.gamma,
-                     o.surrogate_init, o.check_gradients, unit_steps, participation, sampled)
+    algorithm = SSCA(problem, builders, subproblem, o.batch_size, o.tau, rho, gamma,
+                     o.surrogate_init, o.check_gradients, unit_steps, participation)
     fp = fingerprint(problem, "ssca", batch_size=o.batch_size, tau=o.tau,
                      penalty=list(o.penalty),
                      max_iter=o.max_iter if M else None,   # stages' lengths; Alg. 1 may extend

@@ -112,3 +112,17 @@ def test_auto_schedules_follow_the_rounds_regime(cancer_data):
     np.testing.assert_allclose(res.history.gamma, 0.3 / (1 + (t - 1) / 2.5) ** 0.55, rtol=1e-12)
     with pytest.raises(ss.ScheduleError):
         prob.solve(batch_size=10, rho="fast", max_iter=2)
+
+
+def test_auto_is_resolved_once_from_the_options(cancer_data):
+    """batch_size="auto" with only rho given: gamma "auto" is the sampled default for the whole
+    run (the epoch clock at the batch in force), never switching to the round-counted one."""
+    from problems.logistic import logistic_loss
+    dim = cancer_data.clients[0].X.shape[1]
+    prob = ss.Problem(logistic_loss(), dim=dim, data=cancer_data)
+    res = prob.solve(rho=ss.EpochStep(0.3, 0.4), max_iter=150, seed=0, eval_every=None)
+    full = np.isnan(res.history.batch_size)
+    assert full.any() and not full.all()           # the batch reached every row in the run
+    g = res.history.gamma
+    assert np.all(np.diff(g) <= 1e-15)             # never jumps up
+    assert np.all(g <= 0.3) and g[0] == 0.3

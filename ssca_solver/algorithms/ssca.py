@@ -18,7 +18,7 @@ import numpy as np
 from .. import driver
 from ..federated.messages import AGGREGATE, Request, array, optional_int
 from ..federated.messages import own_factor, secagg_active
-from ..schedules import at_epochs, resolve, step_value
+from ..schedules import at_epochs, step_value
 from ..surrogates import check_strongly_convex
 from . import adaptive as ad
 
@@ -84,8 +84,6 @@ class SSCA:
         (an :class:`~ssca_solver.EpochStep` runs on the clock of passes over the data).
       check_gradients: check every function's gradient in the probe before round 1.
       participation: the expected fraction of the clients in a round (K / I), for that clock.
-      sampled: the clients of a round are drawn (K < I, or proportional draws), so that even
-        full batches give random statistics (rho/gamma "auto" then take the sampled defaults).
     """
 
     name = "ssca"
@@ -93,8 +91,7 @@ class SSCA:
 
     def __init__(self, problem, builders, subproblem, batch_size, tau, rho, gamma,
                  surrogate_init: str, check_gradients: bool = False,
-                 unit_steps: bool = True, participation: float = 1.0,
-                 sampled: bool = False):
+                 unit_steps: bool = True, participation: float = 1.0):
         self.problem = problem
         self.builders = tuple(builders)
         self.subproblem = subproblem
@@ -112,7 +109,6 @@ class SSCA:
                           and (self.auto_batch or batch_size is None))
         self.rho, self.gamma = rho, gamma
         self.participation = float(participation)
-        self.sampled = bool(sampled)     # K < I or proportional draws: random even on full rows
         self.surrogate_init = surrogate_init
         self.check_gradients = bool(check_gradients)
         self.unit_steps = bool(unit_steps)     # rho = gamma = 1 on full batches (adaptive)
@@ -229,18 +225,16 @@ class SSCA:
         return new, _Info(info, self._batch(state), self._tau(state), ratio, 0)
 
     def _steps(self, state, t):
-        """rho_t and gamma_t of eqs. (rho)/(gamma); "auto" takes the defaults of the round's
-        regime (:func:`ssca_solver.schedules.resolve`: exact statistics or sampled ones); an
-        EpochStep counts passes over the data: R = N / (rows read per round) rounds per epoch,
-        at the batch in force (with batch_size="auto" the batch grows, and so does the
-        clock's speed)."""
+        """rho_t and gamma_t of eqs. (rho)/(gamma) (the solve resolved "auto" to the defaults
+        of its regime, :func:`ssca_solver.schedules.resolve`); an EpochStep counts passes over
+        the data: R = N / (rows read per round) rounds per epoch, at the batch in force (with
+        batch_size="auto" the batch grows, and so does the clock's speed)."""
         b = self._batch(state)
         rows = (float(self.num_samples) if b is None
                 else float(sum(min(int(b), int(n)) for n in self.sizes)))
         R = self.num_samples / max(rows * self.participation, 1e-300)
-        exact = b is None and not self.sampled
-        return (step_value(at_epochs(resolve(self.rho, "rho", exact), R), t, "rho"),
-                step_value(at_epochs(resolve(self.gamma, "gamma", exact), R), t, "gamma"))
+        return (step_value(at_epochs(self.rho, R), t, "rho"),
+                step_value(at_epochs(self.gamma, R), t, "gamma"))
 
     def _screened(self, replies, t, noise):
         """Strip and add up the noise numbers; at round 1 check the first message's surrogates
