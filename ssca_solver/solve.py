@@ -284,10 +284,11 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambd
         advice = ("more rounds (max_iter) or larger penalties; a feasible point was found "
                   "earlier" if ever_feasible else "more rounds (max_iter) or larger penalties")
     elif o.batch_size == "auto" and len(history.t) and np.isnan(history.batch_size[-1]):
-        advice = ("more rounds (max_iter); the batches are already full, so the problem is "
-                  "ill-conditioned for one scalar curvature: if its features have very "
-                  "different scales, standardise them or give the functions "
-                  "ss.DiagonalCurvature surrogates")
+        advice = ("more rounds (max_iter); the batches are already full, so the steps are "
+                  "deterministic SCA's and their length limits the progress (a large "
+                  "nonconvex model needs many rounds; if the features have very different "
+                  "scales, standardise them or give the functions ss.DiagonalCurvature "
+                  "surrogates)")
     elif o.batch_size is None:
         advice = ("more rounds, or the default tau='auto' (with full batches it is adapted "
                   "by backtracking)" if o.tau != "auto" else "more rounds (max_iter)")
