@@ -72,13 +72,13 @@ def run(cfg):
                     else classification_con(data, net, cfg["U"]))
             res = prob.solve(method="ssca", batch_size=cfg["B"], tau=cfg["tau"],
                              rho=ss.PowerStep(a1, alpha), gamma=ss.PowerStep(a2, alpha + 0.05),
-                             penalty=[C], callback=lambda s, i: keep(i.t, s.w), **common)
+                             penalty=[C], callback=lambda it: keep(it.t, it.x), **common)
         else:
             abar, alphabar = cfg["lr"]
             prob = classification_uncon(data, net, LAM)
             res = prob.solve(method="fedavg", batch_size=cfg["B"], local_steps=cfg["E"],
                              lr=lambda t: abar / t ** alphabar, momentum=cfg["momentum"],
-                             callback=lambda w, i: keep(i.t, w), **common)
+                             callback=lambda it: keep(it.t, it.x), **common)
         run_time = time.perf_counter() - t0
         ts = sorted(snaps)
         acc = [net.evaluate(snaps[t], _G["Xt"], _G["yt"])[1] for t in ts]
