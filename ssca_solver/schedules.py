@@ -2,9 +2,10 @@
 
 A schedule is any callable ``t -> float`` for t = 1, 2, ...; :class:`PowerStep` is the paper's
 ``a / t**alpha`` family (Section VI uses rho_t = a1 / t^alpha, gamma_t = a2 / t^(alpha + 0.05)).
-:class:`EpochStep` (the default of method "ssca") is the same family on a clock of passes over
-the data instead of rounds, so that a round that reads 10 rows per client decays the steps
-as much as a tenth of a round that reads 100.
+:class:`EpochStep` (method "ssca"'s default on rounds with sampled statistics, see
+:func:`resolve`) is the same family on a clock of passes over the data instead of rounds, so
+that a round that reads 10 rows per client decays the steps as much as a tenth of a round
+that reads 100.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ class PowerStep:
 
 @dataclass(frozen=True)
 class EpochStep:
-    """The diminishing step ``a / (1 + e_t)**alpha`` on a clock of epochs (the default of
-    eqs. (rho)/(gamma) in method "ssca").
+    """The diminishing step ``a / (1 + e_t)**alpha`` of eqs. (rho)/(gamma) on a clock of
+    epochs (method "ssca"'s default on rounds with sampled statistics, :func:`resolve`).
 
     e_t = (t - 1) / R is the number of passes over the data made before round t, R the rounds
     per epoch: N over the rows the clients read per round (in expectation when K < I clients
