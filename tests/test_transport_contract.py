@@ -67,6 +67,15 @@ def test_a_raising_client_is_a_dropout_when_tolerated_and_an_error_otherwise(kin
         assert len(t.exchange(Request("t", 2, np.zeros(2), {}))) == NUM
 
 
+
+def _kill(pids):
+    """SIGKILL exactly the client processes a test started (some may be gone already)."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals and fork")
 def test_a_killed_process_client_is_a_dropout_and_is_restarted():
     with _transport("process") as t:
@@ -80,11 +89,7 @@ def test_a_killed_process_client_is_a_dropout_and_is_restarted():
             again = t.exchange(Request("t", 2, np.zeros(2), {}))
             assert [int(r.arrays["pid"][0]) for r in again] == t.pids
         finally:
-            for p in set(pids + t.pids):
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill(set(pids + t.pids))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals and fork")
@@ -100,8 +105,4 @@ def test_a_late_process_client_is_a_dropout_within_the_timeout():
             assert [r.client for r in out[1:]] == [1, 2, 3]
             assert len(t.exchange(Request("t", 2, np.zeros(2), {}))) == NUM
         finally:
-            for p in set(pids + t.pids):
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill(set(pids + t.pids))
