@@ -161,6 +161,18 @@ def step_value(schedule, t: int, name: str) -> float:
     return v
 
 
+def positive_value(schedule, t: int, name: str) -> float:
+    """``schedule(t)`` for a learning rate (a PowerStep, a callable or a number): unlike rho_t
+    and gamma_t (:func:`step_value`) it need not be <= 1, but must be finite and > 0."""
+    try:
+        v = float(schedule(t)) if callable(schedule) else float(schedule)
+    except Exception as exc:  # a user's callable failed: say which schedule and when
+        raise ScheduleError(f"{name}: the schedule raised at t={t}: {exc!r}") from exc
+    if not (math.isfinite(v) and v > 0):
+        raise ScheduleError(f"{name}_t must be a finite number > 0; {name}({t}) = {v!r}")
+    return v
+
+
 def check_schedules(rho, gamma, stochastic: bool = True) -> list[str]:
     """Check the conditions of eqs. (rho) and (gamma) that can be checked, and warn.
 

@@ -19,14 +19,13 @@ of round t draws its batch from (seed, client, t, k), like every client task.
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, NamedTuple, Optional
 
 import numpy as np
 
 from ..federated.messages import Request, array, optional_int
 from ..functions import checked_value_and_grad
-from ..schedules import ScheduleError
+from ..schedules import positive_value
 
 TASK = "fedavg.local_sgd"
 
@@ -66,17 +65,6 @@ class FedAvgInfo(NamedTuple):
     step_norm: float
 
 
-def lr_value(lr, t: int) -> float:
-    """r_t from a PowerStep, a callable or a number; must be finite and > 0."""
-    try:
-        v = float(lr(t)) if callable(lr) else float(lr)
-    except Exception as exc:
-        raise ScheduleError(f"lr: the schedule raised at t={t}: {exc!r}") from exc
-    if not (math.isfinite(v) and v > 0):
-        raise ScheduleError(f"lr_t must be a finite number > 0; lr({t}) = {v!r}")
-    return v
-
-
 class FedAvg:
     """FedAvg (E local steps), FedSGD (E = 1), server momentum beta."""
 
@@ -104,7 +92,7 @@ class FedAvg:
     def request(self, state) -> Request:
         return Request(TASK, state.t + 1, state.w,
                        {"batch_size": self.batch_size, "steps": self.local_steps,
-                        "lr": lr_value(self.lr, state.t + 1), "ridge": self.ridge})
+                        "lr": positive_value(self.lr, state.t + 1, "lr"), "ridge": self.ridge})
 
     def step(self, state, replies):
         t = state.t + 1
@@ -114,7 +102,7 @@ class FedAvg:
                 * array(reply, "w")
         v = self.momentum * state.v + (state.w - avg)
         w = state.w - v
-        return FedAvgState(t, w, v), FedAvgInfo(t, lr_value(self.lr, t),
+        return FedAvgState(t, w, v), FedAvgInfo(t, positive_value(self.lr, t, "lr"),
                                                 float(np.linalg.norm(v)))
 
     def record(self, info: FedAvgInfo) -> dict:

@@ -49,7 +49,6 @@ r_t -> 0 (like FedAvg's client drift).
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, NamedTuple, Optional
 
 import cvxpy as cp
@@ -58,7 +57,7 @@ import numpy as np
 from ..errors import SubproblemError
 from ..federated.messages import Request, array, optional_int
 from ..functions import checked_value_and_grad
-from ..schedules import ScheduleError
+from ..schedules import positive_value
 
 TASK = "lagrangian.local_sgd"
 PRIMAL_DUAL, AUGMENTED = "primal_dual", "augmented_lagrangian"
@@ -127,17 +126,6 @@ class LagrangianInfo(NamedTuple):
     estimate: np.ndarray        # Fhat_m - U_m (M,)
     multipliers: np.ndarray     # lambda_{t+1}
     weights: np.ndarray         # mu_m the clients used
-
-
-def positive_value(schedule, t: int, name: str) -> float:
-    """``schedule(t)`` (a PowerStep, a callable or a number); must be finite and > 0."""
-    try:
-        v = float(schedule(t)) if callable(schedule) else float(schedule)
-    except Exception as exc:
-        raise ScheduleError(f"{name}: the schedule raised at t={t}: {exc!r}") from exc
-    if not (math.isfinite(v) and v > 0):
-        raise ScheduleError(f"{name}_t must be a finite number > 0; {name}({t}) = {v!r}")
-    return v
 
 
 class ServerProx:
