@@ -70,3 +70,20 @@ def diabetes_older_group(U, column_scale=1.0):
                       data=ss.FederatedData.split(X, Y, num_clients=4, seed=0),
                       regularizer=lambda w: 1e-3 * cp.sum_squares(w))
     return prob, X, Y, (loss, old)
+
+
+def kill_process_client_at(t, client, killed):
+    """A solve callback that SIGKILLs the process of ``client`` (process transport) after round
+    ``t`` and appends its PID to ``killed``."""
+    import multiprocessing as mp
+    import os
+    import signal
+
+    def callback(it):
+        if it.t == t:
+            pids = {int(p.name.rsplit("-", 1)[1]): p.pid for p in mp.active_children()
+                    if p.name.startswith("ssca-client-")}
+            killed.append(pids[client])
+            os.kill(pids[client], signal.SIGKILL)
+
+    return callback

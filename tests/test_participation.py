@@ -10,9 +10,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import signal
 import sys
 
 import numpy as np
@@ -25,7 +22,7 @@ from ssca_solver.federated.gather import Gatherer
 from ssca_solver.federated.sampling import Sampler
 from ssca_solver.options import seed_entropy
 
-from conftest import round_request, ssca_clients
+from conftest import kill_process_client_at, round_request, ssca_clients
 
 D = 3
 SIZES = [12, 30, 7, 21, 50, 16]       # unequal: proportional sampling differs from uniform
@@ -235,13 +232,7 @@ def test_a_round_in_which_every_client_fails_is_a_clear_error():
 def test_a_client_killed_mid_run_is_dropped_and_the_run_finishes(method, tmp_path):
     prob = _problem()
     killed = []
-
-    def kill_at_4(it):
-        if it.t == 4:
-            pids = {int(p.name.rsplit("-", 1)[1]): p.pid for p in mp.active_children()
-                    if p.name.startswith("ssca-client-")}
-            killed.append(pids[3])
-            os.kill(pids[3], signal.SIGKILL)
+    kill_at_4 = kill_process_client_at(4, 3, killed)
 
     res = prob.solve(method=method, batch_size=5, seed=0, max_iter=8, eval_every=None,
                      transport="process", on_client_failure="drop", callback=kill_at_4,

@@ -13,9 +13,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import signal
 import sys
 
 import numpy as np
@@ -29,7 +26,7 @@ from ssca_solver.federated import secagg
 from ssca_solver.federated.gather import Gatherer
 from ssca_solver.options import seed_entropy
 
-from conftest import round_request
+from conftest import kill_process_client_at, round_request
 
 D = 4
 SIZES = [20, 35, 15, 30, 25]
@@ -268,13 +265,7 @@ def test_a_masked_client_answers_only_masked_requests():
 def test_a_client_killed_mid_run_is_dropped_under_secure_aggregation(tmp_path):
     prob = _problem()
     killed = []
-
-    def kill_at_4(it):
-        if it.t == 4:
-            pids = {int(p.name.rsplit("-", 1)[1]): p.pid for p in mp.active_children()
-                    if p.name.startswith("ssca-client-")}
-            killed.append(pids[1])
-            os.kill(pids[1], signal.SIGKILL)
+    kill_at_4 = kill_process_client_at(4, 1, killed)
 
     res = _run(prob, max_iter=8, eval_every=None, transport="process",
                on_client_failure="drop", secure_aggregation=True, callback=kill_at_4,
