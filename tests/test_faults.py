@@ -548,6 +548,9 @@ import multiprocessing as mp, os, signal, sys, threading, time
 import numpy as np
 import ssca_solver as ss
 
+# Ctrl-C as in a terminal: a shell that starts a job in the background hands it SIGINT
+# ignored, and Python then installs no KeyboardInterrupt handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
 pidfile = sys.argv[1]
 rng = np.random.default_rng(1)
 data = ss.FederatedData([(X, X @ np.arange(1.0, 5) ) for X in rng.normal(size=(3, 30, 4))])
