@@ -119,7 +119,7 @@ class _Constant:
 #: round-counted schedules below; rounds on sampled data (a fixed B, or K < I clients) take the
 #: epoch-counted ones, whose smaller first values average more rounds of noise
 DEFAULT_EXACT = {"rho": PowerStep(0.9, 0.4), "gamma": PowerStep(0.9, 0.55)}
-DEFAULT_SAMPLED = {"rho": EpochStep(0.3, 0.4), "gamma": EpochStep(0.3, 0.55)}
+DEFAULT_SAMPLED = {"rho": EpochStep(0.15, 0.4), "gamma": EpochStep(0.3, 0.55)}
 
 
 def resolve(schedule, name: str, exact: bool):

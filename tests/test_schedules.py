@@ -77,7 +77,7 @@ def test_default_schedules_are_epoch_steps_that_satisfy_the_conditions():
 
 @pytest.mark.parametrize("B, K", [(10, None), (40, None), (10, 2)])
 def test_the_solver_runs_epoch_steps_on_passes_over_the_data(cancer_data, B, K):
-    """rho_t = 0.3 / (1 + (t-1) R^-1)^0.4 with R = N / (rows read per round): sum_i min(B, N_i)
+    """rho_t = 0.15 / (1 + (t-1) R^-1)^0.4 with R = N / (rows read per round): sum_i min(B, N_i)
     rows, times K/I when K of the I clients take part."""
     from problems.logistic import logistic_loss
     dim = cancer_data.clients[0].X.shape[1]
@@ -88,7 +88,7 @@ def test_the_solver_runs_epoch_steps_on_passes_over_the_data(cancer_data, B, K):
     rows = sum(min(B, n) for n in sizes) * (1.0 if K is None else K / len(sizes))
     R = sum(sizes) / rows
     t = np.arange(1, 31)
-    np.testing.assert_allclose(res.history.rho, 0.3 / (1 + (t - 1) / R) ** 0.4, rtol=1e-12)
+    np.testing.assert_allclose(res.history.rho, 0.15 / (1 + (t - 1) / R) ** 0.4, rtol=1e-12)
     np.testing.assert_allclose(res.history.gamma, 0.3 / (1 + (t - 1) / R) ** 0.55, rtol=1e-12)
     # a PowerStep keeps counting rounds
     res = prob.solve(batch_size=B, tau=0.1, max_iter=5, seed=0, eval_every=None,
@@ -126,3 +126,45 @@ def test_auto_is_resolved_once_from_the_options(cancer_data):
     g = res.history.gamma
     assert np.all(np.diff(g) <= 1e-15)             # never jumps up
     assert np.all(g <= 0.3) and g[0] == 0.3
+
+
+def test_ssca_with_the_tau_start_is_heavy_ball(cancer_data):
+    """Constant rho, gamma, tau, full batches, no domain: w_2 = (1 - gamma (1 - rho)) w_1 -
+    eta g_1, then w_{t+1} = w_t + beta (w_t - w_{t-1}) - eta g_t with eta = gamma rho / (2 tau)
+    and beta = (1 - rho)(1 - gamma) (docs/modelling.md, "Step sizes"), against NumPy."""
+    from problems.logistic import logistic_loss
+    fn = logistic_loss()
+    X = np.vstack([c.X for c in cancer_data.clients])
+    y = np.concatenate([c.y for c in cancer_data.clients])
+    prob = ss.Problem(fn, dim=X.shape[1], data=cancer_data)
+    r, g, tau = 0.4, 0.2, 0.7
+    ws = []
+    prob.solve(batch_size="full", tau=tau, rho=r, gamma=g, max_iter=12, eval_every=None,
+               check_gradients=False, callback=lambda it: ws.append(it.x.copy()))
+    eta, beta = g * r / (2 * tau), (1 - r) * (1 - g)
+    w1 = np.zeros(X.shape[1])
+    ref = [w1, (1 - g * (1 - r)) * w1 - eta * fn.grad(w1, X, y)]
+    while len(ref) < 13:
+        w, prev = ref[-1], ref[-2]
+        ref.append(w + beta * (w - prev) - eta * fn.grad(w, X, y))
+    np.testing.assert_allclose(ws, ref[1:], rtol=1e-9, atol=1e-12)
+
+
+def test_auto_tau_with_a_fixed_batch_is_the_heavy_ball_stability_bound(cancer):
+    """tau="auto" with a fixed B: max(0.05, gamma_1 rho_1 L / (4 (1 + beta_1))) with L the
+    probe's curvature, which batch_size="auto" takes as its tau (both probe 32 rows a client):
+    0.05 on the unscaled data, the bound on features x10 and x100 (100x apart: L ~ scale^2)."""
+    from problems.logistic import logistic_loss
+    X, y = cancer
+    r, g = 0.15, 0.3
+    coef = g * r / (4 * (1 + (1 - r) * (1 - g)))
+    taus = {}
+    for scale in (1, 10, 100):
+        data = ss.FederatedData.split(X * scale, y, num_clients=5, seed=0)
+        prob = ss.Problem(logistic_loss(), dim=X.shape[1], data=data)
+        L = prob.solve(max_iter=1, eval_every=None, seed=0).history.tau[0]
+        taus[scale] = prob.solve(batch_size=32, max_iter=1, eval_every=None,
+                                 seed=0).history.tau[0]
+        assert taus[scale] == pytest.approx(max(0.05, coef * L), rel=1e-12)
+    assert taus[1] == 0.05 and taus[10] > 0.05
+    assert taus[100] / taus[10] == pytest.approx(100.0, rel=0.01)    # curvature ~ scale^2

@@ -197,11 +197,32 @@ class SSCA:
                 if self.check_gradients:
                     ad.check_gradient(fn, reply.client, reply.batch_size, x0, an, fd, value)
                 curvature = max(curvature, secant)
-        if not self.auto_tau or not (self.auto_batch or self.batch_size is None):
-            # a fixed mini-batch runs the paper's diminishing steps, for which the measured
-            # curvature is far too conservative (docs/modelling.md): the paper's tau = 0.1
+        if not self.auto_tau:
             return self.tau
+        if not (self.auto_batch or self.batch_size is None):
+            return self.fixed_batch_tau(curvature)
         return curvature if np.isfinite(curvature) and curvature > 0 else self.tau
+
+    def fixed_batch_tau(self, curvature: float) -> float:
+        """tau="auto" with a fixed B: the smallest tau at which round 1 is a stable step.
+
+        With Fbar^(0) = tau |w|^2 and no domain, eqs. (fs0bar)-(w update) are the heavy-ball
+        iteration  w_{t+1} - w_t = beta_t (w_t - w_{t-1}) - eta_t g_t  with
+        eta_t = gamma_t rho_t / (2 tau) and beta_t = (1 - rho_t)(1 - gamma_t) (constant steps;
+        docs/modelling.md, "Step sizes"). On a quadratic of curvature L it is stable iff
+        eta L < 2 (1 + beta), i.e. tau > gamma rho L / (4 (1 + beta)). That bound at round 1's
+        steps and the probe's curvature along the gradient is used, but never below
+        ``ad.FIXED_BATCH_TAU`` (0.05): the measured curvature is a majorization scale, far
+        too conservative for a network (a tau of the curvature itself, 5.6 on the paper's
+        network, ends at 1.8 where 0.05 gives 0.48)."""
+        b = self.batch_size
+        rows = float(sum(min(int(b), int(n)) for n in self.sizes))
+        R = self.num_samples / max(rows * self.participation, 1e-300)
+        r = step_value(at_epochs(self.rho, R), 1, "rho")
+        g = step_value(at_epochs(self.gamma, R), 1, "gamma")
+        bound = g * r * curvature / (4.0 * (1.0 + (1.0 - r) * (1.0 - g)))
+        return float(bound) if np.isfinite(bound) and bound > ad.FIXED_BATCH_TAU else (
+            ad.FIXED_BATCH_TAU)
 
     # -- one round ---------------------------------------------------------------------------------
     def step(self, state, replies):
