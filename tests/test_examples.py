@@ -110,10 +110,10 @@ def test_custom_surrogate_beats_the_default():
             batch_size=20, max_iter=150, tau=0.1, seed=0, eval_every=5)
         assert res.subproblem == "cvxpy"
         gaps = (res.history.objective - best) / best
-        out[exact] = (next(int(t) for t, g in zip(res.history.eval_t, gaps) if g < 1e-2),
+        out[exact] = (next(int(t) for t, g in zip(res.history.eval_t, gaps) if g < 3e-3),
                       (res.fun - best) / best)
-    assert out[True][0] < out[False][0]      # measured 20 vs 25 rounds to a 1 % gap
-    assert 0 <= out[True][1] <= 2e-3 < out[False][1]     # measured 9.8e-4 vs 3.9e-3
+    assert out[True][0] < out[False][0]      # measured 60 vs 120 rounds to a 0.3 % gap
+    assert 0 <= out[True][1] <= 2e-3 < out[False][1]     # measured 9.8e-4 vs 3.8e-3
 
 
 def test_box_domain_next_to_a_stochastic_constraint(cancer, cancer_data):
