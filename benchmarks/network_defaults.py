@@ -4,7 +4,9 @@ Algorithm 1 (min F(w) + 1e-5 |w|^2, a 784-128-10 network, 10 clients) with fixed
 B in {1, 10, 100} and T rounds, giving only batch_size, max_iter, seed and x0 (no tau, rho,
 gamma), side by side in one run with
 
-* the previous defaults (tau = 0.1, rho = 0.9/t^0.4, gamma = 0.9/t^0.55, on rounds), and
+* the previous defaults (tau = 0.1, rho = 0.9/t^0.4, gamma = 0.9/t^0.55, on rounds),
+* the epoch defaults before the stability-bound tau ("epoch-0.3": tau = 0.1,
+  rho = EpochStep(0.3, 0.4), gamma = EpochStep(0.3, 0.55)), and
 * the tuned settings of the last ``benchmarks/section_vi.py`` run (its JSON), run here on the
   same seeds: their mean final training cost at B = 100 is the target's reference (issue 10
   item 6: the defaults must end within 5 % of it, and diverge at no B). The figure the issue
@@ -44,6 +46,7 @@ from ssca_solver.datasets import image_dataset  # noqa: E402
 
 LAM = 1e-5
 PREVIOUS = {"tau": 0.1, "rho": (0.9, 0.4), "gamma": (0.9, 0.55)}   # defaults before EpochStep
+EPOCH_03 = {"tau": 0.1, "rho": (0.3, 0.4), "gamma": (0.3, 0.55)}    # EpochStep, tau 0.1
 ISSUE_REFERENCE = 0.478     # issue 10 item 6's figure (an earlier Section VI run's tuned B=100)
 _G = {}
 
@@ -87,6 +90,9 @@ def run(cfg):
     if s == "previous":
         opts.update(tau=PREVIOUS["tau"], rho=ss.PowerStep(*PREVIOUS["rho"]),
                     gamma=ss.PowerStep(*PREVIOUS["gamma"]))
+    elif s == "epoch-0.3":
+        opts.update(tau=EPOCH_03["tau"], rho=ss.EpochStep(*EPOCH_03["rho"]),
+                    gamma=ss.EpochStep(*EPOCH_03["gamma"]))
     elif s == "tuned":
         a1, a2, alpha = cfg["a"]
         opts.update(tau=cfg["tau"], rho=ss.PowerStep(a1, alpha),
@@ -177,9 +183,10 @@ def plot(runs, rows, path, title):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
-    colors = {"default": "C0", "previous": "C3", "tuned": "C2"}
+    colors = {"default": "C0", "previous": "C3", "epoch-0.3": "C1", "tuned": "C2"}
+    names = ("default", "previous", "epoch-0.3", "tuned")
     ax = axes[0]
-    for s in ("default", "previous", "tuned"):
+    for s in names:
         rs = [r for r in runs if r["alg"] == 1 and r.get("B") == 100 and r["setting"] == s]
         if rs:
             t = rs[0]["t"]
@@ -192,11 +199,11 @@ def plot(runs, rows, path, title):
     ax.legend()
     ax = axes[1]
     Bs = sorted({r["B"] for r in rows})
-    width = 0.27
-    for k, s in enumerate(("default", "previous", "tuned")):
+    width = 0.2
+    for k, s in enumerate(names):
         vals = [next((r["cost_mean"] for r in rows if r["B"] == B and r["setting"] == s),
                      np.nan) for B in Bs]
-        ax.bar(np.arange(len(Bs)) + (k - 1) * width, vals, width, color=colors[s], label=s)
+        ax.bar(np.arange(len(Bs)) + (k - 1.5) * width, vals, width, color=colors[s], label=s)
     ax.set_xticks(range(len(Bs)), [f"B={B}" for B in Bs])
     ax.set_ylabel(f"final training cost (T = {runs[0].get('T', '')})")
     ax.set_title("Algorithm 1: final cost per batch size")
@@ -240,7 +247,8 @@ def main(argv=None):
     cfgs = []
     for B in (1, 10, 100):
         for seed in range(seeds):
-            for s in ("default", "previous") + (("tuned",) if B in settings else ()):
+            for s in ("default", "previous", "epoch-0.3") + (
+                    ("tuned",) if B in settings else ()):
                 cfg = dict(alg=1, B=B, seed=seed, T=T, setting=s, every=max(1, T // 20))
                 if s == "tuned":
                     cfg.update(settings[B])
@@ -267,7 +275,7 @@ def main(argv=None):
         argv if argv is not None else sys.argv[1:]), "machine": m, "data": data, "T": T,
         "seeds": seeds, "issue_reference_cost": ref,
         "tuned_same_run_cost": tuned_mean(runs),
-        "previous_defaults": PREVIOUS, "tuned": settings, "table": rows, "runs": runs,
+        "previous_defaults": PREVIOUS, "epoch_0.3_defaults": EPOCH_03, "tuned": settings, "table": rows, "runs": runs,
         "wall_time_s": time.perf_counter() - start}
     path = write_json("network_defaults" + suffix, payload)
     plot(runs, rows, RESULTS / f"network_defaults{suffix}.png",
