@@ -91,7 +91,8 @@ def solve_ssca(problem, **options) -> Result:
     participation = (1.0 if o.clients_per_round is None
                      else min(1.0, o.clients_per_round / problem.data.num_clients))
     algorithm = SSCA(problem, builders, subproblem, o.batch_size, o.tau, rho, gamma,
-                     o.surrogate_init, o.check_gradients, unit_steps, participation)
+                     o.surrogate_init, o.check_gradients, unit_steps, participation,
+                     sampled_clients=sampled)
     fp = fingerprint(problem, "ssca", batch_size=o.batch_size, tau=o.tau,
                      penalty=list(o.penalty),
                      max_iter=o.max_iter if M else None,   # stages' lengths; Alg. 1 may extend

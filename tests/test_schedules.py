@@ -168,3 +168,19 @@ def test_auto_tau_with_a_fixed_batch_is_the_heavy_ball_stability_bound(cancer):
         assert taus[scale] == pytest.approx(max(0.05, coef * L), rel=1e-12)
     assert taus[1] == 0.05 and taus[10] > 0.05
     assert taus[100] / taus[10] == pytest.approx(100.0, rel=0.01)    # curvature ~ scale^2
+
+
+def test_auto_tau_with_k_of_i_clients_is_the_stability_bound_too(cancer):
+    """K < I clients per round (batch "auto"): the rounds are sampled, the schedules run, and
+    tau="auto" is the same bound as with a fixed B, from the same probe (every client answers
+    it); with every client the probe's curvature itself."""
+    from problems.logistic import logistic_loss
+    X, y = cancer
+    data = ss.FederatedData.split(X * 10, y, num_clients=5, seed=0)
+    prob = ss.Problem(logistic_loss(), dim=X.shape[1], data=data)
+    L = prob.solve(max_iter=1, eval_every=None, seed=0).history.tau[0]
+    res = prob.solve(max_iter=3, eval_every=None, seed=0, clients_per_round=2)
+    r, g = 0.15, 0.3
+    assert res.history.tau[0] == pytest.approx(g * r * L / (4 * (1 + (1 - r) * (1 - g))),
+                                               rel=1e-12)
+    assert np.all(res.history.tau == res.history.tau[0])     # not adapted: the steps decay

@@ -38,7 +38,7 @@ from ..functions import checked_grad, checked_value_and_grad, checked_values
 from ..surrogates import ProximalLinear
 
 START_BATCH = 32        # rows per client in the first rounds of batch_size="auto"
-FIXED_BATCH_TAU = 0.05  # least tau="auto" with a fixed B (SSCA.fixed_batch_tau)
+SAMPLED_TAU_FLOOR = 0.05  # least tau="auto" on sampled rounds (SSCA.sampled_tau)
 GROWTH = 2              # factor of each batch increase
 NOISE_RATIO = 0.25      # grow while the averaged (noise / |grad L|)^2 exceeds this
 NOISE_AVERAGING = 0.3   # weight of the newest round in that average

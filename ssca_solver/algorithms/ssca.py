@@ -84,6 +84,8 @@ class SSCA:
         (an :class:`~ssca_solver.EpochStep` runs on the clock of passes over the data).
       check_gradients: check every function's gradient in the probe before round 1.
       participation: the expected fraction of the clients in a round (K / I), for that clock.
+      sampled_clients: K < I clients per round, or proportional draws (the rounds' statistics
+        are random even on full batches: ``tau="auto"`` is then :meth:`sampled_tau`).
     """
 
     name = "ssca"
@@ -91,13 +93,16 @@ class SSCA:
 
     def __init__(self, problem, builders, subproblem, batch_size, tau, rho, gamma,
                  surrogate_init: str, check_gradients: bool = False,
-                 unit_steps: bool = True, participation: float = 1.0):
+                 unit_steps: bool = True, participation: float = 1.0,
+                 sampled_clients: bool = False):
         self.problem = problem
         self.builders = tuple(builders)
         self.subproblem = subproblem
         self.auto_batch = batch_size == "auto"
         self.batch_size = None if self.auto_batch else batch_size
         self.auto_tau = tau == "auto"
+        # sampled rounds: a fixed B, or a random set of clients (K < I, proportional draws)
+        self.sampled = (not self.auto_batch and batch_size is not None) or bool(sampled_clients)
         self.tau = 0.1 if self.auto_tau else float(tau)
         self.adapt_tau = self.auto_tau and ad.adaptable(self.builders)
         # a diagonal curvature where the data's scales differ: on full batches (where the
@@ -199,30 +204,31 @@ class SSCA:
                 curvature = max(curvature, secant)
         if not self.auto_tau:
             return self.tau
-        if not (self.auto_batch or self.batch_size is None):
-            return self.fixed_batch_tau(curvature)
+        if self.sampled:
+            return self.sampled_tau(curvature, batch)
         return curvature if np.isfinite(curvature) and curvature > 0 else self.tau
 
-    def fixed_batch_tau(self, curvature: float) -> float:
-        """tau="auto" with a fixed B: the smallest tau at which round 1 is a stable step.
+    def sampled_tau(self, curvature: float, batch) -> float:
+        """tau="auto" on sampled rounds (a fixed B, or K < I clients): the smallest tau at
+        which round 1 is a stable step (``batch``: round 1's rows per client, None: all).
 
         With Fbar^(0) = tau |w|^2 and no domain, eqs. (fs0bar)-(w update) are the heavy-ball
         iteration  w_{t+1} - w_t = beta_t (w_t - w_{t-1}) - eta_t g_t  with
         eta_t = gamma_t rho_t / (2 tau) and beta_t = (1 - rho_t)(1 - gamma_t) (constant steps;
-        docs/modelling.md, "Step sizes"). On a quadratic of curvature L it is stable iff
+        docs/modelling.md, "SSCA as heavy ball"). On a quadratic of curvature L it is stable iff
         eta L < 2 (1 + beta), i.e. tau > gamma rho L / (4 (1 + beta)). That bound at round 1's
         steps and the probe's curvature along the gradient is used, but never below
-        ``ad.FIXED_BATCH_TAU`` (0.05): the measured curvature is a majorization scale, far
+        ``ad.SAMPLED_TAU_FLOOR`` (0.05): the measured curvature is a majorization scale, far
         too conservative for a network (a tau of the curvature itself, 5.6 on the paper's
         network, ends at 2.22 after 100 rounds at B = 100, where 0.05 gives 0.48)."""
-        b = self.batch_size
-        rows = float(sum(min(int(b), int(n)) for n in self.sizes))
+        rows = (float(self.num_samples) if batch is None
+                else float(sum(min(int(batch), int(n)) for n in self.sizes)))
         R = self.num_samples / max(rows * self.participation, 1e-300)
         r = step_value(at_epochs(self.rho, R), 1, "rho")
         g = step_value(at_epochs(self.gamma, R), 1, "gamma")
         bound = g * r * curvature / (4.0 * (1.0 + (1.0 - r) * (1.0 - g)))
-        return float(bound) if np.isfinite(bound) and bound > ad.FIXED_BATCH_TAU else (
-            ad.FIXED_BATCH_TAU)
+        return float(bound) if np.isfinite(bound) and bound > ad.SAMPLED_TAU_FLOOR else (
+            ad.SAMPLED_TAU_FLOOR)
 
     # -- one round ---------------------------------------------------------------------------------
     def step(self, state, replies):
