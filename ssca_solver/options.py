@@ -246,12 +246,14 @@ class SSCAOptions(RunOptions):
         noise exceeds the gradient, up to every row, see
         :mod:`ssca_solver.algorithms.adaptive`), B (rows each client draws per round; paper:
         1, 10, 100), or "full" (or None: every row of every client, deterministic SCA).
-      tau: proximal weight of eqs. (fs0bar)/(fsmbar): "auto" (default: the curvature along
-        the gradient measured before round 1, then adapted by backtracking on full batches) or
-        a number > 0 (paper: 0.1).
+      tau: proximal weight of eqs. (fs0bar)/(fsmbar): "auto" (default: with batch_size
+        "auto" or "full", the curvature along the gradient measured before round 1, then
+        adapted by backtracking on full batches; with a fixed B: max(0.05, the heavy-ball
+        stability bound at round 1 from the probe's curvature; docs/modelling.md) or a
+        number > 0 (paper: 0.1).
       rho: schedule of eq. (rho): "auto" (default), an EpochStep, a PowerStep, a callable
-        t -> value, or a constant in (0, 1]. "auto" is EpochStep(0.3, 0.4) on rounds with
-        sampled statistics (a fixed B, or K < I clients): 0.3 / (1 + e_t)^0.4 with e_t the
+        t -> value, or a constant in (0, 1]. "auto" is EpochStep(0.15, 0.4) on rounds with
+        sampled statistics (a fixed B, or K < I clients): 0.15 / (1 + e_t)^0.4 with e_t the
         passes over the data before round t, so the steps decay with the data read, not with
         the rounds; and PowerStep(0.9, 0.4) (0.9 / t^0.4) on rounds with exact ones (every row
         of every client: "full" with a numeric tau), where nothing needs averaging.
@@ -261,7 +263,8 @@ class SSCAOptions(RunOptions):
         sum gamma^2 < inf and draw a warning. The schedules run with a fixed B, with "full"
         and a numeric tau, with K < I clients per round (or proportional participation), or
         when rho or gamma is given; otherwise rho_t = gamma_t = 1. (Before EpochStep the
-        defaults were PowerStep(0.9, 0.4) and PowerStep(0.9, 0.55) on every round.)
+        defaults were PowerStep(0.9, 0.4) and PowerStep(0.9, 0.55) on every round; the sampled
+        rho was EpochStep(0.3, 0.4) before commit 23292e3.)
       penalty: c, a number or an increasing sequence c_1 < c_2 < ... (Theorem 2). Only used
         with stochastic constraints.
       slack_tol: the continuation raises c after a stage whose slack estimate (the mean over
