@@ -25,7 +25,8 @@ unmasking), as a ratio to the plain in-process round.
 Partial participation (item 3): rounds and floats (up + down, counted from the messages, the
 full-data evaluations excluded) until a target is met, for K = 2, 5, 10 of I = 10 clients
 (uniform sampling, in process), on
-* the paper's network above (prob:class-uncon, B = 100, tau = 0.1): test accuracy on the 10,000
+* the paper's network above (prob:class-uncon, B = 100, default tau and schedules: tau 'auto' is
+  the heavy-ball stability bound, 0.05 here): test accuracy on the 10,000
   Fashion-MNIST test rows >= TARGET_ACCURACY (checked every 10 rounds);
 * Neyman-Pearson (problems/neyman_pearson.py: breast cancer, 10 clients, alpha = 0.3, the
   default options: adaptive batches, tau = 'auto', penalties 1e2..1e5): the pooled objective
@@ -137,7 +138,7 @@ def sweep_network(prob, net, quick: bool) -> dict:
         r = to_target(prob, K, max_rounds, 10,
                       lambda w: net.evaluate(w, Xt, yt)[1] >= TARGET_ACCURACY,
                       lambda w: {"test_accuracy": float(net.evaluate(w, Xt, yt)[1])},
-                      batch_size=BATCH, tau=0.1, x0=net.init(0), eval_every=None,
+                      batch_size=BATCH, x0=net.init(0), eval_every=None,
                       check_gradients=False)
         log(f"[engines]   {r}")
         out["runs"].append(r)
