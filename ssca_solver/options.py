@@ -247,10 +247,11 @@ class SSCAOptions(RunOptions):
         :mod:`ssca_solver.algorithms.adaptive`), B (rows each client draws per round; paper:
         1, 10, 100), or "full" (or None: every row of every client, deterministic SCA).
       tau: proximal weight of eqs. (fs0bar)/(fsmbar): "auto" (default: with batch_size
-        "auto" or "full", the curvature along the gradient measured before round 1, then
-        adapted by backtracking on full batches; with a fixed B: max(0.05, the heavy-ball
-        stability bound at round 1 from the probe's curvature; docs/modelling.md) or a
-        number > 0 (paper: 0.1).
+        "auto" or "full" and every client in every round, the curvature along the gradient
+        measured before round 1, then adapted by backtracking on full batches; on sampled
+        rounds (a fixed B, or K < I clients per round or proportional participation, whatever
+        the batch size): max(0.05, the heavy-ball stability bound at round 1 from the probe's
+        curvature; docs/modelling.md), never adapted) or a number > 0 (paper: 0.1).
       rho: schedule of eq. (rho): "auto" (default), an EpochStep, a PowerStep, a callable
         t -> value, or a constant in (0, 1]. "auto" is EpochStep(0.15, 0.4) on rounds with
         sampled statistics (a fixed B, or K < I clients): 0.15 / (1 + e_t)^0.4 with e_t the
