@@ -97,7 +97,7 @@ def solve_ssca(problem, **options) -> Result:
                      penalty=list(o.penalty),
                      max_iter=o.max_iter if M else None,   # stages' lengths; Alg. 1 may extend
                      surrogate_init=o.surrogate_init, subproblem=subproblem.name,
-                     rho=describe_schedule(o.rho), gamma=describe_schedule(o.gamma),
+                     rho=describe_schedule(rho), gamma=describe_schedule(gamma),
                      slack_tol=o.slack_tol, solver=o.solver, solver_options=o.solver_options,
                      builders=[repr(b) for b in builders])
     penalties = o.penalty

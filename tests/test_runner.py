@@ -171,6 +171,13 @@ def test_checkpoint_is_plain_numpy_and_resume_checks_what_must_match(cancer_data
         prob.solve(resume=path, **{**opts, "gamma": ss.PowerStep(0.5, 0.6)})
     with pytest.raises(ValueError, match="another seed"):
         prob.solve(resume=path, **{**opts, "seed": 2})
+    # the schedules are checked as resolved: "auto" and the default it stands for are the
+    # same steps; a checkpoint of other steps (e.g. an earlier version's defaults) is refused
+    sampled = {"rho": ss.EpochStep(0.15, 0.4), "gamma": ss.EpochStep(0.3, 0.55)}
+    assert prob.solve(resume=path, **{**opts, **sampled}).nit == 6
+    with pytest.raises(ValueError, match=r"written with rho = 'EpochStep\(a=0\.3"):
+        prob.solve(checkpoint=path, **{**opts, "rho": ss.EpochStep(0.3, 0.4)})
+        prob.solve(resume=path, **opts)
     with pytest.raises(ValueError, match="constraints"):
         ss.Problem(logistic_loss(), dim=31, data=cancer_data).solve(
             resume=path, batch_size=10, max_iter=6, eval_every=None)
