@@ -67,7 +67,6 @@ def test_a_raising_client_is_a_dropout_when_tolerated_and_an_error_otherwise(kin
         assert len(t.exchange(Request("t", 2, np.zeros(2), {}))) == NUM
 
 
-
 def _kill(pids):
     """SIGKILL exactly the client processes a test started (some may be gone already)."""
     for p in pids:
@@ -75,6 +74,7 @@ def _kill(pids):
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals and fork")
 def test_a_killed_process_client_is_a_dropout_and_is_restarted():

@@ -221,11 +221,7 @@ class SSCA:
         ``ad.SAMPLED_TAU_FLOOR`` (0.05): the measured curvature is a majorization scale, far
         too conservative for a network (a tau of the curvature itself, 5.6 on the paper's
         network, ends at 2.22 after 100 rounds at B = 100, where 0.05 gives 0.48)."""
-        rows = (float(self.num_samples) if batch is None
-                else float(sum(min(int(batch), int(n)) for n in self.sizes)))
-        R = self.num_samples / max(rows * self.participation, 1e-300)
-        r = step_value(at_epochs(self.rho, R), 1, "rho")
-        g = step_value(at_epochs(self.gamma, R), 1, "gamma")
+        r, g = self._steps_at(batch, 1)
         bound = g * r * curvature / (4.0 * (1.0 + (1.0 - r) * (1.0 - g)))
         return float(bound) if np.isfinite(bound) and bound > ad.SAMPLED_TAU_FLOOR else (
             ad.SAMPLED_TAU_FLOOR)
@@ -256,9 +252,13 @@ class SSCA:
         of its regime, :func:`ssca_solver.schedules.resolve`); an EpochStep counts passes over
         the data: R = N / (rows read per round) rounds per epoch, at the batch in force (with
         batch_size="auto" the batch grows, and so does the clock's speed)."""
-        b = self._batch(state)
-        rows = (float(self.num_samples) if b is None
-                else float(sum(min(int(b), int(n)) for n in self.sizes)))
+        return self._steps_at(self._batch(state), t)
+
+    def _steps_at(self, batch, t):
+        """rho_t, gamma_t with ``batch`` rows per client (None: all): the EpochStep clock runs
+        R = N / ((K/I) sum_i min(B, N_i)) rounds per epoch."""
+        rows = (float(self.num_samples) if batch is None
+                else float(sum(min(int(batch), int(n)) for n in self.sizes)))
         R = self.num_samples / max(rows * self.participation, 1e-300)
         return (step_value(at_epochs(self.rho, R), t, "rho"),
                 step_value(at_epochs(self.gamma, R), t, "gamma"))
