@@ -134,7 +134,8 @@ def solve_ssca(problem, **options) -> Result:
     status, message = _status(reason, state, kkt, history, stages, o, M, bound_scale,
                               lambda: session.violation_stationarity(state, o.feas_tol,
                                                                      o.solver),
-                              lambda: session.violation_curvature(state))
+                              lambda: session.violation_curvature(state),
+                              sampled_clients=sampled)
     inaccurate = tuple(int(t) for t in history.t[history.inaccurate > 0])
     if inaccurate:
         warnings.warn(f"{len(inaccurate)} subproblem solves were flagged inaccurate (rounds "
@@ -193,7 +194,7 @@ def _violation_stalled(history, bound_scale, M):
 
 
 def _status(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda: 0.0,
-            saddle=lambda: 0.0):
+            saddle=lambda: 0.0, sampled_clients=False):
     """(status, message) from why the run ended and the full-data KKT report at the end.
     ``phase1()``: the returned point's relative distance from a stationary point of the
     violation (:func:`ssca_solver.diagnostics.violation_stationarity`); ``saddle()``: the
@@ -284,6 +285,12 @@ def _status(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambd
     if "feasibility" in name:
         advice = ("more rounds (max_iter) or larger penalties; a feasible point was found "
                   "earlier" if ever_feasible else "more rounds (max_iter) or larger penalties")
+    elif sampled_clients and o.batch_size in ("auto", None):
+        advice = ("more rounds (max_iter); with a random set of clients per round "
+                  "(clients_per_round below the number of clients, or proportional draws) the "
+                  "round's statistics stay random even on full batches, the steps diminish and "
+                  "the point converges only in the limit; with every client in every round the "
+                  "default options can certify it")
     elif o.batch_size == "auto" and len(history.t) and np.isnan(history.batch_size[-1]):
         advice = ("more rounds (max_iter); the batches are already full, so the steps are "
                   "deterministic SCA's and their length limits the progress (a large "

@@ -278,3 +278,15 @@ def test_an_evaluation_asks_a_failed_client_once_more():
     y = np.concatenate([c.y for c in rows])
     np.testing.assert_allclose(ev.grads[0], X.T @ (X @ np.zeros(D) - y) / len(y),
                                rtol=1e-12, atol=1e-12)
+
+
+def test_k_of_i_max_iter_message_names_the_random_client_draw(cancer_data):
+    """With K < I clients the batches may be full but the rounds stay random: the advice must
+    not call the steps deterministic SCA's."""
+    from problems.logistic import logistic_loss
+    dim = cancer_data.clients[0].X.shape[1]
+    res = ss.Problem(logistic_loss(), dim=dim, data=cancer_data).solve(
+        clients_per_round=2, max_iter=60, seed=0)
+    assert res.status == "max_iter" and not res.success
+    assert "random set of clients per round" in res.message
+    assert "deterministic SCA" not in res.message
