@@ -1,0 +1,99 @@
+"""A fixed set of short runs through every method and the main paths of each (closed form and
+CVXPY, Algorithm 1 and 2 with a penalty step, fixed and adaptive batches, partial
+participation with secure aggregation, forked client processes), recorded as every round's
+iterate, the final status and message, and the final full-data report.
+
+``tests/test_same_iterates.py`` compares today's code with the record in
+``tests/data/golden_runs.npz``, made by ``python tests/golden_runs.py --write`` before the
+package was reorganised (issue 17: "no behaviour change"). Re-record only for a change that is
+meant to move iterates, and say so in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECORD = os.path.join(HERE, "data", "golden_runs.npz")
+
+
+def _problems():
+    sys.path.insert(0, os.path.dirname(HERE))
+    import cvxpy as cp
+
+    import ssca_solver as ss
+    from problems.logistic import logistic_loss
+    from problems.mlp import MLP, classification_uncon
+    from problems.neyman_pearson import neyman_pearson
+    from ssca_solver.datasets import breast_cancer, digits
+
+    X, y = breast_cancer()
+    data = ss.FederatedData.split(X, y, num_clients=5, seed=0)
+    loss = logistic_loss()
+    ridge = ss.Problem(loss, dim=X.shape[1], data=data,
+                       regularizer=lambda w: 1e-2 * cp.sum_squares(w))
+    box = ss.Problem(loss, dim=X.shape[1], data=data,
+                     regularizer=lambda w: 1e-2 * cp.sum_squares(w),
+                     domain=lambda w: [cp.norm(w, "inf") <= 0.5])
+    np_prob = neyman_pearson(data, alpha=0.2)
+    (Xd, yd), _ = digits()
+    net = MLP(K=64, J=8, L=10)
+    ddata = ss.FederatedData.split(Xd[:600], yd[:600], num_clients=4, seed=0)
+    mlp = classification_uncon(ddata, net)
+    return {"ridge": ridge, "box": box, "np": np_prob, "mlp": mlp}, net
+
+
+def runs():
+    """{name: (problem key, method, options)}: the fixed set."""
+    return {
+        "ssca_alg1_default": ("ridge", "ssca", dict(max_iter=30)),
+        "ssca_alg1_certified": ("ridge", "ssca", dict(max_iter=400)),
+        "ssca_alg2_certified": ("np", "ssca", dict(max_iter=400)),
+        "ssca_alg1_fixed_batch": ("ridge", "ssca", dict(max_iter=20, batch_size=10, tau=0.1)),
+        "ssca_alg1_full_tau": ("ridge", "ssca", dict(max_iter=15, batch_size="full", tau=1.0)),
+        "ssca_alg2_stages": ("np", "ssca", dict(max_iter=12, penalty=[0.01, 0.1, 1.0],
+                                                 eval_every=4)),
+        "ssca_alg2_default": ("np", "ssca", dict(max_iter=40)),
+        "ssca_cvxpy_box": ("box", "ssca", dict(max_iter=10, subproblem="cvxpy")),
+        "ssca_partial_secure": ("ridge", "ssca", dict(max_iter=10, clients_per_round=3,
+                                                      secure_aggregation=True)),
+        "ssca_process": ("np", "ssca", dict(max_iter=10, transport="process")),
+        "ssca_mlp": ("mlp", "ssca", dict(max_iter=10, batch_size=10, tau=0.1,
+                                          x0=np.random.default_rng(0).normal(0, 0.3, 592))),
+        "fedavg": ("ridge", "fedavg", dict(max_iter=15, batch_size=10, local_steps=2,
+                                           lr=0.1, momentum=0.5)),
+        "fedavg_partial": ("ridge", "fedavg", dict(max_iter=10, batch_size=10,
+                                                   clients_per_round=2)),
+        "primal_dual": ("np", "primal_dual", dict(max_iter=15, batch_size=10)),
+        "augmented_lagrangian": ("np", "augmented_lagrangian", dict(max_iter=15,
+                                                                    batch_size=10)),
+    }
+
+
+def record_all() -> dict:
+    """Run every case; {name/field: array} with the iterates and the outcome."""
+    problems, _ = _problems()
+    out = {}
+    for name, (key, method, options) in runs().items():
+        xs = []
+        res = problems[key].solve(method=method, seed=0, progress=False,
+                                  callback=lambda it: xs.append(np.array(it.x)), **options)
+        out[f"{name}/iterates"] = np.array(xs)
+        out[f"{name}/x"] = res.x
+        out[f"{name}/fun"] = np.array(res.fun)
+        out[f"{name}/multipliers"] = np.asarray(res.kkt.multipliers, dtype=float)
+        out[f"{name}/outcome"] = np.array(json.dumps(
+            {"status": res.status, "message": res.message, "nit": int(res.nit)}))
+    return out
+
+
+if __name__ == "__main__":
+    if "--write" not in sys.argv:
+        sys.exit("usage: python tests/golden_runs.py --write   (re-records the reference)")
+    os.makedirs(os.path.dirname(RECORD), exist_ok=True)
+    np.savez_compressed(RECORD, **record_all())
+    print("wrote", RECORD)
