@@ -1,0 +1,152 @@
+"""The client side: the ``ClientApp`` that answers the server's messages with
+:meth:`Client.handle`, secure aggregation's client secrets kept in the node's Flower
+``Context`` between messages, and (deployment) each SuperNode's client built from its own rows
+(:func:`load_partition`) and the task table the server sends."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from typing import Sequence
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from ...data import ClientData
+from ..client import Client
+from ..messages import Request
+from .codec import _META, _error_record, pack, unpack
+
+
+def _read_only(request: Request) -> Request:
+    """The request with read-only arrays, as InProcessTransport hands it to clients."""
+    for v in [request.w, *getattr(request, "arrays", {}).values()]:
+        if isinstance(v, np.ndarray):
+            v.flags.writeable = False
+    return request
+
+
+_STATE = "ssca.secagg-state"
+
+
+def _restore_state(client: Client, context: Context) -> None:
+    """Secure aggregation's secrets of this node, from its Flower Context (kept by the node's
+    own SuperNode, or the simulation, between messages: a ClientApp process or Ray actor does
+    not outlive a message), as plain arrays (:func:`secagg.export_state`; nothing unpickled)."""
+    if _STATE in context.state:
+        from .. import secagg
+
+        record = context.state[_STATE]
+        secagg.import_state(client, {k: record[k].numpy() for k in record.keys()})
+    elif getattr(client, "_secagg", None):
+        client._secagg.clear()          # a store left by an earlier message in this process
+
+
+def _save_state(client: Client, context: Context) -> None:
+    if getattr(client, "_secagg", None) is None:
+        return                          # no secure aggregation task ran here
+    from .. import secagg
+
+    context.state[_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v))
+                                         for k, v in secagg.export_state(client).items()})
+
+
+def _answer(message: Message, context: Context, client_for) -> Message:
+    """The ClientApp's handler: the request -> the client's Reply (or its error)."""
+    partition = int(context.node_config["partition-id"])
+    try:
+        request, extra = unpack(message.content)
+        if extra.get("hello"):
+            content = RecordDict({_META: ConfigRecord({"partition": partition})})
+            return Message(content, reply_to=message)
+        if int(extra["client"]) != partition:
+            raise RuntimeError(f"a request for client {extra['client']} reached the node of "
+                               f"partition-id {partition}")
+        client = client_for(partition, context, extra, message.content)
+        _restore_state(client, context)
+        try:
+            reply = client.handle(_read_only(request))
+        finally:
+            _save_state(client, context)
+        return Message(pack(reply), reply_to=message)
+    except BaseException as exc:         # travels to the server as text
+        return Message(_error_record(exc, partition), reply_to=message)
+
+
+def client_app(clients: Sequence[Client]) -> ClientApp:
+    """A ``ClientApp`` whose node of ``partition-id`` i answers as ``clients[i]`` (simulation:
+    the clients travel in the app's closure)."""
+    table = {c.index: c for c in clients}
+
+    def client_for(partition, context, extra, content):
+        return table[partition]
+
+    app = ClientApp()
+
+    @app.query("ssca")
+    def query(message: Message, context: Context) -> Message:
+        return _answer(message, context, client_for)
+
+    return app
+
+
+#: deployment nodes: (task-table hash, seed, partition) -> Client, cached for the process
+_NODE_CLIENTS: dict = {}
+_NODE_DATA: dict = {}
+
+
+def load_callable(spec: str):
+    """``"package.module:function"`` -> the function (a node's data loader)."""
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise ValueError(f"expected 'module:function', got {spec!r}")
+    module, name = spec.split(":")
+    fn = getattr(importlib.import_module(module), name, None)
+    if not callable(fn):
+        raise ValueError(f"{spec!r}: {module} has no callable {name!r}")
+    return fn
+
+
+def load_partition(spec: str, partition: int) -> ClientData:
+    """A SuperNode's rows from its node config's ``data``: a ``.npz`` file with ``X`` (and
+    ``y``), or ``"module:function"``, called as ``function(partition_id)`` and returning X or
+    (X, y)."""
+    if spec.endswith(".npz"):
+        with np.load(spec, allow_pickle=False) as f:
+            return ClientData(f["X"], f["y"] if "y" in f.files else None)
+    loaded = load_callable(spec)(partition)
+    X, y = loaded if isinstance(loaded, tuple) else (loaded, None)
+    return ClientData(np.asarray(X), None if y is None else np.asarray(y))
+
+
+def _node_client(partition, context, extra, content) -> Client:
+    """On a SuperNode: the Client of this node's partition, its rows from its own loader."""
+    import cloudpickle
+
+    key = (extra["tasks_hash"], int(extra["seed"]), partition)
+    client = _NODE_CLIENTS.get(key)
+    if client is None:
+        spec = context.node_config.get("data")
+        if spec is None:
+            raise ValueError("this SuperNode has no 'data' in its node config: start it with "
+                             "--node-config \"partition-id=I data='FILE.npz'\" (or "
+                             "data='module:function')")
+        if (spec, partition) not in _NODE_DATA:
+            _NODE_DATA[(spec, partition)] = load_partition(str(spec), partition)
+        blob = content["ssca.tasks"]["tasks"]
+        if hashlib.sha256(blob).hexdigest() != extra["tasks_hash"]:
+            raise ValueError("the task table does not match its hash")
+        tasks = cloudpickle.loads(blob)
+        client = Client(partition, _NODE_DATA[(spec, partition)], int(extra["seed"]), tasks)
+        _NODE_CLIENTS.clear()            # one run at a time per node process
+        _NODE_CLIENTS[key] = client
+    return client
+
+
+#: the deployment App's ClientApp (``flwr run`` loads it on every SuperNode)
+node_app = ClientApp()
+
+
+@node_app.query("ssca")
+def _node_query(message: Message, context: Context) -> Message:
+    return _answer(message, context, _node_client)

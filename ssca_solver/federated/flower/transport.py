@@ -1,0 +1,119 @@
+"""The transport: :class:`FlowerTransport` hands each request to its engine's Grid session and
+yields the replies in client order (a failure as a ``ClientError`` or a ``Dropout``);
+:func:`make` is the registry's factory for ``transport="flower"``."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterator, Optional, Sequence
+
+from ... import errors
+from ...errors import ClientError
+from ..client import Client
+from ..messages import Dropout, Reply, Request
+from ..transports import DEFAULT_CLIENT_TIMEOUT, Transport, participant_order
+from .codec import _Failure
+from .engines import ENGINES, _Deployment, _Simulation
+
+#: Seconds to wait for every node to join and answer the handshake (option
+#: ``flower_start_timeout``).
+DEFAULT_START_TIMEOUT = 120.0
+
+
+def _raise_failure(i: int, request: Request, failure: _Failure):
+    where = request.round if request.task != "evaluate" else "evaluation"
+    if failure.kind == "raised":
+        module, _, name = failure.type_name.rpartition(".")
+        cls = getattr(errors, name, None) if module == errors.__name__ else None
+        if (isinstance(cls, type) and issubclass(cls, errors.SSCAError)   # built from its text
+                and not any("__init__" in vars(k) for k in cls.__mro__
+                            if k.__module__ == errors.__name__)):
+            exc = cls(failure.message)
+            exc.add_note(f"raised in client {i}, round {request.round} (Flower node); client "
+                         f"traceback:\n{failure.tb}")
+            raise exc
+    raise ClientError(i, where, failure.cause, failure.tb)
+
+
+class FlowerTransport(Transport):
+    """Requests as Flower messages to a ``ClientApp`` hosting the clients (see the module).
+
+    Args:
+      clients: the clients (simulation: shipped to the ClientApp; deployment: only their seed
+        and task table are used, each node loads its own rows).
+      timeout: seconds a client may take to answer one request (``client_timeout``); None
+        waits forever.
+      engine: "simulation" or "deployment".
+      superlink: the SuperLink's address (deployment), e.g. "127.0.0.1:9093".
+      bridge: where this process listens for the deployment ServerApp ("host:port", port 0: a
+        free one).
+      start_timeout: seconds for the engine to start and every node to answer.
+      backend_config: the simulation's Ray backend config (None: one CPU per node, quiet).
+    """
+
+    def __init__(self, clients: Sequence[Client], timeout: Optional[float] = DEFAULT_CLIENT_TIMEOUT,
+                 engine: str = "simulation", superlink: Optional[str] = None,
+                 bridge: str = "127.0.0.1:0", start_timeout: float = DEFAULT_START_TIMEOUT,
+                 backend_config: Optional[dict] = None):
+        if engine not in ENGINES:
+            raise ValueError(f"flower_engine must be one of {ENGINES}, got {engine!r}")
+        self.num_clients = len(clients)
+        self.timeout = timeout
+        self.engine = engine
+        self._closed = False
+        if engine == "simulation":
+            self._engine = _Simulation(clients, start_timeout, backend_config)
+        else:
+            if superlink is None:
+                raise ValueError("flower_engine='deployment' needs flower_superlink='host:port' "
+                                 "(the SuperLink's --host:--port, e.g. 127.0.0.1:9093)")
+            self._engine = _Deployment(clients, superlink, bridge, start_timeout, timeout)
+        self._session = self._engine.session
+
+    def stream(self, request: Request, participants=None,
+               tolerate_failures: bool = False) -> Iterator:
+        """Yield, in the order of ``participants`` (None: every client), each one's Reply, or a
+        Dropout when it failed and ``tolerate_failures`` is True (else ClientError)."""
+        if self._closed:
+            raise RuntimeError("this transport is closed")
+        order = participant_order(participants, self.num_clients)
+        ttl = 3600.0 if self.timeout is None else max(self.timeout + 60.0, 60.0)
+        token = self._session.send(request, order, ttl)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        got: dict = {}
+        try:
+            for i in order:
+                while i not in got:
+                    left = 1.0 if deadline is None else deadline - time.monotonic()
+                    if left <= 0:
+                        cause = f"no answer within client_timeout={self.timeout:g} s"
+                        for j in order:
+                            got.setdefault(j, _Failure(cause))
+                        break
+                    for j, outcome in self._session.poll(token, min(left, 1.0)):
+                        got[j] = outcome
+                outcome = got.pop(i)
+                if isinstance(outcome, Reply) and outcome.client != i:
+                    outcome = _Failure(f"it answered as client {outcome.client}")
+                if isinstance(outcome, Reply):
+                    yield outcome
+                elif tolerate_failures:
+                    yield Dropout(i, request.task, request.round, outcome.cause)
+                else:
+                    _raise_failure(i, request, outcome)
+        finally:
+            with contextlib.suppress(Exception):
+                self._session.forget(token)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._engine.close()
+
+
+def make(clients, timeout, flower_engine="simulation", flower_superlink=None,
+         flower_bridge="127.0.0.1:0", flower_start_timeout=DEFAULT_START_TIMEOUT):
+    """The registry's factory for ``transport="flower"`` (options of the same names)."""
+    return FlowerTransport(clients, timeout, flower_engine, flower_superlink, flower_bridge,
+                           flower_start_timeout)
