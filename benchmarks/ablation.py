@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _common import RESULTS, log, machine, write_json  # noqa: E402
 from defaults import START_BATCH, fmt, library_version, run  # noqa: E402
 from problems import suite  # noqa: E402
-from ssca_solver.algorithms import adaptive as ad  # noqa: E402
-from ssca_solver.algorithms import ssca as ssca_mod  # noqa: E402
+from ssca_solver.methods.ssca import adaptive as ad  # noqa: E402
+from ssca_solver.methods.ssca import algorithm as ssca_mod  # noqa: E402
 
 MAX_ITER = 2000
 

@@ -48,7 +48,7 @@ SEEDS = (0, 1, 2)
 TUNE_SEED = 100
 GRID = [(b, tau) for b in (10, 50, "full") for tau in (0.1, 1.0)]
 TUNED = dict(max_iter=1000, penalty=[10.0, 100.0, 1000.0])
-START_BATCH = 32          # ssca_solver.algorithms.adaptive.START_BATCH (the probe's batch)
+START_BATCH = 32          # ssca_solver.methods.ssca.adaptive.START_BATCH (the probe's batch)
 
 
 def samples_drawn(prob, res, probe_batch) -> tuple[int, int]:

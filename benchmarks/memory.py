@@ -36,10 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ssca_solver as ss  # noqa: E402
 from _common import RESULTS, log, machine, machine_title, write_json  # noqa: E402
-from ssca_solver import solve as solve_mod  # noqa: E402
-from ssca_solver.algorithms import SSCA  # noqa: E402
-from ssca_solver.session import Session  # noqa: E402
-from ssca_solver.subproblems import make_subproblem  # noqa: E402
+from ssca_solver.methods import SSCA  # noqa: E402
+from ssca_solver.engine.session import Session  # noqa: E402
 
 LIMIT_COPIES = 6.0          # the requirement: a closed-form round at d = 10^6 within 6 copies
 ROWS, CLIENTS, BATCH = 200, 10, 100
@@ -82,11 +80,9 @@ def big_problem(d: int, M: int, seed: int = 0) -> ss.Problem:
 
 def runner_for(prob, **options):
     """The runner, algorithm and starting state exactly as ``solve_ssca`` builds them."""
-    o = solve_mod._parse(prob, options)
-    builders = prob.builders
-    sub = make_subproblem(prob, builders, o.subproblem, o.solver, o.solver_options)
-    alg = SSCA(prob, builders, sub, o.batch_size, o.tau, o.rho, o.gamma, o.surrogate_init)
-    session = Session(prob, alg, o, {}, lambda x0: alg.init(x0, o.penalty[0]))
+    o = SSCA.parse(prob, options)
+    alg = SSCA.build(prob, o, options)
+    session = Session(prob, alg, o)
     return session, alg
 
 

@@ -30,14 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ssca_solver as ss  # noqa: E402
 from _common import RESULTS, log, machine, machine_title, median_time, write_json  # noqa: E402
 from problems.mlp import MLP, _forward_backward, classification_con, classification_uncon  # noqa: E402,E501
-from ssca_solver import driver  # noqa: E402
+from ssca_solver.methods.ssca import step as driver  # noqa: E402
 from ssca_solver.datasets import fashion_mnist  # noqa: E402
-from ssca_solver import solve as solve_mod  # noqa: E402
-from ssca_solver.algorithms.ssca import SSCA, SSCARoundTask  # noqa: E402
+from ssca_solver.methods.ssca.algorithm import SSCA, SSCARoundTask  # noqa: E402
 from ssca_solver.federated import InProcessTransport, Request, build_clients  # noqa: E402
-from ssca_solver.options import seed_entropy  # noqa: E402
+from ssca_solver.engine.options import seed_entropy  # noqa: E402
 from ssca_solver.schedules import PowerStep  # noqa: E402
-from ssca_solver.session import Session  # noqa: E402
+from ssca_solver.engine.session import Session  # noqa: E402
 from ssca_solver.subproblems import (ClosedFormSubproblem, CvxpySubproblem,  # noqa: E402
                                      make_subproblem)
 
@@ -199,13 +198,14 @@ def _runner(prob, net):
             "rho": PowerStep(0.6, 0.3), "gamma": PowerStep(0.9, 0.35)}
     if prob.num_constraints:
         opts["penalty"] = [1e5]
-    o = solve_mod._parse(prob, opts)
-    sub = _TimedSubproblem(make_subproblem(prob, prob.builders, o.subproblem))
-    alg = SSCA(prob, prob.builders, sub, o.batch_size, o.tau, o.rho, o.gamma, o.surrogate_init)
-    session = Session(prob, alg, o, {}, lambda x0: alg.init(x0, o.penalty[0]))
+    o = SSCA.parse(prob, opts)
+    alg = SSCA.build(prob, o, opts)
+    sub = alg.subproblem = _TimedSubproblem(alg.subproblem)
+    session = Session(prob, alg, o)
     session.transport.close()
+    # the runner reaches the clients only through its gatherer: the timed transport goes there
     transport = _TimedTransport(build_clients(prob.data, seed_entropy(0), alg.tasks()))
-    session.runner.transport = transport
+    session.transport = session.runner.gatherer.transport = transport
     return session.runner, session.state, sub, transport
 
 

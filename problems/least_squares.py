@@ -15,7 +15,7 @@ import cvxpy as cp
 import numpy as np
 
 import ssca_solver as ss
-from ssca_solver.surrogates import Statistic, SurrogateBuilder
+from ssca_solver import Statistic, SurrogateBuilder
 
 
 class ExactQuadratic(SurrogateBuilder):

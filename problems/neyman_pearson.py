@@ -16,7 +16,7 @@ import numpy as np
 
 import ssca_solver as ss
 
-from .logistic import logistic_loss
+from problems.logistic import logistic_loss
 
 
 def neyman_pearson(data: ss.FederatedData, alpha: float, lam: float = 1e-3,

@@ -36,10 +36,10 @@ from scipy.special import expit, logsumexp
 import ssca_solver as ss
 from ssca_solver.datasets import breast_cancer
 
-from . import fairness, qcqp
-from .least_squares import diabetes_regression
-from .logistic import logistic_loss
-from .neyman_pearson import neyman_pearson
+from problems import fairness, qcqp
+from problems.least_squares import diabetes_regression
+from problems.logistic import logistic_loss
+from problems.neyman_pearson import neyman_pearson
 
 #: Clarabel's tolerances for the references, tightest first (its defaults are 1e-8): the first
 #: that ends "optimal" is kept

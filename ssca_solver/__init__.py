@@ -4,34 +4,40 @@ Implements Algorithms 1 and 2 of Ye & Cui, "Sample-based Federated Learning via 
 (see docs/math-to-code.md for the map from the paper's equations to this package).
 """
 
-from .data import ClientData, FederatedData
+from . import status
+from .diagnostics.result import Communication, KKTReport, Result, SSCAResult, Stage
+from .diagnostics.history import History
+from .engine.method import Method
+from .engine.options import RunOptions
+from .engine.runner import Iteration
+from .engine.solve import front_door, register_method
 from .errors import (ClientError, DataError, DivergenceError, ModelError, RoundFailedError,
                      ScheduleError, SecureAggregationError, SSCAError, SubproblemError,
                      UserFunctionError)
-from .functions import SampleFunction, StochasticConstraint, check_grad
-from .problem import Problem, register_method
-from .history import History
-from .options import (AugmentedLagrangianOptions, FedAvgOptions, PrimalDualOptions,
-                      RunOptions, SSCAOptions)
-from .result import Communication, KKTReport, Result, SSCAResult, Stage
-from .runner import Iteration
+from .methods import (BUILTIN, AugmentedLagrangian, AugmentedLagrangianOptions, FedAvg,
+                      FedAvgOptions, PrimalDual, PrimalDualOptions, SSCA, SSCAOptions)
+from .model.data import ClientData, FederatedData
+from .model.functions import SampleFunction, StochasticConstraint, check_grad
+from .model.problem import Problem
+from .model.surrogates import DiagonalCurvature, ProximalLinear, Statistic, SurrogateBuilder
 from .schedules import EpochStep, PowerStep, ScheduleWarning
-from .solve import solve_ssca
-from .surrogates import DiagonalCurvature, ProximalLinear, Statistic, SurrogateBuilder
 
-from .baselines import solve_fedavg  # noqa: E402
-from .lagrangian import solve_augmented_lagrangian, solve_primal_dual  # noqa: E402
+for _name, _method in BUILTIN.items():
+    register_method(_name, _method)
 
-register_method("ssca", solve_ssca)
-register_method("fedavg", solve_fedavg)
-register_method("primal_dual", solve_primal_dual)
-register_method("augmented_lagrangian", solve_augmented_lagrangian)
+#: each built-in method's front door, ``solve_x(problem, **options)`` (= ``problem.solve(
+#: method="x", ...)``)
+solve_ssca = front_door(SSCA)
+solve_fedavg = front_door(FedAvg)
+solve_primal_dual = front_door(PrimalDual)
+solve_augmented_lagrangian = front_door(AugmentedLagrangian)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ClientData", "FederatedData", "SampleFunction", "StochasticConstraint", "check_grad",
-    "Problem", "register_method", "RunOptions", "FedAvgOptions", "solve_fedavg", "PrimalDualOptions",
+    "Problem", "register_method", "Method", "SSCA", "FedAvg", "PrimalDual",
+    "AugmentedLagrangian", "front_door", "status", "RunOptions", "FedAvgOptions", "solve_fedavg", "PrimalDualOptions",
     "solve_primal_dual", "AugmentedLagrangianOptions", "solve_augmented_lagrangian", "PowerStep",
     "EpochStep", "ScheduleWarning", "SSCAOptions", "solve_ssca", "Result", "SSCAResult", "Iteration",
     "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder", "Statistic",

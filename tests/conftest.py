@@ -31,10 +31,10 @@ def quadratic_function(name="quad"):
 def ssca_clients(prob, seed=0):
     """The clients a solve of ``prob`` by method "ssca" would build (round and evaluation
     tasks), for tests that drive rounds by hand."""
-    from ssca_solver.algorithms.ssca import SSCARoundTask
-    from ssca_solver.diagnostics import Evaluator
+    from ssca_solver.methods.ssca.algorithm import SSCARoundTask
+    from ssca_solver.diagnostics.kkt import Evaluator
     from ssca_solver.federated import build_clients
-    from ssca_solver.options import seed_entropy
+    from ssca_solver.engine.options import seed_entropy
 
     tasks = {"ssca.round": SSCARoundTask(prob.functions, prob.builders), **Evaluator(prob).tasks}
     return build_clients(prob.data, seed_entropy(seed), tasks)

@@ -208,7 +208,7 @@ def test_a_stalled_dual_iteration_is_flagged_inaccurate():
     """One projected Newton step cannot solve a three-constraint dual: the solution says so;
     200 steps can, and are not flagged."""
     from ssca_solver.subproblems import ClosedFormSubproblem
-    from ssca_solver.surrogates import ProximalLinear
+    from ssca_solver.model.surrogates import ProximalLinear
 
     stats = _three_constraint_stats()
     builders = [ProximalLinear()] * 4

@@ -91,7 +91,7 @@ class PolishedCvxpy:
 def test_same_iterates_constrained_against_polished_clarabel(cancer_data):
     """The issue's 1e-6 for a whole constrained run: 40 rounds of Algorithm 2 through
     driver.step, closed form against CVXPY + Clarabel polished each round."""
-    from ssca_solver import driver
+    from ssca_solver.methods.ssca import step as driver
     from conftest import round_request, ssca_clients
     from ssca_solver.federated import InProcessTransport
     from ssca_solver.subproblems import make_subproblem

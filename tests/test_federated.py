@@ -8,8 +8,8 @@ import pytest
 import ssca_solver as ss
 from problems.neyman_pearson import neyman_pearson
 from conftest import round_request, ssca_clients
-from ssca_solver.diagnostics import Evaluator
-from ssca_solver.driver import combine, stat_key
+from ssca_solver.diagnostics.kkt import Evaluator
+from ssca_solver.methods.ssca.step import combine, stat_key
 from ssca_solver.federated import InProcessTransport, Reply
 
 
@@ -105,7 +105,7 @@ def test_server_never_reads_client_rows():
 
 
 def test_fused_average_equals_combine_then_average(cancer_data):
-    from ssca_solver import driver
+    from ssca_solver.methods.ssca import step as driver
 
     prob = neyman_pearson(cancer_data, alpha=0.2)
     msgs = InProcessTransport(ssca_clients(prob, 0)).exchange(

@@ -14,7 +14,7 @@ pytest.importorskip("flwr", reason="Flower is an optional extra: pip install 'ss
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 import ssca_solver as ss  # noqa: E402
-from ssca_solver.data import ClientData  # noqa: E402
+from ssca_solver.model.data import ClientData  # noqa: E402
 from ssca_solver.errors import ClientError, UserFunctionError  # noqa: E402
 from ssca_solver.federated import Client, Reply, Request  # noqa: E402
 from ssca_solver.federated import flower  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 
 import ssca_solver as ss
 from problems.neyman_pearson import neyman_pearson
-from ssca_solver.algorithms import adaptive as ad
+from ssca_solver.methods.ssca import adaptive as ad
 from ssca_solver.federated import build_clients
 from ssca_solver.federated.messages import Request
 
@@ -129,7 +129,7 @@ def test_stationarity_in_the_metric_catches_a_point_off_in_the_small_coordinates
     """One column 1e4 times larger: at a point 0.005 off the optimum in a small coordinate the
     plain ratio |grad L| / (size of its terms) is below 1e-4 (the large column sets both), the
     ratio in the metric's units is not."""
-    from ssca_solver.diagnostics import Evaluation, ProblemTerms, kkt_report
+    from ssca_solver.diagnostics.kkt import Evaluation, ProblemTerms, kkt_report
 
     prob, X, Y, fns, w_star, _, mu = _column_times(1e4)
     x = w_star.copy()

@@ -9,7 +9,7 @@ import ssca_solver as ss
 from problems.mlp import MLP, classification_con, classification_uncon
 from ssca_solver.datasets import DatasetNotFound, digits, load_idx_dataset, read_idx
 from conftest import round_request, ssca_clients
-from ssca_solver.driver import combine
+from ssca_solver.methods.ssca.step import combine
 from ssca_solver.federated import InProcessTransport
 from ssca_solver.subproblems import ClosedFormSubproblem, CvxpySubproblem
 

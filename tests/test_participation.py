@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import ssca_solver as ss
-from ssca_solver.driver import combine
+from ssca_solver.methods.ssca.step import combine
 from ssca_solver.federated import Dropout, InProcessTransport
 from ssca_solver.federated.gather import Gatherer
 from ssca_solver.federated.sampling import Sampler
-from ssca_solver.options import seed_entropy
+from ssca_solver.engine.options import seed_entropy
 
 from conftest import kill_process_client_at, round_request, ssca_clients
 
@@ -240,7 +240,7 @@ def test_a_client_killed_mid_run_is_dropped_and_the_run_finishes(method, tmp_pat
     assert res.nit == 8 and killed
     assert [(d.client, d.round) for d in res.dropouts] == [(3, 5)]
     assert "SIGKILL" in res.dropouts[0].error
-    from ssca_solver import checkpoint
+    from ssca_solver.engine import checkpoint
     arrays, _ = checkpoint.load(tmp_path / "k.npz")
     assert list(arrays["dropouts/client"]) == [3] and list(arrays["dropouts/round"]) == [5]
     assert isinstance(res.dropouts[0], Dropout)
@@ -258,7 +258,7 @@ def test_an_evaluation_asks_a_failed_client_once_more():
         return False
 
     prob = ss.Problem(_lsq(fail=flaky), dim=D, data=_data(marker_client=4))
-    from ssca_solver.diagnostics import Evaluator
+    from ssca_solver.diagnostics.kkt import Evaluator
     clients = ssca_clients(prob, 0)
     g = Gatherer(InProcessTransport(clients), SIZES, drop=True)
     ev = Evaluator(prob).evaluate(lambda r: g.collect(r, kind="eval"), np.zeros(D), True)

@@ -246,7 +246,7 @@ def test_subproblem_solvers_hold_no_state_between_rounds(cancer_data):
 
 # -- the runner with any algorithm -----------------------------------------------------------
 
-class Averaging:
+class Averaging(ss.Method):
     """A toy method: w_{t+1} = the N_i/N-weighted mean of the clients' row means."""
 
     name = "averaging"
@@ -290,11 +290,12 @@ class Averaging:
 def test_runner_drives_any_algorithm_and_keeps_history_in_arrays(cancer_data):
     """2,000 rounds of a toy method: the history stays a few arrays (no Python object per
     round), communication is counted from the messages, the callback sees every round."""
-    from ssca_solver.diagnostics import Evaluator
+    from ssca_solver.diagnostics.kkt import Evaluator
     from ssca_solver.federated import build_clients
-    from ssca_solver.history import Recorder
-    from ssca_solver.options import RunOptions
-    from ssca_solver.runner import Runner, Tally
+    from ssca_solver.diagnostics.history import Recorder
+    from ssca_solver.engine.options import RunOptions
+    from ssca_solver.engine.runner import Runner, Tally
+    from ssca_solver.federated.gather import Gatherer
 
     prob = ss.Problem(logistic_loss(), dim=31, data=cancer_data)
     alg = Averaging(cancer_data)
@@ -303,7 +304,8 @@ def test_runner_drives_any_algorithm_and_keeps_history_in_arrays(cancer_data):
     rec, tally = Recorder(alg.columns, 0), Tally()
     ticks = []
     opts = RunOptions(eval_every=0, callback=lambda it: ticks.append(it.t))
-    runner = Runner(alg, InProcessTransport(clients), ev, opts, rec, tally, {})
+    gatherer = Gatherer(InProcessTransport(clients), cancer_data.client_sizes)
+    runner = Runner(alg, gatherer, ev, opts, rec, tally, {})
     state, reason = runner.run(alg.init(np.zeros(31)), 100)
     gc.collect()
     before = len(gc.get_objects())

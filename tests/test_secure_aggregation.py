@@ -20,11 +20,11 @@ import pytest
 from scipy import stats as sps
 
 import ssca_solver as ss
-from ssca_solver.driver import combine
+from ssca_solver.methods.ssca.step import combine
 from ssca_solver.federated import InProcessTransport, Transport, build_clients
 from ssca_solver.federated import secagg
 from ssca_solver.federated.gather import Gatherer
-from ssca_solver.options import seed_entropy
+from ssca_solver.engine.options import seed_entropy
 
 from conftest import kill_process_client_at, round_request
 
@@ -76,7 +76,7 @@ class Spy(Transport):
 
 
 def _clients(prob, secure, seed=0):
-    from ssca_solver.algorithms.ssca import SSCARoundTask
+    from ssca_solver.methods.ssca.algorithm import SSCARoundTask
 
     tasks = {"ssca.round": SSCARoundTask(prob.functions, prob.builders)}
     if secure:
@@ -278,7 +278,7 @@ def test_a_client_killed_mid_run_is_dropped_under_secure_aggregation(tmp_path):
 
 def test_a_method_that_reads_single_replies_refuses_secure_aggregation(monkeypatch):
     # a method without the declaration (primal_dual with it taken away)
-    from ssca_solver.algorithms.lagrangian import Lagrangian
+    from ssca_solver.methods.lagrangian.algorithm import Lagrangian
     monkeypatch.setattr(Lagrangian, "supports_secure_aggregation", False)
     prob = ss.Problem(_lsq(), dim=D, data=_data(), constraints=[_lsq() <= 5.0])
     with pytest.raises(ValueError, match="method 'primal_dual' does not support "

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from problems.neyman_pearson import neyman_pearson
-from ssca_solver import driver
+from ssca_solver.methods.ssca import step as driver
 from ssca_solver._kernels import FOLD_WIDTH, convex_step, fold
 from conftest import round_request, ssca_clients
-from ssca_solver.driver import combine
+from ssca_solver.methods.ssca.step import combine
 from ssca_solver.federated import InProcessTransport, ProcessTransport
 
 

@@ -7,7 +7,7 @@ from cvxpy.reductions.solvers.solving_chain import SolvingChain
 
 import ssca_solver as ss
 from problems.neyman_pearson import neyman_pearson
-from ssca_solver.deterministic import DeterministicPart
+from ssca_solver.model.deterministic import DeterministicPart
 from ssca_solver.subproblems import CvxpySubproblem
 
 

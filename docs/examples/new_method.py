@@ -1,11 +1,14 @@
-"""A new method written against the algorithm protocol: federated gradient descent.
+"""A new method written against the method protocol: federated gradient descent.
 
     w_{t+1} = w_t - lr (sum_i N_i/(B N) g_i(w_t) + 2 lambda w_t)
 
-where client i sends g_i, the sum of the objective's gradients over its mini-batch. It reuses
-everything the runner gives every method: stateless clients with seeded batches, transports,
-communication counts, evaluations every k rounds, callbacks that can stop the run, progress,
-checkpoint and resume. See docs/architecture.md, section "Adding a method".
+where client i sends g_i, the sum of the objective's gradients over its mini-batch. It subclasses
+``ss.Method`` and declares only what it has; the one front door and the one round loop give it
+everything else: options parsed once (misspelled names rejected), stateless clients with seeded
+batches, every transport, partial participation, dropouts, secure aggregation (it combines
+replies only through their weighted sum, so it may declare it), communication counts,
+evaluations every k rounds, callbacks that can stop the run, progress, checkpoint and resume,
+and the same Result as the built-in methods. See docs/architecture.md, "Adding a method".
 
 Run: python docs/examples/new_method.py
 """
@@ -17,11 +20,9 @@ import cvxpy as cp
 import numpy as np
 
 import ssca_solver as ss
-from ssca_solver import options as opt
-from ssca_solver.federated import Request, array
-from ssca_solver.functions import checked_value_and_grad
-from ssca_solver.result import Result
-from ssca_solver.session import Session, fingerprint
+from ssca_solver.engine import options as opt
+from ssca_solver.federated import Request, aggregation_weight, array
+from ssca_solver.model.functions import checked_value_and_grad
 
 TASK = "gd.grad"
 
@@ -44,15 +45,42 @@ class GDState(NamedTuple):
     w: np.ndarray
 
 
-class GradientDescent:
-    """The algorithm: settings plus pure functions over an immutable state."""
+@dataclass(frozen=True)
+class GDOptions(opt.RunOptions):
+    """Options of method "gd": the runner's, plus the batch size and the step."""
+
+    batch_size: object = 10
+    lr: float = 0.1
+
+
+class GradientDescent(ss.Method):
+    """Federated gradient descent: settings plus pure functions over an immutable state."""
 
     name = "gd"
+    Options = GDOptions
+    supports_secure_aggregation = True   # replies are read only through their weighted sum
     columns = {"step_norm": ()}          # one history column per round
+
+    @classmethod
+    def parse(cls, problem, options):
+        o = super().parse(problem, options)          # the runner's options, checked
+        if (problem.num_constraints or problem.objective is None
+                or problem.deterministic.norm2_coefficient() is None):
+            raise ss.ModelError("method 'gd' needs a stochastic objective, no constraints, "
+                                "and at most a lambda |w|^2 term")
+        return GDOptions(**{**vars(o), "batch_size": opt.batch_size(o.batch_size, problem.data),
+                            "lr": opt.real("lr", o.lr, low=0, low_open=True)})
+
+    @classmethod
+    def build(cls, problem, o, given):
+        return cls(problem, o.batch_size, o.lr, problem.deterministic.norm2_coefficient())
 
     def __init__(self, problem, batch_size, lr, ridge):
         self.objective, self.N = problem.objective, problem.data.num_samples
         self.batch_size, self.lr, self.ridge = batch_size, lr, ridge
+
+    def fingerprint(self):                    # what a checkpoint must agree on to resume
+        return {"batch_size": self.batch_size, "lr": self.lr}
 
     def tasks(self):
         return {TASK: GradientTask(self.objective)}
@@ -66,7 +94,7 @@ class GradientDescent:
     def step(self, state, replies):
         g = 2.0 * self.ridge * state.w
         for r in replies:                                   # weights N_i / (B_i N)
-            g += r.weight * r.num_rows / (r.batch_size * self.N) * array(r, "g")
+            g += aggregation_weight(r, self.N) * array(r, "g")
         return GDState(state.t + 1, state.w - self.lr * g), self.lr * float(np.linalg.norm(g))
 
     def record(self, step_norm):
@@ -75,6 +103,11 @@ class GradientDescent:
     def describe(self, step_norm):
         return f"step {step_norm:.3g}"
 
+    def status(self, outcome):
+        if outcome.reason == ss.status.STOPPED:
+            return ss.status.stopped(outcome.state.t)
+        return ss.status.MAX_ITER, f"{outcome.state.t} rounds of gradient descent"
+
     def state_arrays(self, state):
         return {"t": np.asarray(state.t), "w": state.w}
 
@@ -82,35 +115,7 @@ class GradientDescent:
         return GDState(int(arrays["t"]), np.array(arrays["w"], dtype=float))
 
 
-@dataclass(frozen=True)
-class GDOptions(opt.RunOptions):
-    """Options of method "gd": the runner's, plus the batch size and the step."""
-
-    batch_size: object = 10
-    lr: float = 0.1
-
-
-def solve_gd(problem, **options) -> Result:
-    """The front door: parse options once, run, report on the full data."""
-    o = opt.parse(GDOptions, options, "gd")
-    ridge = problem.deterministic.norm2_coefficient()
-    if problem.num_constraints or problem.objective is None or ridge is None:
-        raise ss.ModelError("method 'gd' needs a stochastic objective, no constraints, and "
-                            "at most a lambda |w|^2 term")
-    B = opt.batch_size(o.batch_size, problem.data)
-    algorithm = GradientDescent(problem, B, opt.real("lr", o.lr, low=0, low_open=True), ridge)
-    fp = fingerprint(problem, "gd", batch_size=B, lr=o.lr)
-    with Session(problem, algorithm, o, fp, algorithm.init) as session:
-        state, reason = session.runner.run(session.state, o.max_iter - session.state.t)
-        fun, cons, kkt, comm, history = session.final_report(state)
-    return Result(x=state.w.copy(), status="stopped" if reason == "stopped" else "max_iter",
-                  message=f"{state.t} rounds of gradient descent", fun=fun, constraints=cons,
-                  slack=np.zeros(0), penalty=None, kkt=kkt, history=history,
-                  communication=comm, stages=(), nit=state.t, method="gd", subproblem=None,
-                  time=session.runner.elapsed)
-
-
-ss.register_method("gd", solve_gd)
+ss.register_method("gd", GradientDescent)
 
 
 def main():

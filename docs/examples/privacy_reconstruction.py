@@ -21,13 +21,13 @@ import numpy as np
 from scipy import stats as sps
 
 import ssca_solver as ss
-from ssca_solver.algorithms.ssca import SSCARoundTask
+from ssca_solver.methods.ssca.algorithm import SSCARoundTask
 from ssca_solver.datasets import breast_cancer
-from ssca_solver.driver import combine
+from ssca_solver.methods.ssca.step import combine
 from ssca_solver.federated import InProcessTransport, Request, Transport, build_clients
 from ssca_solver.federated import secagg
 from ssca_solver.federated.gather import Gatherer
-from ssca_solver.options import seed_entropy
+from ssca_solver.engine.options import seed_entropy
 
 TAU, ROUNDS, SEED = 0.1, 40, 0
 

@@ -60,7 +60,7 @@ def paired_messages(prob, repeat: int) -> dict:
     this process and the server combines them), plain then secure, alternating ``repeat``
     times: the paired difference is the cost of secure aggregation, little disturbed by the
     machine's load."""
-    from ssca_solver.algorithms.ssca import SSCARoundTask
+    from ssca_solver.methods.ssca.algorithm import SSCARoundTask
     from ssca_solver.federated import InProcessTransport, Request, build_clients, secagg
     from ssca_solver.federated.gather import Gatherer
 

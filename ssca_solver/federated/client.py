@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Optional
 
 import numpy as np
 
-from ..data import ClientData
+from ..model.data import ClientData
 from .messages import Reply, Request
 
 #: A task handler: ``handler(client, request) -> Reply``. Algorithms register them by name.

@@ -35,7 +35,7 @@ class Gatherer:
       sizes: N_i of every client.
       drop: ``on_client_failure == "drop"``.
       secure: a :class:`~ssca_solver.federated.secagg.SecureAggregation`, or None.
-      tally: the runner's :class:`~ssca_solver.runner.Tally`, counted as messages cross.
+      tally: the runner's :class:`~ssca_solver.engine.runner.Tally`, counted as messages cross.
 
     Attributes:
       pending: the Dropouts of the requests collected since the last :meth:`take`.

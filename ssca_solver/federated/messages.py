@@ -124,6 +124,19 @@ def words(value) -> int:
 SECAGG = "secagg"
 
 
+def aggregation_weight(reply: Reply, num_samples: float, factor: Optional[float] = None) -> float:
+    """The one formula every server (and secure aggregation's clients) combines replies with:
+    a_i = h_i N_i / (B_i N), so that sum_i a_i x_i of per-row sums x_i is the data-weighted
+    mean of eqs. (Fs0bar)/(Fsmbar). h_i = ``factor`` (default ``reply.weight``: partial
+    participation's Horvitz-Thompson factor times the renormalisation after dropouts, 1 by
+    default), N_i = ``reply.num_rows``, B_i = ``reply.batch_size`` (1 for a reply that is not a
+    sum over rows, such as a model, which then counts N_i / N), N = ``num_samples``. Secure
+    aggregation's one reply holds N sum_i a_i x_i with N_i = B_i = N, so this formula gives
+    back the sum (:mod:`ssca_solver.federated.secagg`)."""
+    h = reply.weight if factor is None else factor
+    return h * reply.num_rows / (reply.batch_size * num_samples)
+
+
 def secagg_active(request: Request) -> bool:
     """Whether ``request`` is the masked step of a secure aggregation (its reply will be
     weighted by the client, masked and summed: a task may then send pre-combined numbers)."""

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
+from . import flower_options
 from .client import Client
 from .transports import InProcessTransport, ProcessTransport, Transport
-
 
 
 def _flower(clients, timeout, **options):
@@ -23,14 +23,25 @@ _TRANSPORTS: dict[str, Callable[..., Transport]] = {
     "flower": _flower,
 }
 
-#: name -> the solve options (RunOptions fields) its factory takes as keywords
-_OPTIONS: dict[str, tuple[str, ...]] = {
-    "flower": ("flower_engine", "flower_superlink", "flower_bridge", "flower_start_timeout"),
+#: name -> (its own solve options {name: default}, check(given) -> values): the factory takes
+#: the checked values as keywords
+_OPTIONS: dict[str, tuple[Mapping, Callable[[dict], dict]]] = {
+    "flower": (flower_options.DEFAULTS, flower_options.check),
 }
 
 
-def register_transport(name: str, factory: Callable[..., Transport]) -> None:
-    """Make ``solve(transport=name)`` use ``factory(clients, client_timeout)``.
+def _defaults(defaults: Mapping) -> Callable[[dict], dict]:
+    return lambda given: {**defaults, **given}
+
+
+def register_transport(name: str, factory: Callable[..., Transport],
+                       options: Optional[Mapping] = None,
+                       check: Optional[Callable[[dict], dict]] = None) -> None:
+    """Make ``solve(transport=name)`` use ``factory(clients, client_timeout, **options)``.
+
+    ``options``: the transport's own solve options {name: default} (names that no method
+    option uses; a solve with another transport refuses them); ``check(given) -> values``
+    checks the ones given and fills in the defaults (default: no check).
 
     The transport's ``stream(request, participants=None, tolerate_failures=False)`` must yield
     the replies of ``participants`` (None: every client) in that order, hand clients a
@@ -45,6 +56,8 @@ def register_transport(name: str, factory: Callable[..., Transport]) -> None:
         raise TypeError("factory must be callable(clients, client_timeout) -> Transport")
     _TRANSPORTS[name] = factory
     _OPTIONS.pop(name, None)
+    if options:
+        _OPTIONS[name] = (dict(options), check or _defaults(dict(options)))
 
 
 def transport_names() -> tuple[str, ...]:
@@ -53,17 +66,35 @@ def transport_names() -> tuple[str, ...]:
 
 def transport_options(name: str) -> tuple[str, ...]:
     """The solve options the transport ``name`` takes (besides ``client_timeout``)."""
-    return _OPTIONS.get(name, ())
+    return tuple(_OPTIONS[name][0]) if name in _OPTIONS else ()
+
+
+def transport_option_names() -> tuple[str, ...]:
+    """Every registered transport's own options (the names a solve accepts besides the
+    method's)."""
+    return tuple(k for defaults, _ in _OPTIONS.values() for k in defaults)
+
+
+def check_transport_options(name: str, given: dict) -> dict:
+    """The options of transport ``name`` checked, with its defaults; options of another
+    transport are an error (they would be ignored)."""
+    mine = transport_options(name)
+    other = [k for k in given if k not in mine]
+    if other:
+        owner = next((t for t, (d, _) in _OPTIONS.items() if other[0] in d), "?")
+        raise ValueError(f"{', '.join(other)} only apply to transport={owner!r} (the "
+                         f"transport is {name!r})")
+    return _OPTIONS[name][1](dict(given)) if name in _OPTIONS else {}
 
 
 def make_transport(name: str, clients: Sequence[Client], timeout: Optional[float],
                    opts=None) -> Transport:
     """The transport registered as ``name`` over ``clients``; ``opts`` (the parsed
-    RunOptions) supplies the options listed by :func:`transport_options`."""
+    RunOptions) supplies the transport's own options, checked (``opts.transport_options``)."""
     try:
         factory = _TRANSPORTS[name]
     except KeyError:
         raise ValueError(f"transport must be one of {', '.join(map(repr, _TRANSPORTS))}, got "
                          f"{name!r}") from None
-    extra = {k: getattr(opts, k) for k in transport_options(name)} if opts is not None else {}
+    extra = dict(opts.transport_options) if opts is not None else {}
     return factory(clients, timeout, **extra)

@@ -54,6 +54,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import RoundFailedError, SecureAggregationError
 from .messages import AGGREGATE, SECAGG as ID, Dropout, Reply, Request, own_factor
+from .messages import aggregation_weight
 
 KEYS, SHARES, UNMASK = "secagg.keys", "secagg.shares", "secagg.unmask"
 PRIME = 2 ** 521 - 1                 # a Mersenne prime > 2^256: Shamir shares of 32-byte keys
@@ -213,8 +214,8 @@ class MaskedTask:
         st["inbox"] = {v: cipher[j, col].tobytes() for j, v in enumerate(ids2) if v != me}
         st["ids2"] = ids2
         reply = self.handler(client, request)
-        a = (own_factor(client, request) * reply.num_rows
-             / (reply.batch_size * float(request.config["num_samples"])))
+        a = aggregation_weight(reply, float(request.config["num_samples"]),
+                               factor=own_factor(client, request))
         names = sorted(reply.arrays)
         layout = [(k, list(np.shape(reply.arrays[k]))) for k in names]
         vec = np.concatenate([a * np.asarray(reply.arrays[k], dtype=float).ravel()

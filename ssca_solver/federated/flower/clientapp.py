@@ -13,7 +13,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from ...data import ClientData
+from ...model.data import ClientData
 from ..client import Client
 from ..messages import Request
 from .codec import _META, _error_record, pack, unpack

@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 import cvxpy as cp
 import numpy as np
 
-from .errors import ModelError
+from ..errors import ModelError
 
 
 def term_label(kind: str, i: int, fn) -> str:

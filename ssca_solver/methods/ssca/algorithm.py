@@ -1,77 +1,38 @@
-"""Algorithms 1 and 2 (mini-batch SSCA) as an algorithm of the one runner.
+"""Algorithms 1 and 2 (mini-batch SSCA) as a method of the one front door and round loop.
 
-The round itself is :func:`ssca_solver.driver.step` (eqs. (Fs0bar)/(Fsmbar), Problem 2/5,
-eq. (updatew)); this module adds what the runner needs (the client task that computes the
-statistics q_m on a mini-batch, the request, the history row, the state's checkpoint form) and
-the defaults that need no tuning (:mod:`ssca_solver.algorithms.adaptive`): adaptive batches,
-tau from the data, backtracking on full batches. The penalty continuation of Theorem 2 is a
-loop over :meth:`SSCA.with_penalty` stages around the runner (:func:`ssca_solver.solve.solve_ssca`).
+The round itself is :mod:`.step` (eqs. (Fs0bar)/(Fsmbar), Problem 2/5, eq. (updatew)); the
+client's side is :mod:`.client`. This module adds what the runner needs (the request, the
+history row, the state's checkpoint form), the defaults that need no tuning (:mod:`.adaptive`:
+adaptive batches, tau from the data, backtracking on full batches) and the front door's hooks:
+the probe before round 1 (:meth:`SSCA.prepare`), the full-data KKT test, the penalty
+continuation of Theorem 2 as stages (:meth:`SSCA.next_stage` = :meth:`SSCA.with_penalty` when
+the last stage's slack says c is too small) and the status rules (:mod:`.status`).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 import numpy as np
 
-from .. import driver
-from ..federated.messages import AGGREGATE, Request, array, optional_int
-from ..federated.messages import own_factor, secagg_active
-from ..schedules import at_epochs, step_value
-from ..surrogates import check_strongly_convex
+from ...engine.method import Method
+from ...engine.options import describe_schedule
+from ...federated.messages import AGGREGATE, Request, array
+from ...model.surrogates import check_strongly_convex
+from ...schedules import at_epochs, check_schedules, resolve, step_value
+from ...subproblems import CvxpySubproblem, make_subproblem
 from . import adaptive as ad
+from . import status as ssca_status
+from . import step as ssca_step
+from .client import TASK, SSCARoundTask
+from .options import SSCAOptions
 
-TASK = "ssca.round"
 CHECK_RTOL = ad.CHECK_RTOL
 
 
-class SSCARoundTask:
-    """Client side of one round (Algorithms 1-2, steps 3-4): draw the mini-batch of
-    (seed, client, round) and return q_m(w_t, batch) for every stochastic function m, as sums
-    over the batch rows, each under the name ``"m:statistic"``.
-
-    Request config: ``batch_size`` (None: every row), ``tau`` (the proximal weight of builders
-    without their own) and ``noise`` (also send, per function, the squared difference of the
-    batch halves' mean gradients, ``"noise:m"``: adaptive sampling).
-    """
-
-    def __init__(self, functions: Sequence, builders: Sequence):
-        self.functions = tuple(functions)
-        self.builders = tuple(builders)
-
-    def __call__(self, client, request: Request):
-        X, y, b = client.batch(request.round, optional_int(request.config.get("batch_size")))
-        tau = float(request.config["tau"])
-        where = f"client {client.index}, round {request.round}"
-        noisy = bool(request.config.get("noise")) and b < client.num_rows
-        stats, noise = [], []
-        for fn, builder in zip(self.functions, self.builders):
-            t = builder.tau if builder.tau is not None else tau
-            if noisy:
-                st, v = ad.split_statistics(builder, fn, request.w, X, y, t, where)
-                stats.append(st)
-                noise.append(v)
-            else:
-                stats.append(builder.statistics(fn, request.w, X, y, t, where))
-        arrays = driver.pack_statistics(stats)
-        secure = secagg_active(request) and bool(request.config.get("noise"))
-        if secure and not noisy:          # every masked reply has the same arrays: a full
-            noise = [0.0] * len(self.functions)      # batch's share of the noise is 0
-        if noisy or secure:
-            noise = np.array(noise)
-            if secure:
-                # summed securely with weight a = h N_i / (B N) and scaled by N: send what
-                # becomes this client's share h^2 (N_i/N)^2 |m_A - m_B|^2 / 4 (1 - B/N_i)
-                N = float(request.config["num_samples"])
-                h = own_factor(client, request)
-                noise = (h * client.num_rows * b * noise * max(0.0, 1.0 - b / client.num_rows)
-                         / (4.0 * N * N))
-            arrays[ad.NOISE.rstrip(":")] = noise
-        return client.reply(request, arrays, batch_size=b)
-
-
-class SSCA:
+class SSCA(Method):
     """Mini-batch SSCA over the runner's protocol.
 
     Args:
@@ -80,21 +41,27 @@ class SSCA:
       subproblem: the subproblem solver (closed form or CVXPY).
       batch_size: B (None: full batch; "auto": adaptive, see :mod:`.adaptive`).
       tau: the proximal weight (a number, or "auto": from the probe, adapted on full batches).
-      rho, gamma, surrogate_init: as in :class:`ssca_solver.options.SSCAOptions`
+      rho, gamma, surrogate_init: as in :class:`ssca_solver.engine.options.SSCAOptions`
         (an :class:`~ssca_solver.EpochStep` runs on the clock of passes over the data).
       check_gradients: check every function's gradient in the probe before round 1.
       participation: the expected fraction of the clients in a round (K / I), for that clock.
       sampled_clients: K < I clients per round, or proportional draws (the rounds' statistics
         are random even on full batches: ``tau="auto"`` is then :meth:`sampled_tau`).
+      penalties: c_1 < c_2 < ... of the continuation (Algorithm 2; (0,) for Algorithm 1).
     """
 
     name = "ssca"
+    Options = SSCAOptions
     supports_secure_aggregation = True     # the server reads only weighted sums of replies
 
     def __init__(self, problem, builders, subproblem, batch_size, tau, rho, gamma,
                  surrogate_init: str, check_gradients: bool = False,
                  unit_steps: bool = True, participation: float = 1.0,
-                 sampled_clients: bool = False):
+                 sampled_clients: bool = False, penalties=(0.0,)):
+        self.opts = None
+        self.penalties = tuple(float(c) for c in penalties)
+        self.sampled_clients = bool(sampled_clients)
+        self.bound_scale = np.maximum(1.0, np.abs(problem.bounds))
         self.problem = problem
         self.builders = tuple(builders)
         self.subproblem = subproblem
@@ -128,16 +95,127 @@ class SSCA:
                         "retries": (), "inaccurate": (), "batch_size": (), "tau": (),
                         "noise_ratio": (), "rejected": ()}
 
-    # -- protocol ----------------------------------------------------------------------------------
+    # -- the front door's hooks ----------------------------------------------------------------
+    @classmethod
+    def parse(cls, problem, options: dict) -> SSCAOptions:
+        return super().parse(problem, options).checked(problem, options)
+
+    @classmethod
+    def build(cls, problem, o: SSCAOptions, given: dict) -> "SSCA":
+        """Algorithm 1, or Algorithm 2 inside the penalty continuation of Theorem 2, with the
+        step-size regime the options ask for."""
+        # with K < I clients per round even full batches give a random estimate (the draw of
+        # the clients): the paper's diminishing rho and gamma, not deterministic SCA's unit
+        # steps (proportional draws are with replacement: random even with K = I)
+        sampled = o.clients_per_round is not None and (
+            o.clients_per_round < problem.data.num_clients or o.participation == "proportional")
+        # "auto" schedules: the round-counted ones when every round has exact statistics (full
+        # rows of every client), the epoch-counted ones otherwise (fixed B, "auto", K < I)
+        exact = o.batch_size is None and not sampled
+        rho, gamma = resolve(o.rho, "rho", exact), resolve(o.gamma, "gamma", exact)
+        check_schedules(rho, gamma, stochastic=o.batch_size is not None)
+        unit_steps = "rho" not in given and "gamma" not in given and not sampled
+        builders = problem.builders             # the functions' surrogates as they are now
+        subproblem = make_subproblem(problem, builders, o.subproblem, o.solver,
+                                     o.solver_options)
+        # the expected fraction of the clients in a round, for the epoch clock of EpochStep:
+        # K/I (proportional draws: K with replacement, distinct clients fewer; K/I is near)
+        participation = (1.0 if o.clients_per_round is None
+                         else min(1.0, o.clients_per_round / problem.data.num_clients))
+        method = cls(problem, builders, subproblem, o.batch_size, o.tau, rho, gamma,
+                     o.surrogate_init, o.check_gradients, unit_steps, participation,
+                     sampled_clients=sampled, penalties=o.penalty)
+        method.opts = o
+        method.kkt_solver = o.solver
+        return method
+
+    def fingerprint(self) -> dict:
+        o = self.opts
+        return {"batch_size": o.batch_size, "tau": o.tau, "penalty": list(o.penalty),
+                # the stages' lengths; Algorithm 1 may extend
+                "max_iter": o.max_iter if self.M else None,
+                "surrogate_init": o.surrogate_init, "subproblem": self.subproblem.name,
+                "rho": describe_schedule(self.rho), "gamma": describe_schedule(self.gamma),
+                "slack_tol": o.slack_tol, "solver": o.solver,
+                "solver_options": o.solver_options,
+                "builders": [repr(b) for b in self.builders]}
+
+    def prepare(self, state, session):
+        """Before round 1: check the gradients and measure the curvature (the probe: the
+        starting tau) and the diagonal metric, when the options ask for them."""
+        if self.opts.check_gradients or self.opts.tau == "auto":
+            exchange = session.runner.exchange
+            tau0 = self.probe(exchange, state.w)
+            metric = self.measure_metric(exchange, state.w)
+            state = self.init(state.w, self.penalties[0], tau0, metric)
+        return state
+
+    def kkt_test(self, report) -> bool:
+        return report.passed(self.opts.feas_tol, self.opts.kkt_tol)
+
+    def kkt_metric(self, state):
+        return getattr(state, "metric", None)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.penalties)
+
+    def next_stage(self, state, stage: int, recorder):
+        """The continuation of Theorem 2: the next c of the sequence when the last stage's
+        slack estimate exceeds ``slack_tol`` (c too small), else the same state."""
+        previous = ssca_status.stage_slack_of(recorder, stage - 1, self.opts.max_iter,
+                                              self.bound_scale)
+        if previous > self.opts.slack_tol:
+            state = self.with_penalty(state, self.penalties[stage])
+        return state
+
+    def penalty_of(self, state):
+        return state.penalty if self.M else None
+
+    def status(self, outcome) -> tuple[str, str]:
+        o, state, session = self.opts, outcome.state, outcome.session
+        stages = ssca_status.stages_of(outcome.history, o.max_iter, self.bound_scale)
+        return ssca_status.decide(
+            outcome.reason, state, outcome.kkt, outcome.history, stages, o, self.M,
+            self.bound_scale,
+            lambda: ssca_status.violation_stationarity_at(session, state, o.feas_tol, o.solver),
+            lambda: ssca_status.violation_curvature(session, state),
+            sampled_clients=self.sampled_clients)
+
+    def result_fields(self, outcome) -> dict:
+        o, state, history = self.opts, outcome.state, outcome.history
+        inaccurate = tuple(int(t) for t in history.t[history.inaccurate > 0])
+        if inaccurate:
+            warnings.warn(f"{len(inaccurate)} subproblem solves were flagged inaccurate "
+                          f"(rounds {list(inaccurate[:5])}...); see res.solver_info",
+                          RuntimeWarning, stacklevel=4)
+        last_slack = history.slack[-1] if len(history.t) else np.zeros(self.M)
+        return {"slack": np.array(last_slack),
+                "penalty": float(state.penalty) if self.M else None,
+                "stages": tuple(ssca_status.stages_of(history, o.max_iter, self.bound_scale)),
+                "subproblem": self.subproblem.name,
+                "extras": ({"diagonal_metric": float(1.0 / np.min(state.metric))}
+                           if state.metric.size else {}),
+                "solver_info": {
+                    "solver": (o.solver if isinstance(self.subproblem, CvxpySubproblem)
+                               else "closed_form"),
+                    "retries": int(history.retries.sum()),
+                    "parametrized": getattr(self.subproblem, "parametrize", None),
+                    "inaccurate_rounds": inaccurate}}
+
+    # -- the runner's members --------------------------------------------------------------------
     def tasks(self) -> Mapping:
         return {TASK: SSCARoundTask(self.problem.functions, self.builders),
                 ad.PROBE_TASK: ad.ProbeTask(self.problem.functions),
                 ad.METRIC_TASK: ad.MetricTask(self.problem.functions)}
 
-    def init(self, x0: np.ndarray, penalty: float = 0.0, tau: Optional[float] = None,
-             metric: Optional[np.ndarray] = None):
+    def init(self, x0: np.ndarray, penalty: Optional[float] = None,
+             tau: Optional[float] = None, metric: Optional[np.ndarray] = None):
+        """The state before round 1 (eq. (fs0bar)'s Fbar^(0)), at penalty c_1 unless given;
+        ``tau`` and ``metric``: the probe's (:meth:`prepare`)."""
+        penalty = self.penalties[0] if penalty is None else penalty
         tau = self.tau if tau is None else float(tau)
-        state = driver.init(x0, self.builders, tau, self.surrogate_init, self.M, penalty)
+        state = ssca_step.init(x0, self.builders, tau, self.surrogate_init, self.M, penalty)
         batch = min(ad.START_BATCH, max(self.sizes)) if self.auto_batch else 0
         state = state._replace(batch=batch, tau=tau)
         return state if metric is None else state._replace(metric=np.asarray(metric))
@@ -158,7 +236,7 @@ class SSCA:
         return self.subproblem
 
     @staticmethod
-    def with_penalty(state: driver.SSCAState, penalty: float) -> driver.SSCAState:
+    def with_penalty(state: ssca_step.SSCAState, penalty: float) -> ssca_step.SSCAState:
         """The state with penalty c (a new stage of the continuation, warm-started); the merit
         changes with c, so backtracking starts afresh."""
         return state._replace(penalty=float(penalty), merit=float("nan"),
@@ -238,10 +316,10 @@ class SSCA:
             r, g = self._steps(state, t)
         noise = np.zeros(len(self.builders))
         replies = self._screened(replies, t, noise)
-        stats = driver.average_with_messages(state.stats, replies, self.num_samples, r)
+        stats = ssca_step.average_with_messages(state.stats, replies, self.num_samples, r)
         if full and self.adapt_tau and self.unit_steps:
             return self._backtracking_step(state, stats)
-        new, info = driver.move(state, stats, r, g, self.subproblem)
+        new, info = ssca_step.move(state, stats, r, g, self.subproblem)
         ratio = 0.0
         if self.auto_batch and not full:
             new, ratio = self._adapt_batch(new, state.w, stats, noise, info.solution)
@@ -281,7 +359,7 @@ class SSCA:
                                                if k != key})
             if t == 1 and i == 0:
                 for m, (fn, b) in enumerate(zip(p.functions, self.builders)):
-                    st = {k: reply.arrays[driver.stat_key(m, k)]
+                    st = {k: reply.arrays[ssca_step.stat_key(m, k)]
                           for k in (s.name for s in b.statistic_specs(p.dim))}
                     check_strongly_convex(b, st, p.dim, fn.name)
             yield reply
@@ -354,7 +432,7 @@ class SSCA:
             k, base_w, base, base_merit = ad.TAU_DOWN, state.w, stats, merit
         scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
         start = state._replace(w=base_w)
-        new, info = driver.move(start, scaled, 1.0, 1.0, self._solver(state, base_w))
+        new, info = ssca_step.move(start, scaled, 1.0, 1.0, self._solver(state, base_w))
         new = new._replace(tau=self._tau(state) * k, merit=base_merit, prev_w=base_w.copy(),
                            prev_stats=scaled, rejects=state.rejects + 1 if worse else 0)
         return new, _Info(info, None, self._tau(state) * k, 0.0, int(bool(worse)))
@@ -388,7 +466,7 @@ class SSCA:
         return text + f"  surrogate={s.solution.value:.5g}"
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def state_arrays(self, state: driver.SSCAState) -> dict:
+    def state_arrays(self, state: ssca_step.SSCAState) -> dict:
         out = {"t": np.asarray(state.t), "w": state.w, "penalty": np.asarray(state.penalty),
                "nu": state.nu, "batch": np.asarray(state.batch), "tau": np.asarray(state.tau),
                "noise": np.asarray(state.noise), "since": np.asarray(state.since),
@@ -400,7 +478,7 @@ class SSCA:
                     out[f"{name}/{m}/{k}"] = np.asarray(v)
         return out
 
-    def state_from_arrays(self, arrays) -> driver.SSCAState:
+    def state_from_arrays(self, arrays) -> ssca_step.SSCAState:
         def group(name, required):
             out = []
             for m, b in enumerate(self.builders):
@@ -416,7 +494,7 @@ class SSCA:
                 out.append(st)
             return tuple(out)
 
-        return driver.SSCAState(
+        return ssca_step.SSCAState(
             int(arrays["t"]), np.array(arrays["w"], dtype=float), group("stats", True),
             float(arrays["penalty"]), np.array(arrays["nu"], dtype=float),
             int(arrays["batch"]), float(arrays["tau"]), float(arrays["noise"]),

@@ -19,15 +19,56 @@ of round t draws its batch from (seed, client, t, k), like every client task.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Optional
+from dataclasses import dataclass, field
+from typing import Any, Mapping, NamedTuple, Optional
 
 import numpy as np
 
-from ..federated.messages import Request, array, optional_int
-from ..functions import checked_value_and_grad
-from ..schedules import positive_value
+from .. import status as st
+from ..engine import options as opt
+from ..engine.method import Method
+from ..errors import ModelError
+from ..federated.messages import Request, aggregation_weight, array, optional_int
+from ..model.functions import checked_value_and_grad
+from ..schedules import PowerStep, positive_value
 
 TASK = "fedavg.local_sgd"
+
+
+@dataclass(frozen=True)
+class FedAvgOptions(opt.RunOptions):
+    """Options of ``Problem.solve(method="fedavg")`` (and
+    :class:`~ssca_solver.engine.options.RunOptions`).
+
+    Attributes:
+      batch_size: B rows per local step ("full" for all rows).
+      local_steps: E local SGD steps per round (E = 1: FedSGD).
+      lr: the learning rate r_t: a PowerStep(abar, alphabar), a callable t -> value > 0 or a
+        number. Default PowerStep(0.5, 0.3).
+      momentum: server-side heavy-ball coefficient beta in [0, 1) (0: plain FedAvg).
+    """
+
+    max_iter: int = 100
+    batch_size: Any = 10
+    local_steps: int = 1
+    lr: Any = field(default_factory=lambda: PowerStep(0.5, 0.3))
+    momentum: float = 0.0
+
+    def checked(self, problem) -> "FedAvgOptions":
+        """The options with FedAvg's own values checked and normalised (after
+        :func:`ssca_solver.engine.options.parse` checked the shared ones)."""
+        if problem.num_constraints:
+            raise ModelError("method 'fedavg' cannot handle stochastic constraints; use 'ssca'")
+        if problem.objective is None:
+            raise ModelError("method 'fedavg' needs a stochastic objective (a SampleFunction)")
+        if problem.deterministic.norm2_coefficient() is None:
+            raise ModelError("method 'fedavg' supports deterministic terms only of the form "
+                             "lambda |w|^2 (no domain)")
+        return self.__class__(**{
+            **vars(self), "batch_size": opt.batch_size(self.batch_size, problem.data),
+            "lr": opt.learning_rate("lr", self.lr),
+            "local_steps": opt.integer("local_steps", self.local_steps),
+            "momentum": opt.real("momentum", self.momentum, low=0.0, high=1.0 - 1e-16)})
 
 
 class LocalSGDTask:
@@ -65,15 +106,22 @@ class FedAvgInfo(NamedTuple):
     step_norm: float
 
 
-class FedAvg:
-    """FedAvg (E local steps), FedSGD (E = 1), server momentum beta."""
+class FedAvg(Method):
+    """FedAvg / FedSGD (McMahan et al.), the SGD baselines of Section VI: E local SGD steps
+    on the clients, a weighted average of the models (plus server momentum beta) on the
+    server. Unconstrained problems with an exact ridge term (or none).
+
+    Status "max_iter" (the method has no stopping test, so ``success`` is False) or "stopped"
+    (by the callback)."""
 
     name = "fedavg"
+    Options = FedAvgOptions
     supports_secure_aggregation = True     # the server reads only weighted sums of replies
     columns = {"lr": (), "step_norm": ()}
 
     def __init__(self, problem, batch_size: Optional[int], local_steps: int, lr,
                  momentum: float, ridge: float):
+        self.opts = None
         self.objective = problem.objective
         self.batch_size = batch_size
         self.local_steps = int(local_steps)
@@ -81,6 +129,33 @@ class FedAvg:
         self.momentum = float(momentum)
         self.ridge = float(ridge)
         self.num_samples = problem.data.num_samples
+
+    @classmethod
+    def parse(cls, problem, options: dict) -> FedAvgOptions:
+        return opt.parse(FedAvgOptions, options, cls.name).checked(problem)
+
+    @classmethod
+    def build(cls, problem, opts: FedAvgOptions, given: dict) -> "FedAvg":
+        method = cls(problem, opts.batch_size, opts.local_steps, opts.lr, opts.momentum,
+                     problem.deterministic.norm2_coefficient())
+        method.opts = opts
+        return method
+
+    def fingerprint(self) -> dict:
+        return {"batch_size": self.batch_size, "local_steps": self.local_steps,
+                "momentum": self.momentum, "lr": opt.describe_schedule(self.lr)}
+
+    def status(self, outcome) -> tuple[str, str]:
+        if outcome.reason == st.STOPPED:
+            return st.stopped(outcome.state.t)
+        o = self.opts
+        return st.MAX_ITER, (f"ran max_iter={o.max_iter} rounds of FedAvg "
+                             f"(E = {o.local_steps}, B = {o.batch_size or 'full'}); "
+                             "FedAvg has no stopping test: judge the point by its KKT report")
+
+    def result_fields(self, outcome) -> dict:
+        return {"slack": np.zeros(0),
+                "extras": {"local_steps": self.local_steps, "momentum": self.momentum}}
 
     def tasks(self) -> Mapping:
         return {TASK: LocalSGDTask(self.objective)}
@@ -98,8 +173,7 @@ class FedAvg:
         t = state.t + 1
         avg = np.zeros_like(state.w)
         for reply in replies:              # summed as they come
-            avg += (reply.weight * reply.num_rows / (reply.batch_size * self.num_samples)) \
-                * array(reply, "w")
+            avg += aggregation_weight(reply, self.num_samples) * array(reply, "w")
         v = self.momentum * state.v + (state.w - avg)
         w = state.w - v
         return FedAvgState(t, w, v), FedAvgInfo(t, positive_value(self.lr, t, "lr"),

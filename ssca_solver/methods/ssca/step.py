@@ -19,9 +19,9 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from ._kernels import FOLD_WIDTH, axpy, convex_step, fold, scaled
-from .federated import Reply
-from .subproblems.base import SubproblemSolution
+from ..._kernels import FOLD_WIDTH, axpy, convex_step, fold, scaled
+from ...federated import Reply, aggregation_weight
+from ...subproblems.base import SubproblemSolution
 
 
 FOLD_BUFFER_BYTES = 8_000_000
@@ -117,7 +117,7 @@ def combine(replies: Sequence[Reply], num_samples: int) -> tuple:
     """
     out: dict = {}
     for msg in replies:
-        wgt = msg.weight * msg.num_rows / (msg.batch_size * num_samples)
+        wgt = aggregation_weight(msg, num_samples)
         for key, v in msg.arrays.items():
             m, name = key.split(":", 1)
             acc = out.setdefault(int(m), {})
@@ -160,7 +160,7 @@ def average_with_messages(previous: tuple, messages: Iterable[Reply], num_sample
 
     def flush():
         nonlocal out, held
-        wgts = [rho * g.weight * g.num_rows / (g.batch_size * num_samples) for g in group]
+        wgts = [rho * aggregation_weight(g, num_samples) for g in group]
         if out is None:
             out = tuple({k: np.empty(np.shape(v)) for k, v in p.items()} for p in previous)
             sources, beta = previous, 1.0 - rho

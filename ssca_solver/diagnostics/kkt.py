@@ -12,8 +12,8 @@ import cvxpy as cp
 import numpy as np
 from scipy.optimize import lsq_linear, nnls
 
-from .federated import Request, array
-from .functions import checked_value_and_grad, checked_values
+from ..federated import Request, array
+from ..model.functions import checked_value_and_grad, checked_values
 from .result import KKTReport
 
 #: The task name of full-data evaluations (registered with every algorithm's tasks).

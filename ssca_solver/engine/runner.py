@@ -1,6 +1,6 @@
 """ONE round loop for every algorithm and transport.
 
-:class:`Runner` drives any :class:`~ssca_solver.algorithms.base.Algorithm`: each round it sends
+:class:`Runner` drives any :class:`~ssca_solver.engine.method.Algorithm`: each round it sends
 the algorithm's request through the transport, counts the floats that cross, lets the algorithm
 step, records the round, evaluates the full-data objective and constraints every ``eval_every``
 rounds, calls the user's callback (which can stop the run), prints progress and writes
@@ -21,11 +21,12 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
+from .. import status as st
+from ..errors import DivergenceError, SSCAError, UserFunctionError
+from ..federated.gather import Gatherer
+from ..federated.messages import Dropout
 from . import checkpoint as ckpt
-from .errors import DivergenceError, SSCAError, UserFunctionError
-from .federated.gather import Gatherer
-from .federated.messages import Dropout
-from .history import Recorder
+from ..diagnostics.history import Recorder
 
 #: |w| this many times max(1, |w_1|) with non-finite function values is called divergence
 DIVERGENCE_FACTOR = 1e3
@@ -80,10 +81,12 @@ class Runner:
     """The loop. One per solve; :meth:`run` may be called once per stage.
 
     Args:
-      algorithm: the method (see :mod:`ssca_solver.algorithms.base`).
-      transport: carries requests to the clients.
-      evaluator: full-data evaluations (:class:`ssca_solver.diagnostics.Evaluator`).
-      opts: the parsed :class:`ssca_solver.options.RunOptions` (eval_every, callback, progress,
+      algorithm: the method (see :mod:`ssca_solver.engine.method`).
+      gatherer: how requests reach the clients and replies come back
+        (:class:`ssca_solver.federated.gather.Gatherer` over a transport: participation,
+        dropouts, secure aggregation); the runner never calls a transport itself.
+      evaluator: full-data evaluations (:class:`ssca_solver.diagnostics.kkt.Evaluator`).
+      opts: the parsed :class:`ssca_solver.engine.options.RunOptions` (eval_every, callback, progress,
         checkpoint, checkpoint_every).
       recorder: the history so far (restored on resume).
       tally: the communication counts so far.
@@ -94,8 +97,6 @@ class Runner:
         (which then includes gradients); the run stops with reason "converged" when it passes.
         This is the method's own stopping test, the only way to status "converged". It is not
         run on an evaluation that some client failed to answer (``on_client_failure="drop"``).
-      gatherer: how replies are collected (:class:`ssca_solver.federated.gather.Gatherer`:
-        participation, dropouts, secure aggregation); default: every client, failures raise.
       sampler: the participants of each round (:class:`ssca_solver.federated.sampling.Sampler`),
         or None for every client.
       dropouts: the dropouts recorded so far (restored on resume).
@@ -105,18 +106,16 @@ class Runner:
         evaluations, in order.
     """
 
-    def __init__(self, algorithm, transport, evaluator, opts, recorder: Recorder, tally: Tally,
-                 meta: dict, penalty_of: Callable = lambda state: None, elapsed: float = 0.0,
-                 stop_test: Optional[Callable] = None, gatherer: Optional[Gatherer] = None,
-                 sampler=None, dropouts=()):
+    def __init__(self, algorithm, gatherer: Gatherer, evaluator, opts, recorder: Recorder,
+                 tally: Tally, meta: dict, penalty_of: Callable = lambda state: None,
+                 elapsed: float = 0.0, stop_test: Optional[Callable] = None, sampler=None,
+                 dropouts=()):
         self.algorithm = algorithm
-        self.transport = transport
         self.evaluator = evaluator
         self.opts = opts
         self.recorder = recorder
         self.tally = tally
-        self.gatherer = gatherer if gatherer is not None else Gatherer(
-            transport, [1] * transport.num_clients)
+        self.gatherer = gatherer
         self.gatherer.tally = tally
         self.sampler = sampler
         self.dropouts: list[Dropout] = list(dropouts)
@@ -208,15 +207,14 @@ class Runner:
             if opts.checkpoint and (stop or converged or state.t % opts.checkpoint_every == 0):
                 self.save(state)
             if converged:
-                return state, "converged"
-            settled = getattr(alg, "settled", None)
-            if settled is not None and settled(state, info):
-                return state, "settled"
+                return state, st.CONVERGED
+            if alg.settled(state, info):
+                return state, st.SETTLED
             if stop:
-                return state, "stopped"
+                return state, st.STOPPED
         if opts.checkpoint and rounds and state.t % opts.checkpoint_every:
             self.save(state)              # the end of a run: resume can extend it
-        return state, "max_iter"
+        return state, st.MAX_ITER
 
     def _diverged(self, exc, state):
         """A DivergenceError for ``exc`` when the iterate exploded before the user's functions

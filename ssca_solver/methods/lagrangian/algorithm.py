@@ -54,10 +54,13 @@ from typing import Mapping, NamedTuple, Optional
 import cvxpy as cp
 import numpy as np
 
-from ..errors import SubproblemError
-from ..federated.messages import Request, array, optional_int
-from ..functions import checked_value_and_grad
-from ..schedules import positive_value
+from ...engine.method import Method
+from ...engine.options import describe_schedule
+from ...errors import SubproblemError
+from ...federated.messages import Request, aggregation_weight, array, optional_int
+from ...model.functions import checked_value_and_grad
+from ...schedules import positive_value
+from .options import AugmentedLagrangianOptions, LagrangianOptions, PrimalDualOptions
 
 TASK = "lagrangian.local_sgd"
 PRIMAL_DUAL, AUGMENTED = "primal_dual", "augmented_lagrangian"
@@ -163,7 +166,7 @@ class ServerProx:
         return np.array(self.u.value, dtype=float)
 
 
-class Lagrangian:
+class Lagrangian(Method):
     """Federated stochastic primal-dual (``kind="primal_dual"``) or augmented Lagrangian
     (``kind="augmented_lagrangian"``) over the runner's protocol (see the module docstring).
 
@@ -181,6 +184,7 @@ class Lagrangian:
     """
 
     columns: Mapping[str, tuple]
+    Options = LagrangianOptions
     supports_secure_aggregation = True     # the server reads only weighted sums of replies
 
     def __init__(self, problem, kind: str, batch_size: Optional[int], local_steps: int, lr,
@@ -189,6 +193,8 @@ class Lagrangian:
         if kind not in (PRIMAL_DUAL, AUGMENTED):
             raise ValueError(f"kind must be {PRIMAL_DUAL!r} or {AUGMENTED!r}, got {kind!r}")
         self.name = kind
+        self.opts = None
+        self.kkt_solver = solver
         self.problem = problem
         self.kind = kind
         self.batch_size = batch_size
@@ -240,7 +246,7 @@ class Lagrangian:
             # weight_i N_i / (B_i N) with B_i = 1 (a model, not a sum over rows): N_i / N times
             # the server-side factor of partial participation and dropouts (1 by default);
             # under secure aggregation one reply holds the whole weighted sum
-            share = reply.weight * reply.num_rows / (reply.batch_size * self.num_samples)
+            share = aggregation_weight(reply, self.num_samples)
             avg += share * array(reply, "w")
             est += share * array(reply, "constraints")
         w = avg if self.prox is None else self.prox(avg, self.local_steps * lr)
@@ -258,6 +264,51 @@ class Lagrangian:
                               self.weights(state))
         return LagrangianState(t, w, lam, excess), info
 
+    # -- the front door's hooks ----------------------------------------------------------------
+    @classmethod
+    def parse(cls, problem, options: dict) -> LagrangianOptions:
+        return super().parse(problem, options).checked(problem, cls.name)
+
+    @classmethod
+    def build(cls, problem, opts: LagrangianOptions, given: dict) -> "Lagrangian":
+        pd = cls.name == PRIMAL_DUAL
+        method = cls(problem, cls.name, opts.batch_size, opts.local_steps, opts.lr,
+                     dual_lr=opts.dual_lr if pd else None, rho=0.0 if pd else opts.rho,
+                     dual_every=1 if pd else opts.dual_every, multipliers0=opts.multipliers0,
+                     solver=opts.solver)
+        method.opts = opts
+        return method
+
+    def _settings(self) -> dict:
+        if self.kind == PRIMAL_DUAL:
+            return {"dual_lr": describe_schedule(self.opts.dual_lr)}
+        return {"rho": self.opts.rho, "dual_every": self.opts.dual_every}
+
+    def fingerprint(self) -> dict:
+        o = self.opts
+        return {"batch_size": o.batch_size, "local_steps": o.local_steps,
+                "lr": describe_schedule(o.lr), "multipliers0": o.multipliers0,
+                "solver": o.solver, **self._settings()}
+
+    def kkt_test(self, report) -> bool:
+        return report.passed(self.opts.feas_tol, self.opts.kkt_tol)
+
+    def advice(self, outcome) -> str:
+        pd = self.kind == PRIMAL_DUAL
+        if self.opts.batch_size is not None:
+            return ("with mini-batches and steps that do not vanish the iterates end at a "
+                    "noise floor: a larger batch_size (or 'full'), smaller or decreasing lr"
+                    + (" and dual_lr" if pd else "") + ", or more rounds")
+        return "more rounds (max_iter), or other step sizes" + (" (lr, dual_lr)" if pd
+                                                                 else " (lr, rho)")
+
+    def result_fields(self, outcome) -> dict:
+        o = self.opts
+        return {"extras": {"multipliers": outcome.state.multipliers.copy(),
+                           "local_steps": o.local_steps, "batch_size": o.batch_size,
+                           "server_prox": self.prox is not None, **self._settings()}}
+
+    # -- the runner's members --------------------------------------------------------------------
     def record(self, info: LagrangianInfo) -> dict:
         return {"lr": info.lr, "dual_step": info.dual_step, "step_norm": info.step_norm,
                 "multipliers": info.multipliers, "weights": info.weights,
@@ -281,3 +332,25 @@ class Lagrangian:
                              f"has {self.M} stochastic constraints")
         return LagrangianState(int(arrays["t"]), np.array(arrays["w"], dtype=float), lam,
                                np.array(arrays["excess"], dtype=float).reshape(-1))
+
+
+class PrimalDual(Lagrangian):
+    """Federated stochastic gradient descent-ascent on the Lagrangian (Local SGDA; E = 1:
+    stochastic Arrow-Hurwicz). Status "converged" only when the full-data KKT test (the same
+    as method "ssca"'s) passed; else "stopped" (callback) or "max_iter" naming the residual
+    that failed. The method's own multipliers lambda are in ``res.extras["multipliers"]`` and
+    ``res.history.multipliers``; ``res.kkt.multipliers`` are those of the KKT conditions at
+    ``res.x``, as for every method. Equations: docs/baselines.md."""
+
+    name = PRIMAL_DUAL
+    Options = PrimalDualOptions
+
+
+class AugmentedLagrangian(Lagrangian):
+    """Federated stochastic augmented Lagrangian (method of multipliers, Hestenes-Powell-
+    Rockafellar, with E local SGD steps on L_rho per round and a multiplier step every
+    ``dual_every`` rounds). Status as for :class:`PrimalDual`. Equations:
+    docs/baselines.md."""
+
+    name = AUGMENTED
+    Options = AugmentedLagrangianOptions

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .errors import DataError
+from ..errors import DataError
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Optional
 import cvxpy as cp
 import numpy as np
 
-from ._kernels import axpy
+from .._kernels import axpy
 from .functions import SampleFunction, checked_value_and_grad
 
 
@@ -186,7 +186,7 @@ class DiagonalCurvature(SurrogateBuilder):
         return (Statistic("const", ()), Statistic("lin", (dim,)), Statistic("quad", (dim,), True))
 
     def statistics(self, fn, w, X, y, tau, where):
-        from .errors import UserFunctionError
+        from ..errors import UserFunctionError
 
         n = X.shape[0]
         values, grad = checked_value_and_grad(fn, w, X, y, where)
@@ -219,7 +219,7 @@ def check_strongly_convex(builder: SurrogateBuilder, stats: Mapping[str, np.ndar
     A custom builder without curvature makes Problem 2 unbounded; interior-point solvers then
     return huge points flagged only as "inaccurate". Checked once, on the first message.
     """
-    from .errors import ModelError
+    from ..errors import ModelError
 
     def p(v):  # through the CVXPY expression: exactly what the subproblem will minimise
         return SurrogateBuilder.evaluate(builder, stats, v)

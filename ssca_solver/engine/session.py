@@ -1,6 +1,7 @@
-"""What every method's front door does around the runner: clients and transport, a fresh or
-resumed start, and the final full-data report. The method-specific parts stay in the front
-doors (:mod:`ssca_solver.solve`, :mod:`ssca_solver.baselines`).
+"""A solve in progress, for every method: clients and transport, a fresh or resumed start,
+the method's stages through the one runner, and the final full-data report. The front door
+(:mod:`ssca_solver.engine.solve`) drives it; what is particular to a method comes through the
+hooks of :class:`ssca_solver.engine.method.Method`.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ import json
 import numpy as np
 
 
+from .. import status as st
+from ..diagnostics.kkt import Evaluator, kkt_report
+from ..diagnostics.result import Communication
+from ..federated import build_clients, make_transport
+from ..federated.gather import Gatherer
+from ..federated.sampling import Sampler
 from . import checkpoint as ckpt
-from .diagnostics import Evaluator, kkt_report, violation_stationarity
-from .federated import build_clients, make_transport
-from .federated.gather import Gatherer
-from .federated.sampling import Sampler
-from .history import Recorder
+from ..diagnostics.history import Recorder
 from .options import check_clients, run_fingerprint, seed_entropy, start_point
-from .result import Communication
 from .runner import Runner, Tally, dropouts_from, state_arrays_from
 
 
@@ -29,29 +31,27 @@ def fingerprint(problem, method: str, **options) -> dict:
     return json.loads(json.dumps(fp, default=repr))
 
 
-def describe_schedule(schedule) -> str:
-    """A step-size schedule as text for a fingerprint: its value for PowerStep and constants,
-    else the callable's qualified name (its repr would hold a memory address)."""
-    from .schedules import EpochStep, PowerStep
-
-    if isinstance(schedule, (PowerStep, EpochStep, int, float, str)) or type(schedule).__name__ == "_Constant":
-        return repr(schedule)
-    return f"{getattr(schedule, '__module__', '?')}.{getattr(schedule, '__qualname__', '?')}"
-
-
 class Session:
-    """A solve in progress: the runner, its transport, and where to start.
+    """A solve in progress: the clients, the transport, the runner, and where to start.
+
+    Args:
+      problem: the :class:`~ssca_solver.Problem`.
+      algorithm: the method object (:class:`~ssca_solver.engine.method.Method`): its
+        ``fingerprint()``, ``init``, ``penalty_of``, ``kkt_test`` (when it ``certifies``),
+        ``num_stages``/``next_stage`` and ``kkt_solver`` are read here.
+      opts: its parsed options (a :class:`~ssca_solver.engine.options.RunOptions`).
 
     Attributes:
-      runner: the :class:`~ssca_solver.runner.Runner`.
+      runner: the :class:`~ssca_solver.engine.runner.Runner`.
       state: the state to start from (fresh, or restored from ``opts.resume``).
       stage: the stage to start in (0, or the checkpoint's).
       resumed: whether the state came from a checkpoint.
+      seed: the run's seed (an int; read from the checkpoint on resume).
     """
 
-    def __init__(self, problem, algorithm, opts, fp: dict, init_state,
-                 penalty_of=lambda state: None, kkt_test=None, solver: str = "CLARABEL"):
+    def __init__(self, problem, algorithm, opts):
         self.problem, self.algorithm, self.opts = problem, algorithm, opts
+        self.solver = algorithm.kkt_solver
         self.evaluator = Evaluator(problem)
         recorder = Recorder(algorithm.columns, problem.num_constraints)
         tally = Tally()
@@ -59,7 +59,8 @@ class Session:
         state = None
         dropouts = []
         check_clients(opts, problem.data.num_clients)
-        fp = {**fp, **run_fingerprint(opts)}
+        fp = {**fingerprint(problem, algorithm.name, **algorithm.fingerprint()),
+              **run_fingerprint(opts)}
         if opts.resume:
             arrays, meta = ckpt.load(opts.resume)
             ckpt.check_matches(meta, fp, opts.resume)
@@ -77,7 +78,7 @@ class Session:
             dropouts = dropouts_from(arrays)
         else:
             seed = seed_entropy(opts.seed)
-            state = init_state(start_point(opts.x0, problem.dim))
+            state = algorithm.init(start_point(opts.x0, problem.dim))
             self.grad_scale = 0.0
             self.constraint_scale = 0.0
         self.seed = seed
@@ -85,14 +86,14 @@ class Session:
         tasks = {**algorithm.tasks(), **self.evaluator.tasks}
         secure = None
         if opts.secure_aggregation:
-            if not getattr(algorithm, "supports_secure_aggregation", False):
+            if not algorithm.supports_secure_aggregation:
                 raise ValueError(
                     f"method {algorithm.name!r} does not support secure_aggregation: its "
                     "server must combine replies only as sum_i weight_i N_i/(B_i N) x_i (see "
                     "docs/architecture.md, 'Secure aggregation'); methods that do: ssca, fedavg, "
                     "primal_dual, augmented_lagrangian")
             try:
-                from .federated import secagg      # needs the cryptography package
+                from ..federated import secagg      # needs the cryptography package
             except ImportError as exc:
                 raise ImportError(f"secure_aggregation needs the cryptography package ({exc}): "
                                   "pip install 'ssca-solver[secure]'") from None
@@ -105,13 +106,46 @@ class Session:
                             secure=secure, tally=tally)
         sampler = (None if opts.clients_per_round is None else
                    Sampler(sizes, opts.clients_per_round, opts.participation, seed))
-        self.runner = Runner(algorithm, self.transport, self.evaluator, opts, recorder, tally,
-                             {}, penalty_of, elapsed,
-                             None if kkt_test is None else self._stop_test(kkt_test, solver),
-                             gatherer=gatherer, sampler=sampler, dropouts=dropouts)
+        self.runner = Runner(algorithm, gatherer, self.evaluator, opts, recorder, tally,
+                             {}, algorithm.penalty_of, elapsed,
+                             self._stop_test if algorithm.certifies else None,
+                             sampler=sampler, dropouts=dropouts)
         self.runner.meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp,
                             "stage": stage, "grad_scale": self.grad_scale,
                             "constraint_scale": self.constraint_scale}
+
+    # -- the sequence of the front door ---------------------------------------------------------
+    def start(self):
+        """The state round 1 starts from: on a fresh start the method's ``prepare`` (probes)
+        and, for a method with a KKT test and ``eval_every``, the scale of the relative
+        stationarity measured at it; on resume the checkpoint's state. A failure here
+        carries the start as the last good state (and its checkpoint)."""
+        state = self.state
+        if self.resumed:
+            return state
+        try:
+            state = self.algorithm.prepare(state, self)
+            if self.algorithm.certifies and self.opts.eval_every:
+                self.measure_scale(state.w)
+        except BaseException as exc:     # before round 1: the start is the last good state
+            self.runner.failed(exc, state)
+            raise
+        return state
+
+    def run_stages(self, state):
+        """(state, reason): the method's stages, each up to ``max_iter`` rounds (resuming in
+        the saved stage and round); the next stage starts only when the last ended with reason
+        "max_iter" or "settled"."""
+        reason = st.MAX_ITER
+        alg, recorder = self.algorithm, self.runner.recorder
+        for j in range(self.stage, alg.num_stages):
+            if j > 0 and not (self.resumed and j == self.stage):
+                state = alg.next_stage(state, j, recorder)
+            done = int(np.count_nonzero(recorder.columns["stage"].view() == j))
+            state, reason = self.runner.run(state, self.opts.max_iter - done, stage=j)
+            if reason not in (st.MAX_ITER, st.SETTLED):
+                break
+        return state, reason
 
     def measure_scale(self, w) -> float:
         """|grad (F_0 + R)| at the start point on the full data: the scale of the relative
@@ -131,54 +165,17 @@ class Session:
     def __exit__(self, *exc):
         self.transport.close()
 
-    def violation_curvature(self, state, probes: int = 8, step: float = 1e-2) -> float:
-        """The largest drop of the relative violation sum_m (F_m - U_m)_+ / max(1, |U_m|)
-        found along ``probes`` random directions u (both signs, size ``step`` max(1, |w|)),
-        as the mean of the two sides minus the value at w (a second difference: the first
-        order cancels). A drop means negative curvature: w is a saddle of the violation, not a
-        minimiser (e.g. w = 0 of a network), so a zero gradient there is no evidence of
-        infeasibility. 2 ``probes`` full-data evaluations (values only), counted with the
-        evaluations; directions from the run's seed."""
-        terms = self.evaluator.terms
-        scale = np.maximum(1.0, np.abs(terms.bounds))
+    def _stop_test(self, state, ev):
+        """The runner's stop test: the KKT report at the state, judged by the method."""
+        report = self.kkt(state, ev)
+        return bool(self.algorithm.kkt_test(report)), report
 
-        def violation(values):
-            k = 1 if terms.stochastic_objective else 0
-            cons = np.asarray(values[k:], dtype=float) - terms.bounds
-            return float(np.sum(np.maximum(cons, 0.0) / scale))
-
-        w = state.w
-        base = violation(self.final_evaluation.values)
-        rng = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(2 ** 31 - 1,)))
-        h = step * max(1.0, float(np.linalg.norm(w)))
-        drop = 0.0
-        for _ in range(probes):
-            u = rng.standard_normal(w.size)
-            u *= h / np.linalg.norm(u)
-            sides = [violation(self.runner.evaluate(w + s * u, with_grad=False).values)
-                     for s in (1.0, -1.0)]
-            drop = max(drop, base - 0.5 * (sides[0] + sides[1]))
-        return drop
-
-    def violation_stationarity(self, state, feas_tol: float, solver: str = "CLARABEL"):
-        """:func:`ssca_solver.diagnostics.violation_stationarity` at the returned point (after
-        :meth:`final_report`), relative to the constraints' gradient scale at the start."""
-        return violation_stationarity(state.w, self.final_evaluation, self.evaluator.terms,
-                                      feas_tol, self.constraint_scale, solver)
-
-    def _stop_test(self, kkt_test, solver):
-        """The runner's stop test: the KKT report at the state, judged by ``kkt_test``."""
-        def test(state, ev):
-            report = self.kkt(state, ev, solver)
-            return kkt_test(report), report
-        return test
-
-    def kkt(self, state, ev, solver: str = "CLARABEL"):
+    def kkt(self, state, ev):
         """The KKT report at ``state.w`` from a full-data evaluation with gradients."""
-        return kkt_report(state.w, ev, self.evaluator.terms, solver, self.grad_scale,
-                          getattr(state, "metric", None))
+        return kkt_report(state.w, ev, self.evaluator.terms, self.solver, self.grad_scale,
+                          self.algorithm.kkt_metric(state))
 
-    def final_report(self, state, solver: str = "CLARABEL"):
+    def final_report(self, state):
         """(fun, constraints, kkt, communication, history) at ``state.w`` on the full data."""
         try:
             final = self.runner.evaluate(state.w, with_grad=True, round=state.t)
@@ -186,7 +183,7 @@ class Session:
             self.runner.failed(exc, state)
             raise
         fun, cons = self.evaluator.split(final.values, state.w)
-        kkt = self.kkt(state, final, solver)
+        kkt = self.kkt(state, final)
         self.final_evaluation = final
         t = self.runner.tally
         comm = Communication(rounds=state.t, num_clients=self.transport.num_clients,

@@ -16,7 +16,7 @@ class KKTReport:
 
     Attributes:
       multipliers: mu_m >= 0 of the stochastic constraints, from the KKT conditions at the point
-        (:func:`ssca_solver.diagnostics.kkt_report`), never a penalty c.
+        (:func:`ssca_solver.diagnostics.kkt.kkt_report`), never a penalty c.
       multiplier_source: "nnls" (least-squares fit of stationarity and complementarity) or
         "linearized" (the linearised KKT step, used with a domain or a nonsmooth term).
       stationarity: |grad F_0 + grad R + sum mu_m grad F_m| ("gradient"), or the length of the
@@ -141,7 +141,7 @@ class Result:
       extras: method-specific settings worth keeping with the result (e.g. FedAvg's E; the
         Lagrangian baselines' own multipliers lambda under ``"multipliers"``; SSCA's
         ``"diagonal_metric"``: the spread of the curvature estimates when the default options
-        used the diagonal metric, see :mod:`ssca_solver.algorithms.adaptive`).
+        used the diagonal metric, see :mod:`ssca_solver.methods.ssca.adaptive`).
       dropouts: with ``on_client_failure="drop"``, every client that failed in a round or an
         evaluation, in order: :class:`ssca_solver.federated.Dropout` (client, task, round,
         error); ``round`` is the round the request belonged to (for task "evaluate", the

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .errors import UserFunctionError
+from ..errors import UserFunctionError
 
 
 class SampleFunction:
@@ -24,7 +24,7 @@ class SampleFunction:
         of ``X`` (and targets ``y``, None when the data have none).
       grad: ``grad(w, X, y) -> ndarray (d,)``, the gradient of ``mean(value(w, X, y))`` w.r.t. w.
       name: used in reports and error messages.
-      surrogate: the surrogate builder (:mod:`ssca_solver.surrogates`); default: proximal-linear,
+      surrogate: the surrogate builder (:mod:`ssca_solver.model.surrogates`); default: proximal-linear,
         eqs. (fs0bar)/(fsmbar), with the solve's ``tau``.
       value_and_grad: optional ``value_and_grad(w, X, y) -> (values (n,), grad (d,))`` computing
         both in one pass (e.g. one forward and one backward pass of a network); clients use it
@@ -57,7 +57,7 @@ class SampleFunction:
 
     def __neg__(self) -> "SampleFunction":
         """-f, with the default surrogate (a custom builder may depend on f's curvature)."""
-        from .errors import ModelError
+        from ..errors import ModelError
         from .surrogates import ProximalLinear
 
         if self.surrogate is not None and not isinstance(self.surrogate, ProximalLinear):

@@ -18,7 +18,7 @@ import numpy as np
 
 from .data import FederatedData
 from .deterministic import DeterministicPart, term_label
-from .errors import ModelError
+from ..errors import ModelError
 from .functions import SampleFunction, StochasticConstraint
 from .surrogates import builder_of
 
@@ -117,7 +117,7 @@ class Problem:
     def solve(self, method: str = "ssca", **options):
         """Solve with ``method`` (default "ssca": Algorithm 1, or Algorithm 2 with the penalty
         continuation when there are stochastic constraints). See
-        :func:`ssca_solver.solve.solve_ssca` for the options; unknown options raise TypeError.
+        :func:`ssca_solver.methods.ssca.solve.solve_ssca` for the options; unknown options raise TypeError.
         """
         if method not in _METHODS:
             raise ValueError(f"unknown method {method!r}; available: {sorted(_METHODS)}")

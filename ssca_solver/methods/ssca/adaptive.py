@@ -32,10 +32,10 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from ..errors import UserFunctionError
-from ..federated.messages import secagg_active
-from ..functions import checked_grad, checked_value_and_grad, checked_values
-from ..surrogates import ProximalLinear
+from ...errors import UserFunctionError
+from ...federated.messages import aggregation_weight, secagg_active
+from ...model.functions import checked_grad, checked_value_and_grad, checked_values
+from ...model.surrogates import ProximalLinear
 
 START_BATCH = 32        # rows per client in the first rounds of batch_size="auto"
 SAMPLED_TAU_FLOOR = 0.05  # least tau="auto" on sampled rounds (SSCA.sampled_tau)
@@ -132,8 +132,7 @@ def diagonal_metric(replies, num_functions: int, num_samples: int) -> np.ndarray
     for m in range(num_functions):
         total = None
         for r in replies:
-            v = (r.weight * r.num_rows / (r.batch_size * num_samples)) \
-                * np.asarray(r.arrays[f"metric:{m}"])
+            v = aggregation_weight(r, num_samples) * np.asarray(r.arrays[f"metric:{m}"])
             total = v if total is None else total + v
         rows.append(total)
     D = np.vstack(rows)

@@ -1,0 +1,8 @@
+"""Diagnostics: what a run reports, for every method.
+
+- :mod:`.kkt`: full-data evaluations (a client task), the KKT report with its multipliers
+  and relative residuals (the stopping test that decides ``success``), the violation's
+  stationarity;
+- :mod:`.result`: ``Result``, ``KKTReport``, ``Communication``, ``Stage``;
+- :mod:`.history`: ``History`` (per-round arrays) and the ``Recorder`` that fills it.
+"""

@@ -1,0 +1,191 @@
+"""The method protocol: what the one front door and the one round loop need from a method.
+
+A method is a small object of settings (like a jaxopt solver or an optax transformation) with
+pure functions over an immutable state (a NamedTuple with at least ``t``, rounds done, and
+``w``, the current point). The front door (:func:`ssca_solver.engine.solve.solve`) runs every
+method by the same sequence::
+
+    opts   = Method.parse(problem, options)           options parsed and checked once
+    method = Method.build(problem, opts, options)
+    Session(problem, method, opts)                     clients, transport, fresh start or resume
+    state  = method.prepare(state, session)            before round 1 (fresh starts only)
+    for j in stages: state = method.next_stage(...)    then Runner.run for the stage's rounds
+    report = session.final_report(state)               full-data values and the KKT report
+    status, message = method.status(outcome)
+    Result(common fields, **method.result_fields(outcome))
+
+The round loop (:class:`ssca_solver.engine.runner.Runner`) uses the members of
+:class:`Algorithm`; the front door uses the hooks of :class:`Method`, each with a default, so a
+new method declares only what it has (probes, stages, a KKT stopping test, secure
+aggregation), and gets checkpoints, dropouts, partial participation and progress from the
+shared machinery. Shared machinery never imports a method (``tests/test_layers.py``).
+
+Replies reach ``step`` with a server-side factor ``reply.weight`` (partial participation, the
+renormalisation after dropouts; 1 by default): a method combines reply i's arrays as
+``aggregation_weight(reply, N) x_i = weight_i N_i / (B_i N) x_i``
+(:func:`ssca_solver.federated.aggregation_weight`; a reply that is not a sum over rows, such
+as a model, sets ``batch_size=1``). A method whose server reads replies only through that
+weighted sum declares ``supports_secure_aggregation = True``: under ``secure_aggregation`` it
+then receives one reply (``client == AGGREGATE``) holding the sum.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Protocol, runtime_checkable
+
+import numpy as np
+
+from .. import status as st
+from ..federated import Reply, Request, TaskHandler
+from . import options as opt
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """What the round loop calls (every :class:`Method` has these members)."""
+
+    name: str
+    columns: Mapping[str, tuple]
+    supports_secure_aggregation: bool
+
+    def tasks(self) -> Mapping[str, TaskHandler]:
+        """{task name: handler(client, request) -> Reply}: the client side."""
+
+    def init(self, x0: np.ndarray) -> Any:
+        """The state before round 1."""
+
+    def request(self, state) -> Request:
+        """The request of round ``state.t + 1``."""
+
+    def step(self, state, replies: Iterable[Reply]) -> tuple[Any, Any]:
+        """(new state, info) from the replies (an iterable consumed once, in client order)."""
+
+    def record(self, info) -> Mapping[str, Any]:
+        """The round's history row {column: value} (shapes in ``columns``)."""
+
+    def describe(self, info) -> str:
+        """A fragment of the progress line."""
+
+    def settled(self, state, info) -> bool:
+        """Whether the iterates stopped moving (more rounds would not change them): the stage
+        ends with reason ``"settled"``."""
+
+    def state_arrays(self, state) -> Mapping[str, np.ndarray]:
+        """The state as named arrays (checkpoints)."""
+
+    def state_from_arrays(self, arrays: Mapping[str, np.ndarray]) -> Any:
+        """The state from :meth:`state_arrays` (resume)."""
+
+
+class Outcome(NamedTuple):
+    """What a method's :meth:`Method.status` and :meth:`Method.result_fields` see at the end.
+
+    Attributes:
+      reason: why the last :meth:`~ssca_solver.engine.runner.Runner.run` returned
+        (:data:`ssca_solver.status.REASONS`).
+      state: the returned state. kkt: the full-data :class:`~ssca_solver.KKTReport` there.
+      history: the run's :class:`~ssca_solver.History`.
+      session: the :class:`~ssca_solver.engine.session.Session` (still open: a method may
+        evaluate more points for its evidence, e.g. SSCA's infeasibility test).
+    """
+
+    reason: str
+    state: Any
+    kkt: Any
+    history: Any
+    session: Any
+
+
+class Method:
+    """Base class of a method: the hooks of the front door, each with its default.
+
+    A subclass sets ``name`` and ``Options`` (a frozen dataclass deriving from
+    :class:`~ssca_solver.engine.options.RunOptions`) and implements the :class:`Algorithm`
+    members ``columns``, ``tasks``, ``init``, ``request``, ``step``, ``record``, ``describe``,
+    ``state_arrays`` and ``state_from_arrays``; everything below is optional.
+    """
+
+    name: str = ""
+    Options: type = opt.RunOptions
+    #: the server reads replies only through their weighted sum (secure aggregation allowed)
+    supports_secure_aggregation: bool = False
+    #: the CVXPY solver of the final KKT report (the domain's multipliers)
+    kkt_solver: str = "CLARABEL"
+
+    # -- building ------------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, problem, options: dict):
+        """The options as ``cls.Options``, every value checked (unknown names: TypeError with
+        a suggestion; bad values: ValueError naming the option). Override to add the method's
+        own checks (call this first)."""
+        return opt.parse(cls.Options, options, cls.name)
+
+    @classmethod
+    def build(cls, problem, opts, given: dict) -> "Method":
+        """The method object for ``problem`` with parsed options ``opts`` (``given``: the
+        options as the user passed them, for rules that depend on what was set explicitly)."""
+        raise NotImplementedError(f"{cls.__name__}.build")
+
+    def fingerprint(self) -> dict:
+        """The settings a checkpoint must agree on to be resumed (JSON-able values); the
+        session adds the problem's shape and the runner's options."""
+        return {}
+
+    # -- before round 1 and between stages ------------------------------------------------------
+    def prepare(self, state, session):
+        """The state to start round 1 from, on a fresh start (not on resume): e.g. probes
+        through ``session.runner.exchange``. Default: ``state``."""
+        return state
+
+    def kkt_test(self, report) -> Optional[bool]:
+        """The method's stopping test on the full-data KKT report at an evaluation (None: the
+        method has none; it then never reports "converged"). A method with a test gets the
+        scale of the relative stationarity measured at the start and the test run at every
+        evaluation."""
+        return None
+
+    def kkt_metric(self, state) -> Optional[np.ndarray]:
+        """A diagonal metric in whose units the KKT report also measures stationarity (SSCA's
+        diagonal metric), or None."""
+        return None
+
+    @property
+    def certifies(self) -> bool:
+        """Whether :meth:`kkt_test` is implemented (the method can report "converged")."""
+        return type(self).kkt_test is not Method.kkt_test
+
+    @property
+    def num_stages(self) -> int:
+        """Stages of the run (Algorithm 2: one per penalty c_j); each runs up to
+        ``max_iter`` rounds."""
+        return 1
+
+    def next_stage(self, state, stage: int, recorder):
+        """The state to start ``stage`` (> 0) from, after the previous stage ended with
+        reason "max_iter" or "settled" (``recorder``: the history so far)."""
+        return state
+
+    def penalty_of(self, state) -> Optional[float]:
+        """The penalty c in force (None for methods without one)."""
+        return None
+
+    def settled(self, state, info) -> bool:
+        """See :class:`Algorithm`; default: never."""
+        return False
+
+    # -- the end ---------------------------------------------------------------------------------
+    def status(self, outcome: Outcome) -> tuple[str, str]:
+        """(status, message). Default: :func:`ssca_solver.status.decide` with the method's
+        tolerances (``feas_tol``, ``kkt_tol`` of its options) and :meth:`advice`."""
+        o = self.opts
+        return st.decide(outcome.reason, outcome.state.t, outcome.kkt, o.feas_tol, o.kkt_tol,
+                         bool(o.eval_every), self.advice(outcome))
+
+    def advice(self, outcome: Outcome) -> str:
+        """What to try when the KKT test did not pass in the rounds allowed."""
+        return "more rounds (max_iter)"
+
+    def result_fields(self, outcome: Outcome) -> dict:
+        """The Result fields only this method fills: ``slack``, ``penalty``, ``stages``,
+        ``subproblem``, ``extras``, ``solver_info`` (defaults: none)."""
+        return {}

@@ -1,0 +1,61 @@
+"""Method "ssca"'s client side of a round (Algorithms 1-2, steps 3-4): the statistics q_m of
+every stochastic function on the client's mini-batch, and the gradient-noise numbers of the
+adaptive batch size (:mod:`.adaptive`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ...federated.messages import Request, optional_int, own_factor, secagg_active
+from . import adaptive as ad
+from .step import pack_statistics
+
+#: the task name of a round
+TASK = "ssca.round"
+
+
+class SSCARoundTask:
+    """Client side of one round (Algorithms 1-2, steps 3-4): draw the mini-batch of
+    (seed, client, round) and return q_m(w_t, batch) for every stochastic function m, as sums
+    over the batch rows, each under the name ``"m:statistic"``.
+
+    Request config: ``batch_size`` (None: every row), ``tau`` (the proximal weight of builders
+    without their own) and ``noise`` (also send, per function, the squared difference of the
+    batch halves' mean gradients, ``"noise:m"``: adaptive sampling).
+    """
+
+    def __init__(self, functions: Sequence, builders: Sequence):
+        self.functions = tuple(functions)
+        self.builders = tuple(builders)
+
+    def __call__(self, client, request: Request):
+        X, y, b = client.batch(request.round, optional_int(request.config.get("batch_size")))
+        tau = float(request.config["tau"])
+        where = f"client {client.index}, round {request.round}"
+        noisy = bool(request.config.get("noise")) and b < client.num_rows
+        stats, noise = [], []
+        for fn, builder in zip(self.functions, self.builders):
+            t = builder.tau if builder.tau is not None else tau
+            if noisy:
+                st, v = ad.split_statistics(builder, fn, request.w, X, y, t, where)
+                stats.append(st)
+                noise.append(v)
+            else:
+                stats.append(builder.statistics(fn, request.w, X, y, t, where))
+        arrays = pack_statistics(stats)
+        secure = secagg_active(request) and bool(request.config.get("noise"))
+        if secure and not noisy:          # every masked reply has the same arrays: a full
+            noise = [0.0] * len(self.functions)      # batch's share of the noise is 0
+        if noisy or secure:
+            noise = np.array(noise)
+            if secure:
+                # summed securely with weight a = h N_i / (B N) and scaled by N: send what
+                # becomes this client's share h^2 (N_i/N)^2 |m_A - m_B|^2 / 4 (1 - B/N_i)
+                N = float(request.config["num_samples"])
+                h = own_factor(client, request)
+                noise = (h * client.num_rows * b * noise * max(0.0, 1.0 - b / client.num_rows)
+                         / (4.0 * N * N))
+            arrays[ad.NOISE.rstrip(":")] = noise
+        return client.reply(request, arrays, batch_size=b)

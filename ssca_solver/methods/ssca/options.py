@@ -1,0 +1,113 @@
+"""Options of ``Problem.solve(method="ssca")``, with their checks."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ...engine import options as opt
+from ...errors import ModelError
+from ...schedules import as_schedule
+
+
+@dataclass(frozen=True)
+class SSCAOptions(opt.RunOptions):
+    """Options of ``Problem.solve(method="ssca")`` with their defaults (and
+    :class:`~ssca_solver.engine.options.RunOptions`).
+
+    Attributes:
+      batch_size: "auto" (default: start at 32 rows per client and double while the gradient
+        noise exceeds the gradient, up to every row, see
+        :mod:`ssca_solver.methods.ssca.adaptive`), B (rows each client draws per round; paper:
+        1, 10, 100), or "full" (or None: every row of every client, deterministic SCA).
+      tau: proximal weight of eqs. (fs0bar)/(fsmbar): "auto" (default: with batch_size
+        "auto" or "full" and every client in every round, the curvature along the gradient
+        measured before round 1, then adapted by backtracking on full batches; on sampled
+        rounds (a fixed B, or K < I clients per round or proportional participation, whatever
+        the batch size): max(0.05, the heavy-ball stability bound at round 1 from the probe's
+        curvature; docs/modelling.md), never adapted) or a number > 0 (paper: 0.1).
+      rho: schedule of eq. (rho): "auto" (default), an EpochStep, a PowerStep, a callable
+        t -> value, or a constant in (0, 1]. "auto" is EpochStep(0.15, 0.4) on rounds with
+        sampled statistics (a fixed B, or K < I clients): 0.15 / (1 + e_t)^0.4 with e_t the
+        passes over the data before round t, so the steps decay with the data read, not with
+        the rounds; and PowerStep(0.9, 0.4) (0.9 / t^0.4) on rounds with exact ones (every row
+        of every client: "full" with a numeric tau), where nothing needs averaging.
+      gamma: schedule of eq. (gamma): "auto" (default) is EpochStep(0.3, 0.55) on sampled
+        rounds and PowerStep(0.9, 0.55) on exact ones. Every default satisfies every
+        condition of eqs. (rho)/(gamma); the paper's Section VI choices violate
+        sum gamma^2 < inf and draw a warning. The schedules run with a fixed B, with "full"
+        and a numeric tau, with K < I clients per round (or proportional participation), or
+        when rho or gamma is given; otherwise rho_t = gamma_t = 1. (Before EpochStep the
+        defaults were PowerStep(0.9, 0.4) and PowerStep(0.9, 0.55) on every round; the sampled
+        rho was EpochStep(0.3, 0.4) before commit 23292e3.)
+      penalty: c, a number or an increasing sequence c_1 < c_2 < ... (Theorem 2). Only used
+        with stochastic constraints.
+      slack_tol: the continuation raises c after a stage whose slack estimate (the mean over
+        the stage's last tenth of rounds of max_m s_m / max(1, |U_m|)) exceeds this; relative
+        to max(1, |U_m|) like ``feas_tol``.
+      feas_tol: the stopping test's feasibility tolerance: max(F_m - U_m, 0) <= feas_tol *
+        max(1, |U_m|) on the full data (e.g. U = 0.2: a violation up to 1e-4; U = 50: up to
+        5e-3). Default 1e-4.
+      kkt_tol: the stopping test's tolerance on the relative stationarity and complementarity
+        residuals (see :class:`ssca_solver.KKTReport`). Default 1e-4.
+      check_gradients: at round 1 every client checks each SampleFunction's gradient against a
+        central difference of its values along the gradient on its batch; a sign error or a
+        sum instead of a mean raises UserFunctionError naming the function. Default True.
+      subproblem: "auto" (closed form when it applies, else CVXPY), "closed_form" or "cvxpy".
+      solver: CVXPY solver name for the subproblem (default "CLARABEL", interior point).
+      solver_options: dict of keyword arguments for that solver.
+      surrogate_init: "tau" (Fbar^(0) = tau |w|^2, the paper's Section V convention, default)
+        or "zero" (Fbar^(0) = 0, eq. (Fs0bar) as written); see PAPER_NOTES item 4.
+    """
+
+    batch_size: Any = "auto"
+    tau: Any = "auto"
+    rho: Any = "auto"
+    gamma: Any = "auto"
+    penalty: Any = (1e2, 1e3, 1e4, 1e5)
+    slack_tol: float = 1e-3
+    feas_tol: float = 1e-4
+    kkt_tol: float = 1e-4
+    check_gradients: bool = True
+    subproblem: str = "auto"
+    solver: str = "CLARABEL"
+    solver_options: Optional[dict] = None
+    surrogate_init: str = "tau"
+
+    def checked(self, problem, given: dict) -> "SSCAOptions":
+        """The options with SSCA's own values checked and normalised (after
+        :func:`ssca_solver.engine.options.parse` checked the shared ones); ``given``: the
+        options as the user passed them."""
+        if not problem.functions:
+            raise ModelError("the problem has no SampleFunction: there is nothing stochastic to "
+                             "solve by SSCA; solve it with CVXPY directly")
+        if problem.num_constraints == 0 and "penalty" in given:
+            warnings.warn("penalty has no effect: the problem has no stochastic constraints",
+                          UserWarning, stacklevel=5)
+        if self.solver_options is not None and not isinstance(self.solver_options, dict):
+            raise ValueError(f"solver_options must be a dict, got {self.solver_options!r}")
+        if not isinstance(self.solver, str):
+            raise ValueError(f"solver must be a CVXPY solver name, got {self.solver!r}")
+        return self.__class__(**{
+            **vars(self),
+            "batch_size": opt.batch_size(self.batch_size, problem.data, allow_auto=True),
+            "tau": _tau(self.tau),
+            "rho": as_schedule(self.rho, "rho"), "gamma": as_schedule(self.gamma, "gamma"),
+            "penalty": opt.penalties(self.penalty) if problem.num_constraints else (0.0,),
+            "slack_tol": opt.real("slack_tol", self.slack_tol, low=0.0),
+            "feas_tol": opt.real("feas_tol", self.feas_tol, low=0.0),
+            "kkt_tol": opt.real("kkt_tol", self.kkt_tol, low=0.0),
+            "check_gradients": opt.flag("check_gradients", self.check_gradients),
+            "subproblem": opt.choice("subproblem", self.subproblem,
+                                     ("auto", "closed_form", "cvxpy")),
+            "surrogate_init": opt.choice("surrogate_init", self.surrogate_init,
+                                         ("tau", "zero"))})
+
+
+def _tau(value):
+    if isinstance(value, str) and value == "auto":
+        return value
+    if not opt.is_real(value):
+        raise ValueError(f"tau must be a number > 0 or 'auto', got {value!r}")
+    return opt.real("tau", value, low=0.0, low_open=True)

@@ -1,0 +1,207 @@
+"""Method "ssca"'s status rules: the penalty stages' slack, and the evidence behind
+"infeasible" (DESIGN.md: only with evidence), from the history and a few more full-data
+evaluations at the returned point.
+
+"converged" comes only from the full-data KKT test (:mod:`ssca_solver.status`); "infeasible"
+needs every one of: no evaluated iterate feasible, the violation stalled over the last stage at
+the largest penalty with a positive subproblem slack, the returned point a stationary point of
+the violation (:func:`ssca_solver.diagnostics.kkt.violation_stationarity`) and not a saddle of
+it (:func:`violation_curvature`); otherwise "max_iter" with a message naming what is missing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import status as st
+from ...diagnostics.kkt import PHASE1_TOL, violation_stationarity
+from ...diagnostics.result import Stage
+from .step import stage_slack
+
+#: a drop of the violation's second difference above this (relative) makes the point a saddle
+SADDLE_TOL = 1e-12
+
+
+def relative_slack_rows(slack_rows, bound_scale):
+    return np.asarray(slack_rows, dtype=float) / bound_scale
+
+
+def stage_slack_of(recorder, stage, max_iter, bound_scale) -> float:
+    rows = relative_slack_rows(recorder.stage_rows("slack", stage), bound_scale)
+    return stage_slack(rows, len(rows))
+
+
+def stages_of(history, max_iter, bound_scale) -> list[Stage]:
+    """One :class:`Stage` per stage run, from the history (penalty in force, rounds, slack)."""
+    out = []
+    for j in np.unique(history.stage):
+        sel = history.stage == j
+        rows = relative_slack_rows(history.slack[sel], bound_scale)
+        out.append(Stage(float(history.penalty[sel][-1]), int(np.count_nonzero(sel)),
+                         stage_slack(rows, len(rows))))
+    return out
+
+
+def violation_stalled(history, bound_scale, M):
+    """(stalled, a, b): a and b are the smallest relative violation over the first and the
+    second half of the last stage's evaluations; stalled when b did not improve on a by 0.1 %
+    (a run that is still reducing the violation is not called infeasible)."""
+    if not M or not len(history.eval_t):
+        return False, np.nan, np.nan
+    last = history.stage[-1]
+    in_stage = np.isin(history.eval_t, history.t[history.stage == last])
+    v = np.max(history.constraints[in_stage] / bound_scale, axis=1, initial=-np.inf)
+    if v.size < 4:
+        return False, np.nan, np.nan
+    a, b = float(np.min(v[:v.size // 2])), float(np.min(v[v.size // 2:]))
+    return b >= (1 - 1e-3) * a, a, b
+
+
+def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda: 0.0,
+            saddle=lambda: 0.0, sampled_clients=False):
+    """(status, message) from why the run ended and the full-data KKT report at the end.
+    ``phase1()``: the returned point's relative distance from a stationary point of the
+    violation (:func:`ssca_solver.diagnostics.kkt.violation_stationarity`); ``saddle()``: the
+    largest drop of the violation's second difference along random directions
+    (:func:`violation_curvature`)."""
+    if reason == st.CONVERGED:
+        return st.converged(kkt, state.t, o.feas_tol, o.kkt_tol)
+    if reason == st.STOPPED:
+        return st.stopped(state.t, state.penalty if M else None)
+    name, value, tol = kkt.residuals(o.feas_tol, o.kkt_tol)[0]
+    evaluated = history.constraints / bound_scale if M else np.zeros((0, 0))
+    ever_feasible = bool(M and len(evaluated) and np.any(np.max(evaluated, axis=1)
+                                                          <= o.feas_tol))
+    stalled, first, second = violation_stalled(history, bound_scale, M)
+    at_most = (M and np.max(kkt.feasibility_rel) > o.feas_tol and not ever_feasible and stalled
+               and stages and stages[-1].slack_norm > o.slack_tol
+               and stages[-1].penalty == o.penalty[-1])
+    r1 = phase1() if at_most else np.nan
+    if at_most and not r1 <= PHASE1_TOL:
+        return st.MAX_ITER, (
+            f"no feasible point was found in {state.t} rounds (relative violation "
+            f"{np.max(kkt.feasibility_rel):.3g} at the end) and the violation stopped falling "
+            f"at the largest c, but the returned point does not minimise the violation: its "
+            f"gradient there is {r1:.3g} of the constraints' gradient at the start (above "
+            f"{PHASE1_TOL:g}), so a nearby point violates less and this is no evidence of "
+            "infeasibility (with a fixed mini-batch the iterates scatter around the "
+            "constraint): try batch_size='auto' with the default tau, or more rounds")
+    drop = saddle() if at_most else 0.0
+    if at_most and drop > SADDLE_TOL * max(1.0, float(np.sum(kkt.feasibility_rel))):
+        return st.MAX_ITER, (
+            f"no feasible point was found in {state.t} rounds (relative violation "
+            f"{np.max(kkt.feasibility_rel):.3g} at the end), and the violation's gradient "
+            f"vanishes at the returned point ({r1:.2g} of the constraints' gradient at the "
+            f"start), but it is a saddle of the violation, not a minimiser: along a random "
+            f"direction the violation's second difference drops by {drop:.3g}. So this is no "
+            "evidence of infeasibility (a network at w = 0 is such a point): start elsewhere "
+            "(x0), or give smaller penalties first")
+    if at_most:
+        m = int(np.argmax(kkt.feasibility_rel))
+        return st.INFEASIBLE, (
+            f"no feasible point was found: none of the {len(evaluated)} full-data evaluations "
+            f"(every {o.eval_every} rounds) nor the returned point satisfied the constraints "
+            f"(constraint {m + 1} violated by {kkt.feasibility[m]:.3g} at the end); at the "
+            f"largest penalty c = {stages[-1].penalty:g} the subproblem kept a positive slack "
+            f"({stages[-1].slack_norm:.3g}, relative) and the violation stopped decreasing "
+            f"(smallest {first:.4g} in the first half of the last stage's evaluations, "
+            f"{second:.4g} in the second), and the returned point is a stationary point of "
+            f"the violation (its gradient {r1:.2g} of the constraints' gradient at the "
+            f"start). Either the constraints cannot be met (certain when they are convex), "
+            "or their multipliers exceed c: if they can be met, give larger penalties")
+    if not o.eval_every:
+        return st.untested(state.t, (name, value, tol))
+    if reason == st.SETTLED:
+        return st.MAX_ITER, (f"the iterates stopped moving at round {state.t} (full batches: the "
+                            "penalised problem is solved) but the full-data KKT test did not "
+                            f"pass: {name} = {value:.3g} > {tol:g} (relative); the point may "
+                            "sit at a kink of a nonsmooth function, or the tolerance is "
+                            "below what rounding allows for this problem")
+    if M and not ever_feasible and np.max(kkt.feasibility_rel) > o.feas_tol and stalled:
+        missing = (f"the last stage's slack estimate ({stages[-1].slack_norm:.3g}) is within "
+                   f"slack_tol={o.slack_tol:g}: the surrogate constraints can be met at c = "
+                   f"{state.penalty:g}" if stages and stages[-1].slack_norm <= o.slack_tol
+                   else f"c = {state.penalty:g} is not the largest penalty")
+        return st.MAX_ITER, (
+            f"no feasible point was found in {state.t} rounds (relative violation "
+            f"{np.max(kkt.feasibility_rel):.3g} at the end); the violation stopped falling "
+            f"(smallest {first:.4g} in the first half of the last stage's evaluations, "
+            f"{second:.4g} in the second) but {missing}, so this is no evidence of "
+            "infeasibility: try more rounds (max_iter), a larger batch or larger penalties")
+    if (M and not ever_feasible and np.max(kkt.feasibility_rel) > o.feas_tol
+            and not np.isfinite(first)):
+        return st.MAX_ITER, (
+            f"no feasible point was found in {state.t} rounds (relative violation "
+            f"{np.max(kkt.feasibility_rel):.3g} at the end); the last stage had fewer than 4 "
+            "full-data evaluations, too few to tell whether the violation still falls, so "
+            "this is no evidence of infeasibility: try more rounds (max_iter) or larger "
+            "penalties")
+    if M and not ever_feasible and np.max(kkt.feasibility_rel) > o.feas_tol:
+        return st.MAX_ITER, (
+            f"no feasible point was found in {state.t} rounds (relative violation "
+            f"{np.max(kkt.feasibility_rel):.3g} at the end), but the violation was still "
+            f"decreasing (smallest {first:.4g} in the first half of the last stage's "
+            f"evaluations, {second:.4g} in the second), so this is no evidence of "
+            "infeasibility: try more rounds (max_iter) or larger penalties; if the "
+            "constraints cannot be met, the violation settles and the status says so")
+    if "feasibility" in name:
+        advice = ("more rounds (max_iter) or larger penalties; a feasible point was found "
+                  "earlier" if ever_feasible else "more rounds (max_iter) or larger penalties")
+    elif sampled_clients and o.batch_size in ("auto", None):
+        advice = ("more rounds (max_iter); with a random set of clients per round "
+                  "(clients_per_round below the number of clients, or proportional draws) the "
+                  "round's statistics stay random even on full batches, the steps diminish and "
+                  "the point converges only in the limit; with every client in every round the "
+                  "default options can certify it")
+    elif o.batch_size == "auto" and len(history.t) and np.isnan(history.batch_size[-1]):
+        advice = ("more rounds (max_iter); the batches are already full, so the steps are "
+                  "deterministic SCA's and their length limits the progress (a large "
+                  "nonconvex model needs many rounds; if the features have very different "
+                  "scales, standardise them or give the functions ss.DiagonalCurvature "
+                  "surrogates)")
+    elif o.batch_size is None:
+        advice = ("more rounds, or the default tau='auto' (with full batches it is adapted "
+                  "by backtracking)" if o.tau != "auto" else "more rounds (max_iter)")
+    elif o.batch_size == "auto":
+        advice = "more rounds (max_iter): the batch grows to the full data as the run goes on"
+    else:
+        advice = ("batch_size='auto' (or 'full') with the default tau, rho and gamma: a fixed "
+                  "mini-batch ends at its noise floor")
+    return st.not_passed(state.t, (name, value, tol), advice)
+
+
+def violation_curvature(session, state, probes: int = 8, step: float = 1e-2) -> float:
+    """The largest drop of the relative violation sum_m (F_m - U_m)_+ / max(1, |U_m|)
+    found along ``probes`` random directions u (both signs, size ``step`` max(1, |w|)),
+    as the mean of the two sides minus the value at w (a second difference: the first
+    order cancels). A drop means negative curvature: w is a saddle of the violation, not a
+    minimiser (e.g. w = 0 of a network), so a zero gradient there is no evidence of
+    infeasibility. 2 ``probes`` full-data evaluations (values only), counted with the
+    evaluations; directions from the run's seed."""
+    terms = session.evaluator.terms
+    scale = np.maximum(1.0, np.abs(terms.bounds))
+
+    def violation(values):
+        k = 1 if terms.stochastic_objective else 0
+        cons = np.asarray(values[k:], dtype=float) - terms.bounds
+        return float(np.sum(np.maximum(cons, 0.0) / scale))
+
+    w = state.w
+    base = violation(session.final_evaluation.values)
+    rng = np.random.default_rng(np.random.SeedSequence(session.seed,
+                                                       spawn_key=(2 ** 31 - 1,)))
+    h = step * max(1.0, float(np.linalg.norm(w)))
+    drop = 0.0
+    for _ in range(probes):
+        u = rng.standard_normal(w.size)
+        u *= h / np.linalg.norm(u)
+        sides = [violation(session.runner.evaluate(w + s * u, with_grad=False).values)
+                 for s in (1.0, -1.0)]
+        drop = max(drop, base - 0.5 * (sides[0] + sides[1]))
+    return drop
+
+def violation_stationarity_at(session, state, feas_tol: float, solver: str = "CLARABEL"):
+    """:func:`ssca_solver.diagnostics.kkt.violation_stationarity` at the returned point (after
+    :meth:`~ssca_solver.engine.session.Session.final_report`), relative to the constraints' gradient scale at the start."""
+    return violation_stationarity(state.w, session.final_evaluation, session.evaluator.terms,
+                                  feas_tol, session.constraint_scale, solver)

@@ -1,0 +1,75 @@
+"""Statuses of a solve and the one place their shared messages are written.
+
+``res.status`` is one of :data:`STATUSES`; ``res.success`` is True only for
+:data:`CONVERGED`, which only a passed full-data KKT test gives (DESIGN.md: "status means what
+it says"). The runner ends a run (or a stage of it) for one of :data:`REASONS`; a method turns
+the reason, the state and the final KKT report into a status and a message
+(:meth:`ssca_solver.engine.method.Method.status`), using the builders below for the parts every
+method shares, so that every method says "converged", "stopped" and "the test did not pass"
+in the same words.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+#: the full-data KKT test passed at the returned point (the only status with success=True)
+CONVERGED = "converged"
+#: no feasible point, with evidence (method "ssca": the violation is minimised and stalled at
+#: the largest penalty); never a guess
+INFEASIBLE = "infeasible"
+#: the rounds allowed ran out (the message names the residual that failed)
+MAX_ITER = "max_iter"
+#: the user's callback stopped the run
+STOPPED = "stopped"
+#: every status a Result can have
+STATUSES = (CONVERGED, INFEASIBLE, MAX_ITER, STOPPED)
+
+#: a runner reason, not a status: the method's iterates stopped moving (``Method.settled``),
+#: so the stage ends early; the method decides what that means
+SETTLED = "settled"
+#: why :meth:`ssca_solver.engine.runner.Runner.run` returned
+REASONS = (CONVERGED, MAX_ITER, STOPPED, SETTLED)
+
+
+def converged(kkt, t: int, feas_tol: float, kkt_tol: float) -> tuple[str, str]:
+    """(CONVERGED, message) for a run whose full-data KKT test passed at round ``t``."""
+    return CONVERGED, kkt.passed_message(t, feas_tol, kkt_tol)
+
+
+def stopped(t: int, penalty: Optional[float] = None) -> tuple[str, str]:
+    """(STOPPED, message) for a run the callback stopped after round ``t`` (``penalty``: the c
+    in force, for methods with a penalty sequence)."""
+    return STOPPED, (f"stopped by the callback after round {t}"
+                     + (f" (c = {penalty:g})" if penalty is not None else ""))
+
+
+def untested(t: int, residual: tuple) -> tuple[str, str]:
+    """(MAX_ITER, message) for a run with no stopping test (``eval_every=None``); ``residual``:
+    (name, value, tolerance) of the largest relative KKT residual at the end."""
+    name, value, tol = residual
+    return MAX_ITER, (f"ran {t} rounds without a stopping test (eval_every=None): at the end "
+                      f"{name} = {value:.3g} (tolerance {tol:g})")
+
+
+def not_passed(t: int, residual: tuple, advice: str) -> tuple[str, str]:
+    """(MAX_ITER, message) for a run whose full-data KKT test did not pass in ``t`` rounds:
+    names the residual that failed and what to try (``advice``)."""
+    name, value, tol = residual
+    return MAX_ITER, (f"the full-data KKT test did not pass in {t} rounds: {name} = "
+                      f"{value:.3g} > {tol:g} (relative) at the returned point; try {advice}")
+
+
+def decide(reason: str, t: int, kkt, feas_tol: float, kkt_tol: float, tested: bool,
+           advice: str, penalty: Optional[float] = None) -> tuple[str, str]:
+    """The status every certifying method shares: CONVERGED only when the runner's KKT test
+    passed, STOPPED by the callback, else MAX_ITER naming the largest residual (``tested``:
+    whether the test ran at all, i.e. ``eval_every`` was set)."""
+    if reason == CONVERGED:
+        return converged(kkt, t, feas_tol, kkt_tol)
+    if reason == STOPPED:
+        return stopped(t, penalty)
+    residual = kkt.residuals(feas_tol, kkt_tol)[0]
+    if not tested:
+        return untested(t, residual)
+    return not_passed(t, residual, advice)
