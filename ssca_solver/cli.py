@@ -41,7 +41,7 @@ def _demo(args) -> int:
           f" objective {ref_obj:.6g}, constraint F - U = {ref_con - args.alpha: .3g}, "
           f"mu = {ref_mu:.4g}")
     print(f"              SSCA's relative objective gap: {(res.fun - ref_obj) / abs(ref_obj):+.2%}")
-    return 0 if res.status != "infeasible" else 1
+    return 0 if res.status != ss.status.INFEASIBLE else 1
 
 
 def _network(args) -> int:

@@ -32,7 +32,7 @@ def ssca_clients(prob, seed=0):
     """The clients a solve of ``prob`` by method "ssca" would build (round and evaluation
     tasks), for tests that drive rounds by hand."""
     from ssca_solver.methods.ssca.algorithm import SSCARoundTask
-    from ssca_solver.diagnostics.kkt import Evaluator
+    from ssca_solver.diagnostics.evaluation import Evaluator
     from ssca_solver.federated import build_clients
     from ssca_solver.engine.options import seed_entropy
 

@@ -55,6 +55,55 @@ def test_the_new_method_gets_stop_resume_and_processes_for_free(gd, cancer_data,
         prob.solve(method="gd", tau=0.1)
 
 
+def test_the_new_method_gets_secure_aggregation_by_declaring_it(gd, cancer_data):
+    """GradientDescent declares supports_secure_aggregation (it reads replies only through
+    aggregation_weight): the masked sums give the plain run's iterates to the fixed-point
+    encoding's precision."""
+    prob = ridge_logistic(cancer_data)
+    opts = dict(method="gd", batch_size=10, lr=0.3, max_iter=5, seed=2, eval_every=None)
+    plain = prob.solve(**opts)
+    secure = prob.solve(secure_aggregation=True, **opts)
+    np.testing.assert_allclose(secure.x, plain.x, rtol=0, atol=1e-9)
+    assert secure.communication.up_total > plain.communication.up_total
+
+
+def test_the_new_method_gets_the_certificate_by_declaring_a_kkt_test(gd, cancer_data):
+    """A subclass that declares kkt_test (and the tolerances in its options) is stopped by the
+    runner's full-data KKT test and reports "converged" at the optimum; without it the same
+    run is "max_iter"."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class CertifiedOptions(gd.GDOptions):
+        feas_tol: float = 1e-4
+        kkt_tol: float = 1e-4
+
+    class CertifiedGD(gd.GradientDescent):
+        name = "gd_kkt"
+        Options = CertifiedOptions
+
+        @classmethod
+        def build(cls, problem, o, given):
+            method = super().build(problem, o, given)
+            method.opts = o
+            return method
+
+        def kkt_test(self, report):
+            return report.passed(self.opts.feas_tol, self.opts.kkt_tol)
+
+        status = ss.Method.status           # the shared rules: "converged" only from the test
+
+    ss.register_method("gd_kkt", CertifiedGD)
+    prob = ridge_logistic(cancer_data)
+    res = prob.solve(method="gd_kkt", batch_size="full", lr=0.5, max_iter=3000, eval_every=10)
+    assert res.status == "converged" and res.success and res.nit < 3000
+    assert res.kkt.passed(1e-4, 1e-4)
+    ref = prob.solve(method="ssca", seed=0)
+    assert ref.success and abs(res.fun - ref.fun) <= 1e-6 * abs(ref.fun)
+    plain = prob.solve(method="gd", batch_size="full", lr=0.5, max_iter=res.nit)
+    assert plain.status == "max_iter" and not plain.success
+
+
 def test_a_registered_transport_runs_every_method(cancer_data):
     """The transport sketch of docs/architecture.md: clients in a thread pool."""
     from concurrent.futures import ThreadPoolExecutor

@@ -8,7 +8,7 @@ import pytest
 import ssca_solver as ss
 from problems.neyman_pearson import neyman_pearson
 from conftest import round_request, ssca_clients
-from ssca_solver.diagnostics.kkt import Evaluator
+from ssca_solver.diagnostics.evaluation import Evaluator
 from ssca_solver.methods.ssca.step import combine, stat_key
 from ssca_solver.federated import InProcessTransport, Reply
 

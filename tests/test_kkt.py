@@ -8,7 +8,8 @@ import ssca_solver as ss
 from problems.logistic import logistic_loss
 from problems.neyman_pearson import neyman_pearson, pooled_reference
 from conftest import ssca_clients
-from ssca_solver.diagnostics.kkt import Evaluator, ProblemTerms, kkt_report
+from ssca_solver.diagnostics.evaluation import Evaluator, ProblemTerms
+from ssca_solver.diagnostics.kkt import kkt_report
 from ssca_solver.federated import InProcessTransport
 
 
@@ -64,7 +65,7 @@ def test_prox_gradient_residual_with_a_domain(cancer, cancer_data):
 
 
 def _evaluation(g0, G, values):
-    from ssca_solver.diagnostics.kkt import Evaluation
+    from ssca_solver.diagnostics.evaluation import Evaluation
 
     grads = np.vstack([g0, G.T])
     return Evaluation(np.asarray(values, dtype=float), grads, 0, 0)

@@ -129,7 +129,8 @@ def test_stationarity_in_the_metric_catches_a_point_off_in_the_small_coordinates
     """One column 1e4 times larger: at a point 0.005 off the optimum in a small coordinate the
     plain ratio |grad L| / (size of its terms) is below 1e-4 (the large column sets both), the
     ratio in the metric's units is not."""
-    from ssca_solver.diagnostics.kkt import Evaluation, ProblemTerms, kkt_report
+    from ssca_solver.diagnostics.evaluation import Evaluation, ProblemTerms
+    from ssca_solver.diagnostics.kkt import kkt_report
 
     prob, X, Y, fns, w_star, _, mu = _column_times(1e4)
     x = w_star.copy()

@@ -228,8 +228,10 @@ def test_a_round_in_which_every_client_fails_is_a_clear_error():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals and fork")
-@pytest.mark.parametrize("method", ["ssca", "fedavg"])
+@pytest.mark.parametrize("method", ["ssca", "fedavg", "primal_dual", "augmented_lagrangian"])
 def test_a_client_killed_mid_run_is_dropped_and_the_run_finishes(method, tmp_path):
+    """Every method records the dropout in res.dropouts and the checkpoint (the one front door
+    assembles the Result; "primal_dual" used to leave res.dropouts empty)."""
     prob = _problem()
     killed = []
     kill_at_4 = kill_process_client_at(4, 3, killed)
@@ -258,7 +260,7 @@ def test_an_evaluation_asks_a_failed_client_once_more():
         return False
 
     prob = ss.Problem(_lsq(fail=flaky), dim=D, data=_data(marker_client=4))
-    from ssca_solver.diagnostics.kkt import Evaluator
+    from ssca_solver.diagnostics.evaluation import Evaluator
     clients = ssca_clients(prob, 0)
     g = Gatherer(InProcessTransport(clients), SIZES, drop=True)
     ev = Evaluator(prob).evaluate(lambda r: g.collect(r, kind="eval"), np.zeros(D), True)

@@ -110,7 +110,8 @@ def test_violation_stationarity_with_a_box_domain_is_the_projected_step():
     import cvxpy as cp
 
     from ssca_solver.model.deterministic import DeterministicPart
-    from ssca_solver.diagnostics.kkt import Evaluation, ProblemTerms, violation_stationarity
+    from ssca_solver.diagnostics.evaluation import Evaluation, ProblemTerms
+    from ssca_solver.diagnostics.kkt import violation_stationarity
 
     det = DeterministicPart([], [lambda w: [cp.abs(w) <= 1.0]], 3)
     w = np.array([1.0, 0.2, -1.0])

@@ -290,7 +290,7 @@ class Averaging(ss.Method):
 def test_runner_drives_any_algorithm_and_keeps_history_in_arrays(cancer_data):
     """2,000 rounds of a toy method: the history stays a few arrays (no Python object per
     round), communication is counted from the messages, the callback sees every round."""
-    from ssca_solver.diagnostics.kkt import Evaluator
+    from ssca_solver.diagnostics.evaluation import Evaluator
     from ssca_solver.federated import build_clients
     from ssca_solver.diagnostics.history import Recorder
     from ssca_solver.engine.options import RunOptions

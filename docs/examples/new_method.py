@@ -13,7 +13,7 @@ and the same Result as the built-in methods. See docs/architecture.md, "Adding a
 Run: python docs/examples/new_method.py
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import cvxpy as cp
@@ -68,8 +68,8 @@ class GradientDescent(ss.Method):
                 or problem.deterministic.norm2_coefficient() is None):
             raise ss.ModelError("method 'gd' needs a stochastic objective, no constraints, "
                                 "and at most a lambda |w|^2 term")
-        return GDOptions(**{**vars(o), "batch_size": opt.batch_size(o.batch_size, problem.data),
-                            "lr": opt.real("lr", o.lr, low=0, low_open=True)})
+        return replace(o, batch_size=opt.batch_size(o.batch_size, problem.data),
+                       lr=opt.real("lr", o.lr, low=0, low_open=True))
 
     @classmethod
     def build(cls, problem, o, given):

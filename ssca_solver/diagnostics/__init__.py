@@ -1,6 +1,7 @@
 """Diagnostics: what a run reports, for every method.
 
-- :mod:`.kkt`: full-data evaluations (a client task), the KKT report with its multipliers
+- :mod:`.evaluation`: full-data evaluations (a client task);
+- :mod:`.kkt`: the KKT report with its multipliers
   and relative residuals (the stopping test that decides ``success``), the violation's
   stationarity;
 - :mod:`.result`: ``Result``, ``KKTReport``, ``Communication``, ``Stage``;

@@ -7,6 +7,7 @@ from typing import Optional
 
 import numpy as np
 
+from .. import status as st
 from .history import History
 
 
@@ -174,7 +175,7 @@ class Result:
     def success(self) -> bool:
         """True only when the method's own stopping test passed (never for a run that used
         up ``max_iter`` or was stopped by its callback)."""
-        return self.status == "converged"
+        return self.status == st.CONVERGED
 
     def report(self) -> str:
         """A readable account of the solve (what the demo prints)."""

@@ -85,7 +85,7 @@ class Runner:
       gatherer: how requests reach the clients and replies come back
         (:class:`ssca_solver.federated.gather.Gatherer` over a transport: participation,
         dropouts, secure aggregation); the runner never calls a transport itself.
-      evaluator: full-data evaluations (:class:`ssca_solver.diagnostics.kkt.Evaluator`).
+      evaluator: full-data evaluations (:class:`ssca_solver.diagnostics.evaluation.Evaluator`).
       opts: the parsed :class:`ssca_solver.engine.options.RunOptions` (eval_every, callback, progress,
         checkpoint, checkpoint_every).
       recorder: the history so far (restored on resume).

@@ -12,7 +12,8 @@ import numpy as np
 
 
 from .. import status as st
-from ..diagnostics.kkt import Evaluator, kkt_report
+from ..diagnostics.evaluation import Evaluator
+from ..diagnostics.kkt import kkt_report
 from ..diagnostics.result import Communication
 from ..federated import build_clients, make_transport
 from ..federated.gather import Gatherer

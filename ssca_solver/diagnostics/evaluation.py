@@ -1,0 +1,121 @@
+"""Full-data evaluations: F_m(w) and their gradients on all N rows, for the history, the KKT
+test and the final report of every method.
+
+The evaluation is itself a federated exchange: each client returns sums of f_m and of grad f_m
+over all its rows; the server divides by N. The server never reads rows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from ..federated import Request, array
+from ..model.functions import checked_value_and_grad, checked_values
+
+
+#: The task name of full-data evaluations (registered with every algorithm's tasks).
+EVALUATE = "evaluate"
+
+
+class Evaluation(NamedTuple):
+    """F_m(w) (values, one per stochastic function) and their gradients, on all N rows.
+
+    ``complete`` is False when some client did not answer (``on_client_failure="drop"``):
+    the values then average the rows of the clients who answered."""
+
+    values: np.ndarray
+    grads: Optional[np.ndarray]
+    floats_up: int
+    floats_down: int
+    complete: bool = True
+
+
+class EvaluateTask:
+    """Client side of a full-data evaluation: sums over all N_i rows of f_m(w, x_n) for every
+    stochastic function m (``values``) and, with ``config["with_grad"]``, of their gradients
+    (``grads``, shape (number of functions, d))."""
+
+    def __init__(self, functions):
+        self.functions = tuple(functions)
+
+    def __call__(self, client, request):
+        X, y, n, w = client.X, client.y, client.num_rows, request.w
+        where = f"client {client.index}, full-data evaluation"
+        if not request.config.get("with_grad"):
+            vals = np.array([checked_values(f, w, X, y, n, where).sum() for f in self.functions])
+            return client.reply(request, {"values": vals})
+        both = [checked_value_and_grad(f, w, X, y, where) for f in self.functions]
+        vals = np.array([v.sum() for v, _ in both])
+        grads = np.array([n * g for _, g in both]).reshape(len(self.functions), w.size)
+        return client.reply(request, {"values": vals, "grads": grads})
+
+
+class ProblemTerms(NamedTuple):
+    """What the diagnostics need to know about the problem's structure."""
+
+    stochastic_objective: bool
+    bounds: np.ndarray          # U_m
+    deterministic: object       # DeterministicPart
+
+
+def split_values(values: np.ndarray, terms: ProblemTerms) -> tuple[float, np.ndarray]:
+    """(F_0 stochastic part or 0, F_m - U_m) from the per-function values."""
+    k = 1 if terms.stochastic_objective else 0
+    f0 = float(values[0]) if k else 0.0
+    return f0, np.asarray(values[k:], dtype=float) - terms.bounds
+
+
+class Evaluator:
+    """Full-data evaluations through the federated layer (the server never reads rows).
+
+    ``tasks`` is what the clients must be able to run; :meth:`evaluate` asks every client for
+    sums at w and divides by N (eq. (Fs0) and the F_m of Problem 3).
+    """
+
+    def __init__(self, problem):
+        self.terms = ProblemTerms(problem.objective is not None, problem.bounds,
+                                  problem.deterministic)
+        self.num_samples = problem.data.num_samples
+        self.tasks = {EVALUATE: EvaluateTask(problem.functions)}
+
+    def evaluate(self, source, w: np.ndarray, with_grad: bool, round: int = 0) -> Evaluation:
+        """F_m(w) and (``with_grad``) their gradients on the full data, from every client's
+        sums. ``source``: a transport, or ``source(request) -> replies`` (the runner's
+        gatherer: replies carry the factor ``weight``, e.g. the renormalisation over the
+        clients who answered, or one secure sum). ``round``: the rounds done (for messages)."""
+        request = Request(EVALUATE, int(round), np.asarray(w, dtype=float),
+                          {"with_grad": bool(with_grad)})
+        replies = source(request) if callable(source) else source.stream(request)
+        up = count = 0
+        values = grads = None
+        complete = True
+        for m in replies:      # summed as they come: O(1) replies held
+            v = array(m, "values")
+            if m.weight != 1.0:
+                v, complete = m.weight * v, False
+            values = v.copy() if values is None else values + v
+            if with_grad:
+                g = array(m, "grads")
+                if m.weight != 1.0:
+                    g = m.weight * g
+                grads = g.copy() if grads is None else grads + g
+            up += m.num_floats()
+            count += 1
+        N = self.num_samples
+        return Evaluation(values / N, grads / N if with_grad else None, up,
+                          count * request.num_floats(), complete)
+
+    def objective_gradient_norm(self, ev: Evaluation, w: np.ndarray) -> float:
+        """|grad F_0(w) + grad R(w)| (R's gradient only when R is smooth)."""
+        det = self.terms.deterministic
+        g = ev.grads[0] if self.terms.stochastic_objective else np.zeros(w.size)
+        if det.smooth:
+            g = g + det.grad(w)
+        return float(np.linalg.norm(g))
+
+    def split(self, values: np.ndarray, w: np.ndarray) -> tuple[float, np.ndarray]:
+        """(full objective F_0(w) + deterministic terms, F_m(w) - U_m)."""
+        f0, cons = split_values(values, self.terms)
+        return f0 + self.terms.deterministic.value(w), cons
