@@ -9,7 +9,7 @@ from problems.logistic import logistic_loss
 from problems.neyman_pearson import neyman_pearson, pooled_reference
 from conftest import ssca_clients
 from ssca_solver.diagnostics.evaluation import Evaluator, ProblemTerms
-from ssca_solver.diagnostics.kkt import kkt_report
+from ssca_solver.diagnostics.kkt import MULTIPLIER_REGULARIZATION, kkt_report
 from ssca_solver.federated import InProcessTransport
 
 
@@ -90,14 +90,17 @@ def test_complementarity_is_the_product_of_multiplier_and_constraint():
 
 def test_multiplier_fit_includes_complementarity_rows():
     """Stationarity alone would give mu = 1; with the complementarity row mu^2 (F - U)^2 the
-    fit is mu = |g|^2 / (|g|^2 + (F - U)^2) for an inactive constraint (F - U = -1)."""
+    fit is mu = |g|^2 / (|g|^2 + (F - U)^2 + eps^2 |g|^2) for an inactive constraint
+    (F - U = -1; eps: the regularisation row)."""
     det = ss.Problem(lambda w: cp.sum_squares(w), dim=3, data=None).deterministic
     terms = ProblemTerms(True, np.array([0.0]), det)
     w = np.zeros(3)                            # grad of |w|^2 is 0 here
     g1 = np.array([0.6, 0.0, 0.8])             # |g1| = 1
     rep = kkt_report(w, _evaluation(-g1, g1[:, None], [0.0, -1.0]), terms)
-    assert rep.multipliers[0] == pytest.approx(1.0 / (1.0 + 1.0), rel=1e-10)
-    assert rep.stationarity == pytest.approx(0.5, rel=1e-10)
+    # with the regularisation row eps |g1| mu: mu = 1 / (1 + 1 + eps^2)
+    eps2 = MULTIPLIER_REGULARIZATION ** 2
+    assert rep.multipliers[0] == pytest.approx(1.0 / (2.0 + eps2), rel=1e-12)
+    assert rep.stationarity == pytest.approx(1.0 - 1.0 / (2.0 + eps2), rel=1e-12)
 
 
 def test_multipliers_with_a_domain_come_from_the_kkt_conditions(cancer, cancer_data):
@@ -128,3 +131,34 @@ def test_a_solve_with_a_domain_reports_the_kkt_multiplier(cancer, cancer_data):
     assert res.status == "converged"
     assert res.kkt.multipliers[0] == pytest.approx(mu, rel=1e-2)
     assert abs(res.fun - ref) / ref <= 1e-3
+
+
+def test_cancelling_multipliers_of_an_equality_written_twice_do_not_certify():
+    """h(w) = 0 written as h <= 0 and -h' <= 0 with h' a hair away from h (its gradient
+    differs by 1e-6 along what the constraint cannot balance): a least-squares fit uses the hair to absorb the part of the objective's
+    gradient that the constraint cannot balance, with two huge, nearly equal multipliers. The
+    scale of the relative stationarity must not grow with them (it did: 'converged' at points
+    whose absolute stationarity was 0.74); here the point is not a KKT point, and the report
+    must say so, with a scale a reader can recompute as |g|."""
+    det = ss.Problem(lambda w: 0 * cp.sum_squares(w), dim=2, data=None).deterministic
+    terms = ProblemTerms(True, np.array([0.0, 0.0]), det)
+    w = np.array([-1.2, -np.sqrt(2 - 1.44)])         # on the circle |w|^2 = 2, not optimal
+    g0 = np.array([1.0, 1.0])                        # minimise w1 + w2
+    gh = 2 * w                                       # grad of h = |w|^2 - 2
+    lam = -(g0 @ gh) / (gh @ gh)
+    r = g0 + lam * gh                                # what no multiplier of h balances
+    G = np.column_stack([gh, -gh - 1e-6 * r / np.linalg.norm(r)])
+    rep = kkt_report(w, _evaluation(g0, G, [0.0, 0.0, 0.0]), terms)
+    # a plain least-squares fit absorbs the unbalanced 0.32 with multipliers of 3e5 that
+    # cancel (measured: 319378.36 and 319377.88, stationarity 4e-11); the regularised fit
+    # keeps the forces small and the residual honest
+    assert np.max(rep.multipliers) < 10 and rep.stationarity > 0.3
+    assert rep.scale == pytest.approx(np.linalg.norm(g0), rel=1e-12)
+    assert rep.stationarity_rel == pytest.approx(rep.stationarity / rep.scale, rel=1e-12)
+    assert rep.stationarity_rel > 1e-2 and not rep.passed(1e-4, 1e-4)
+    # at the KKT point w = (-1, -1), mu = 1/2 on h, the same report passes
+    w = np.array([-1.0, -1.0])
+    G = np.column_stack([2 * w, -2 * w - 1e-6 * r / np.linalg.norm(r)])
+    ok = kkt_report(w, _evaluation(g0, G, [0.0, 0.0, 0.0]), terms)
+    assert ok.passed(1e-4, 1e-4)
+    assert ok.multipliers[0] - ok.multipliers[1] == pytest.approx(0.5, rel=1e-6)

@@ -4,11 +4,13 @@ With surrogates p_m(w) = a_m |w|^2 + b_m.w + c_m (m = 0 the objective, plus lamb
 exact ridge term folded into a_0) the subproblem
 
     minimise   p_0(w) + c sum_m s_m   s.t.  p_m(w) - U_m <= s_m,  s_m >= 0
+                                             |p_m(w) - U_m| <= s_m  (an equality constraint)
 
 has the Lagrangian minimiser w(nu) = -(b_0 + sum_m nu_m b_m) / (2 (a_0 + sum_m nu_m a_m)) and the
 concave dual (PAPER_NOTES item 6)
 
-    g(nu) = -|B(nu)|^2 / (4 A(nu)) + c_0 + sum_m nu_m (c_m - U_m),   nu in [0, c]^M,
+    g(nu) = -|B(nu)|^2 / (4 A(nu)) + c_0 + sum_m nu_m (c_m - U_m),   nu_m in [0, c]
+                                                                    (equality: nu_m in [-c, c]),
 
 which needs only the (M+1) x (M+1) Gram matrix G of (b_0, ..., b_M): |B(nu)|^2 = nt' G nt with
 nt = (1, nu). Its gradient is p_m(w(nu)) - U_m and its Hessian -J J' / (2 A) with
@@ -16,6 +18,11 @@ J_m = b_m + 2 a_m w(nu), also functions of G. M = 0 is eqs. (omega1-uncon)/(omeg
 M = 1 is Lemma 1 (a root of a quadratic, nu = c when even the surrogate's minimum violates the
 constraint); M >= 2 is a projected Newton method on the box (Bertsekas 1982) run to a
 projected-gradient residual of 1e-13 (relative).
+
+An equality F_m = U_m has an affine surrogate (a_m = 0, :class:`ssca_solver.Linearization`), so
+its two-sided slack |p_m - U_m| <= s_m has one free-sign multiplier nu_m = nu_m^+ - nu_m^- with
+|nu_m| <= c, and A(nu) does not depend on it: the same dual on the box [-c, c] in that
+coordinate (M = 1: the root of the linear g'(nu), clipped).
 """
 
 from __future__ import annotations
@@ -55,14 +62,29 @@ def _dual(G, a0, a, d, nu):
 
 
 @njit(cache=True)
-def _summary(G, coef, a0, a, d, c0, c):
-    """A(nu), |w|^2, b_j.w, the slacks and the value of Problem 5 at w(nu), from G alone."""
+def _summary(G, coef, a0, a, d, c0, c, lower):
+    """A(nu), |w|^2, b_j.w, the slacks and the value of Problem 5 at w(nu), from G alone
+    (``lower``: the dual box's lower bounds, -c marking an equality)."""
     A = a0 + np.dot(coef[1:], a)
     Gc = G @ coef
     ww = np.dot(coef, Gc) / (4.0 * A * A)       # |w|^2
     bw = -Gc / (2.0 * A)                         # b_j . w, j = 0..M
-    slack = np.maximum(a * ww + bw[1:] + d, 0.0)  # [p_m(w) - U_m]_+
+    excess = a * ww + bw[1:] + d
+    slack = np.maximum(excess, 0.0)              # [p_m(w) - U_m]_+
+    for m in range(slack.size):
+        if lower[m] < 0.0:
+            slack[m] = abs(excess[m])            # |p_m(w) - U_m| for an equality
     return A, ww, bw, slack, a0 * ww + bw[0] + c0 + c * np.sum(slack)
+
+
+@njit(cache=True)
+def _equality1(G, a0, d1, c):
+    """M = 1, an equality (a_1 = 0): g'(nu) = d_1 - (G_01 + nu G_11) / (2 a_0) is linear; its
+    root clipped to [-c, c]."""
+    if G[1, 1] <= 0.0:
+        return 0.0                 # b_1 = 0: the surrogate constraint does not depend on w
+    nu = (2.0 * a0 * d1 - G[0, 1]) / G[1, 1]
+    return min(max(nu, -c), c)
 
 
 @njit(cache=True)
@@ -152,22 +174,24 @@ def _evaluate(diag, G, a0, a, Acur, Bv, d, nu):
 
 
 @njit(cache=True)
-def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, Acur, Bv):
-    """Maximise the concave g on [0, c]^M by projected Newton with an Armijo arc search (g from
-    the Gram matrix, or from the curvature vectors when ``diag``)."""
+def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, Acur, Bv, lower):
+    """Maximise the concave g on the box [lower, c] (lower_m = 0, or -c for an equality) by
+    projected Newton with an Armijo arc search (g from the Gram matrix, or from the curvature
+    vectors when ``diag``)."""
     M = a.size
-    nu = np.minimum(np.maximum(nu0, 0.0), c)
+    nu = np.minimum(np.maximum(nu0, lower), c)
     res = np.inf
     for _ in range(max_iter):
         g, grad, H, gscale = _evaluate(diag, G, a0, a, Acur, Bv, d, nu)
-        pg = nu - np.minimum(np.maximum(nu + grad, 0.0), c)
+        pg = nu - np.minimum(np.maximum(nu + grad, lower), c)
         res = np.max(np.abs(pg))
         if res <= tol:
             break
         eps = min(1e-8 * (1.0 + c), res)
         binding = np.zeros(M, dtype=np.bool_)
         for i in range(M):
-            binding[i] = (nu[i] <= eps and grad[i] < 0.0) or (nu[i] >= c - eps and grad[i] > 0.0)
+            binding[i] = ((nu[i] <= lower[i] + eps and grad[i] < 0.0)
+                          or (nu[i] >= c - eps and grad[i] > 0.0))
         free = np.where(~binding)[0]
         direction = grad.copy()  # binding coordinates: gradient step, stopped by the projection
         if free.size > 0:
@@ -184,7 +208,7 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, Acur, Bv):
         alpha = 1.0
         accepted = False
         for _ in range(60):
-            trial = np.minimum(np.maximum(nu + alpha * direction, 0.0), c)
+            trial = np.minimum(np.maximum(nu + alpha * direction, lower), c)
             gt, gradt, _, _ = _evaluate(diag, G, a0, a, Acur, Bv, d, trial)
             if gt - g >= 1e-4 * np.dot(grad, trial - nu) and gt >= g:
                 nu = trial
@@ -193,7 +217,7 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, Acur, Bv):
             # near the optimum the Armijo gain falls below rounding in g (g is a difference of
             # terms of size gscale): accept a step that keeps g within that rounding and
             # shrinks the projected-gradient residual
-            rest = np.max(np.abs(trial - np.minimum(np.maximum(trial + gradt, 0.0), c)))
+            rest = np.max(np.abs(trial - np.minimum(np.maximum(trial + gradt, lower), c)))
             if gt >= g - 1e-13 * (1.0 + gscale) and rest < res:
                 nu = trial
                 accepted = True
@@ -210,7 +234,8 @@ _NONE = np.zeros((0, 0))
 def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray, bs,
                       cs: np.ndarray, U: np.ndarray, penalty: float,
                       out: np.ndarray | None = None,
-                      nu0: np.ndarray | None = None, max_iter: int = 200) -> SubproblemSolution:
+                      nu0: np.ndarray | None = None, max_iter: int = 200,
+                      equality=None) -> SubproblemSolution:
     """Solve Problem 5 with scalar curvatures a_0 > 0, a_m >= 0 (see module docstring).
 
     M = 0 is eqs. (omega1-uncon)/(omega2-uncon), M = 1 Lemma 1, M >= 2 the projected Newton
@@ -227,6 +252,9 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
         ``sol.w`` is formed only when read).
       nu0: warm start for the multipliers (M >= 2).
       max_iter: iteration limit of the projected Newton method (M >= 2).
+      equality: M booleans (None: none): constraint m is the equality p_m(w) = U_m, with the
+        two-sided slack |p_m(w) - U_m| <= s_m and a free-sign multiplier in [-c, c]; its
+        surrogate must be affine (a_m = 0).
 
     Cost: the Gram matrix's dot products (one per pair of nonzero vectors), and one pass to form
     w-bar if it is asked for; |w-bar|^2 and b_m.w-bar, hence the slacks and the value, come from
@@ -248,24 +276,37 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
     a = np.asarray(a, dtype=float)
     d = np.asarray(cs, dtype=float) - np.asarray(U, dtype=float)
     c = float(penalty)
+    lower = _lower_bounds(equality, M, c, a)
     residual = 0.0
-    if M == 1:
+    if M == 1 and lower[0] < 0.0:
+        nu = np.array([_equality1(G, float(a0), float(d[0]), c)])
+    elif M == 1:
         nu = np.array([_lemma1(G, float(a0), float(a[0]), float(d[0]), c)])
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
         nu, residual = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c),
-                                         int(max_iter), False, _NONE, _NONE)
+                                         int(max_iter), False, _NONE, _NONE, lower)
     coef = np.concatenate(([0.0 if b0 is None else 1.0], nu))
-    A, ww, bw, slack, value = _summary(G, coef, float(a0), a, d, float(c0), c)
+    A, ww, bw, slack, value = _summary(G, coef, float(a0), a, d, float(c0), c, lower)
     # w = -(b_0 + sum nu_m b_m) / (2 A), left to the server as its terms unless out is given
     terms = [(-0.5 * cf / A, v) for cf, v in zip(coef, vecs) if cf != 0.0]
     return _solution(terms, slack, nu, value, float(residual), bs[0], out)
 
 
+def _lower_bounds(equality, M: int, c: float, a) -> np.ndarray:
+    """The dual box's lower bounds: 0, or -c for an equality (whose curvature must be 0)."""
+    if equality is None:
+        return np.zeros(M)
+    eq = np.asarray(equality, dtype=bool).reshape(M)
+    if np.any(np.asarray(a, dtype=float).reshape(M, -1)[eq] != 0.0):
+        raise ValueError("an equality constraint needs an affine surrogate (curvature 0)")
+    return np.where(eq, -c, 0.0)
+
+
 def solve_closed_form_diag(a0: np.ndarray, b0: np.ndarray | None, c0: float,
                            a: np.ndarray, bs, cs: np.ndarray, U: np.ndarray, penalty: float,
                            nu0: np.ndarray | None = None,
-                           max_iter: int = 200) -> SubproblemSolution:
+                           max_iter: int = 200, equality=None) -> SubproblemSolution:
     """Solve Problem 5 with DIAGONAL curvatures: p_m(w) = sum_k a_{m,k} w_k^2 + b_m.w + c_m.
 
     The same dual as :func:`solve_closed_form` with the scalars made elementwise: the
@@ -284,6 +325,7 @@ def solve_closed_form_diag(a0: np.ndarray, b0: np.ndarray | None, c0: float,
       a: the constraints' curvature vectors, shape (M, d), entries >= 0.
       bs, cs: the constraints' linear terms (M vectors) and constants; U: bounds; penalty: c.
       nu0: warm start of the multipliers. max_iter: projected Newton iterations.
+      equality: as in :func:`solve_closed_form` (free-sign multipliers in [-c, c]).
     """
     a0 = np.asarray(a0, dtype=float)
     dim = a0.size
@@ -299,16 +341,19 @@ def solve_closed_form_diag(a0: np.ndarray, b0: np.ndarray | None, c0: float,
         Bv[m + 1] = b
     d = np.asarray(cs, dtype=float) - np.asarray(U, dtype=float)
     c = float(penalty)
+    lower = _lower_bounds(equality, M, c, a)
     residual = 0.0
     if M == 0:
         nu = np.zeros(0)
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
         nu, residual = _projected_newton(_NONE, 0.0, np.zeros(M), d, c, start,
-                                         1e-13 * (1.0 + c), int(max_iter), True, Acur, Bv)
+                                         1e-13 * (1.0 + c), int(max_iter), True, Acur, Bv,
+                                         lower)
     A = Acur[0] + nu @ Acur[1:]
     w = -(Bv[0] + nu @ Bv[1:]) / (2.0 * A)
-    slack = np.maximum(np.einsum("mk,k->m", Acur[1:], w * w) + Bv[1:] @ w + d, 0.0)
+    excess = np.einsum("mk,k->m", Acur[1:], w * w) + Bv[1:] @ w + d
+    slack = np.where(lower < 0.0, np.abs(excess), np.maximum(excess, 0.0))
     value = float(a0 @ (w * w) + Bv[0] @ w + c0 + c * np.sum(slack))
     return SubproblemSolution(w, slack, nu, value, float(residual))
 
@@ -334,6 +379,8 @@ class ClosedFormSubproblem:
       bounds: U_m.
       ridge: lambda of the deterministic terms, which must add up to lambda |w|^2.
       newton_max_iter: iteration limit of the projected Newton method (M >= 2).
+      equality: M booleans (None: none), the equality constraints (two-sided slack, free-sign
+        multiplier; affine surrogates).
 
     Holds no state between rounds: the multipliers' warm start comes in as ``nu0``.
     """
@@ -343,8 +390,10 @@ class ClosedFormSubproblem:
     INACCURATE = 1e-9
 
     def __init__(self, dim: int, builders, stochastic_objective: bool, bounds, ridge: float,
-                 newton_max_iter: int = 200):
+                 newton_max_iter: int = 200, equality=None):
         self.dim = dim
+        self.equality = (None if equality is None or not np.any(equality)
+                         else np.asarray(equality, dtype=bool))
         self.builders = tuple(builders)
         self.k = 1 if stochastic_objective else 0
         self.bounds = np.asarray(bounds, dtype=float)
@@ -361,7 +410,8 @@ class ClosedFormSubproblem:
         cons = forms[self.k:]
         sol = solve_closed_form(a0 + self.ridge, b0, c0, np.array([f[0] for f in cons]),
                                 [f[1] for f in cons], np.array([f[2] for f in cons]),
-                                self.bounds, penalty, nu0=nu0, max_iter=self.newton_max_iter)
+                                self.bounds, penalty, nu0=nu0, max_iter=self.newton_max_iter,
+                                equality=self.equality)
         # the dual residual is p_m(w) - U_m in the constraints' units: a stop far above
         # rounding (iteration limit, stalled line search) is reported as an inaccurate solve
         sol.inaccurate = sol.residual > self.INACCURATE * (1.0 + penalty)
@@ -395,7 +445,8 @@ class ClosedFormSubproblem:
         cons = forms[self.k:]
         sol = solve_closed_form_diag(a0, b0, c0, np.array([f[0] for f in cons]).reshape(
             len(cons), self.dim), [f[1] for f in cons], np.array([f[2] for f in cons]),
-            self.bounds, penalty, nu0=nu0, max_iter=self.newton_max_iter)
+            self.bounds, penalty, nu0=nu0, max_iter=self.newton_max_iter,
+            equality=self.equality)
         sol.inaccurate = sol.residual > self.INACCURATE * (1.0 + penalty)
         return sol
 
