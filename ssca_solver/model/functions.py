@@ -169,13 +169,53 @@ def checked_value_and_grad(fn: SampleFunction, w, X, y, where: str):
     return _valid_values(fn.name, v, n, where), _valid_grad(fn.name, g, d, where)
 
 
-def check_grad(fn: SampleFunction, w, X, y=None, eps: float = 1e-6, seed=0,
+#: The relative steps of a careful central difference, largest first: eps^(1/3) (the step that
+#: balances truncation, ~ h^2 |f'''|, against rounding, ~ eps |f| / h, for a function of unit
+#: scale) times 10, 1, 0.1, ..., 1e-8. A step is one of these times :func:`step_scale`.
+DIFFERENCE_STEPS = np.cbrt(np.finfo(float).eps) * 10.0 ** np.arange(1, -9, -1)
+CHECK_GRAD_GOOD = 1e-8   # check_grad stops trying steps along a direction that agrees this well
+
+
+def step_scale(w, u) -> float:
+    """max(1, largest |w_i| over the coordinates that direction ``u`` moves): the size of w a
+    step along u is relative to."""
+    w, u = np.asarray(w, dtype=float), np.asarray(u, dtype=float)
+    return max(1.0, float(np.max(np.abs(w[u != 0]), initial=0.0)))
+
+
+def central_difference(F, g, w, delta):
+    """One central difference along ``delta``, over the displacement actually taken: with
+    D = (w + delta) - (w - delta) (w +- delta rounded to floats), returns
+    ``(g . D / |D|, (F(w + delta) - F(w - delta)) / |D|, |D| / 2)``: the derivative along D by
+    the gradient g and by the difference of the values ``F``, and the step h. Comparing both
+    along the same D removes the error of rounding w + h u (relative eps |w| / h: 1 % at
+    |w| = 5e7 and h = 1e-6). None when D = 0 (the step is lost in w's rounding)."""
+    up, down = w + delta, w - delta
+    D = up - down
+    length = float(np.linalg.norm(D))
+    if length == 0.0:
+        return None
+    return float(g @ D) / length, (F(up) - F(down)) / length, length / 2
+
+
+def check_grad(fn: SampleFunction, w, X, y=None, eps: Optional[float] = None, seed=0,
                directions: Optional[int] = None) -> float:
     """Relative error between ``fn.grad`` and central finite differences of ``mean(fn.value)``.
 
     Like :func:`scipy.optimize.check_grad`, for a :class:`SampleFunction` on rows ``X, y``.
-    With ``directions=None`` every coordinate is differenced (cost 2d evaluations); with an
-    integer k, k random unit directions are used instead (cheap for large d).
+    With ``directions=None`` every coordinate is differenced; with an integer k, k random unit
+    directions are used instead (cheap for large d).
+
+    Steps (``eps=None``): along direction u, h = c :func:`step_scale` (w, u) (max(1, the largest
+    |w_i| u moves)) with c = eps^(1/3) first, each difference taken over the displacement
+    actually stored (:func:`central_difference`). When it agrees with the gradient within
+    ``CHECK_GRAD_GOOD`` (1e-8) that is the direction's answer (2 evaluations, as one step);
+    otherwise every c of :data:`DIFFERENCE_STEPS` (eps^(1/3) times 10, 1, ..., 1e-8) is tried
+    and the direction takes the difference at the plateau: the shorter of the two consecutive
+    steps whose differences are closest (longer steps carry truncation, shorter ones rounding;
+    where both are small the differences stop changing; a difference of exactly 0, a step
+    lost in the function's own rounding, is left out). A number ``eps`` is one absolute step
+    h = eps along every direction, as in scipy (no scaling, no retry).
 
     Returns:
       ``|g - g_fd| / max(|g_fd|, 1e-8)`` (Euclidean norms; for directions, of the directional
@@ -196,6 +236,29 @@ def check_grad(fn: SampleFunction, w, X, y=None, eps: float = 1e-6, seed=0,
         rng = np.random.default_rng(seed)
         basis = rng.standard_normal((int(directions), d))
         basis /= np.linalg.norm(basis, axis=1, keepdims=True)
-    fd = np.array([(F(w + eps * u) - F(w - eps * u)) / (2 * eps) for u in basis])
     an = basis @ g
+    fd = an.copy()
+    for k, u in enumerate(basis):
+        if eps is not None:
+            got = central_difference(F, g, w, float(eps) * u)
+            if got is not None:
+                an[k], fd[k] = got[0], got[1]
+            continue
+        s = step_scale(w, u)
+        first = central_difference(F, g, w, DIFFERENCE_STEPS[1] * s * u)
+        if first is not None and abs(first[0] - first[1]) <= CHECK_GRAD_GOOD * abs(first[0]):
+            an[k], fd[k] = first[0], first[1]
+            continue
+        tried = [first if i == 1 else central_difference(F, g, w, c * s * u)
+                 for i, c in enumerate(DIFFERENCE_STEPS)]
+        # steps whose difference is exactly 0 lost w + h u in the function's own rounding
+        # (e.g. float32 inside), unless every step sees no change
+        tried = [got for got in tried if got is not None]
+        moved = [got for got in tried if got[1] != 0.0]
+        tried = moved if len(moved) >= 2 else tried
+        if len(tried) >= 2:  # the plateau: the shorter of the two consecutive closest steps
+            j = min(range(len(tried) - 1), key=lambda i: abs(tried[i][1] - tried[i + 1][1]))
+            an[k], fd[k] = tried[j + 1][0], tried[j + 1][1]
+        elif first is not None:
+            an[k], fd[k] = first[0], first[1]
     return float(np.linalg.norm(an - fd) / max(np.linalg.norm(fd), 1e-8))

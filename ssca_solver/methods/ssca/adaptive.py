@@ -3,10 +3,11 @@ backtracking on full batches.
 
 * **Curvature probe** (before round 1): each client evaluates every function at x0 on a batch,
   checks the gradient against a central difference of the values along the gradient (a sign
-  error or a sum instead of a mean is caught here), and estimates the curvature along the
-  gradient by a secant of two gradients, L ~ |grad f(x0 + s u) - grad f(x0)| / s. The starting
-  proximal weight is tau = max L (twice the L/2 that makes a proximal-linear surrogate an upper
-  bound along that direction).
+  error or a sum instead of a mean is caught here; a step that disagrees is retried at shorter
+  and longer ones before the gradient is accused, :func:`retry_steps`, :func:`check_gradient`),
+  and estimates the curvature along the gradient by a secant of two gradients,
+  L ~ |grad f(x0 + s u) - grad f(x0)| / s. The starting proximal weight is tau = max L (twice
+  the L/2 that makes a proximal-linear surrogate an upper bound along that direction).
 * **Adaptive sampling** (the norm test of Byrd, Chin, Nocedal and Wu, 2012): clients compute
   their statistics on the two halves of their batch and send |g_A - g_B|^2 (one number per
   function), from which the server estimates the variance of its gradient estimate,
@@ -34,7 +35,8 @@ import numpy as np
 
 from ...errors import UserFunctionError
 from ...federated.messages import aggregation_weight, secagg_active
-from ...model.functions import checked_grad, checked_value_and_grad, checked_values
+from ...model.functions import (DIFFERENCE_STEPS, central_difference, checked_grad,
+                                checked_value_and_grad, checked_values, step_scale)
 from ...model.surrogates import ProximalLinear
 
 START_BATCH = 32        # rows per client in the first rounds of batch_size="auto"
@@ -53,17 +55,26 @@ METRIC_TASK = "ssca.metric"
 METRIC_ROWS = 64        # rows per client whose per-sample gradients give the diagonal metric
 METRIC_SPREAD = 1e6     # a diagonal metric when the curvature estimates span more than this
 CHECK_RTOL = 1e-2       # relative disagreement that fails the gradient check
+CHECK_ROUNDING = 1e3 * np.finfo(float).eps  # rounding allowance of a difference at step h:
+#                        CHECK_ROUNDING max(1, |f|) / h (the check's rounding floor)
 NOISE = "noise:"        # prefix of the per-function noise numbers in a reply
 
 
 def fd_step(w: np.ndarray) -> float:
-    """The difference step of the probe at w."""
+    """The probe's first step at w, 1e-6 max(1, |w|_inf): the central difference of its first
+    gradient check, and the secant step of the curvature (tau "auto" depends on it)."""
     return 1e-6 * max(1.0, float(np.max(np.abs(w), initial=0.0)))
 
 
 class ProbeTask:
-    """Client side of the probe: per function, [d/dh of the batch mean along u = g/|g| by grad,
-    the same by a central difference of value, the batch mean, the secant curvature along u].
+    """Client side of the probe: per function, ``"probe:m"`` = [d/dh of the batch mean along
+    u = g/|g| by grad, the same by a central difference of value at step :func:`fd_step`, the
+    batch mean, the secant curvature along u at that step].
+
+    When the gradient check is on (``config["check"]``) and that first comparison fails
+    (:func:`agrees`), the client also sends ``"recheck:m"``, the rows of :func:`retry_steps`
+    (shorter and longer steps along the same u); a client whose first comparison passes sends
+    what it always sent.
 
     Under secure aggregation (the server must learn sums only) the client checks its gradient
     itself (``config["check"]``, :func:`check_gradient`) and sends only B_i L_i / N, which the
@@ -76,6 +87,7 @@ class ProbeTask:
         X, y, b = client.batch(0, request.config.get("batch_size"))
         w, n = request.w, X.shape[0]
         where = f"client {client.index}, before round 1 (gradient check)"
+        check = bool(request.config.get("check"))
         h = fd_step(w)
         arrays = {}
         for m, fn in enumerate(self.functions):
@@ -88,16 +100,60 @@ class ProbeTask:
             up = checked_values(fn, w + h * u, X, y, n, where).mean()
             down = checked_values(fn, w - h * u, X, y, n, where).mean()
             g2 = checked_grad(fn, w + h * u, X, y, w.size, where)
-            arrays[f"probe:{m}"] = np.array([norm, (up - down) / (2 * h), float(v.mean()),
+            fd = (up - down) / (2 * h)
+            arrays[f"probe:{m}"] = np.array([norm, fd, float(v.mean()),
                                              float(np.linalg.norm(g2 - g)) / h])
+            if check and not agrees(norm, fd, float(v.mean()), h):
+                arrays[f"recheck:{m}"] = retry_steps(fn, w, X, y, v, g, where)
         if secagg_active(request):
-            if request.config.get("check"):
+            if check:
                 for m, fn in enumerate(self.functions):
                     an, fd, value, _ = arrays[f"probe:{m}"]
-                    check_gradient(fn, client.index, b, w, an, fd, value)
+                    check_gradient(fn, client.index, b, w, an, fd, value,
+                                   arrays.get(f"recheck:{m}"))
             N = float(request.config["num_samples"])
-            arrays = {k: np.array([b * v[3] / N]) for k, v in arrays.items()}
+            arrays = {f"probe:{m}": np.array([b * arrays[f"probe:{m}"][3] / N])
+                      for m in range(len(self.functions))}
         return client.reply(request, arrays, batch_size=b)
+
+
+def retry_steps(fn, w, X, y, v, g, where: str) -> np.ndarray:
+    """The gradient check's further steps along u = g/|g|, after the first comparison failed:
+    rows [h, derivative along the step by grad, the same by a central difference of the batch
+    mean of value, mean_n |f_n(w)|], one per step tried (at most ``len(DIFFERENCE_STEPS)``).
+
+    The steps are h = c :func:`step_scale` (w, u) for c in ``DIFFERENCE_STEPS`` (eps^(1/3)
+    times 10, 1, 0.1, ..., 1e-8: at |w| = 5e7 from 3000 down to 3e-6), longest first, each over
+    the displacement actually stored (:func:`central_difference`). They stop after two
+    consecutive steps agree (:func:`agrees`), and before the first whose rounding allowance
+    CHECK_ROUNDING max(1, mean_n |f_n|) / h exceeds CHECK_RTOL |g| (a step that short cannot
+    tell a wrong gradient from rounding). Values only: 2 evaluations of ``value`` per step."""
+    n = X.shape[0]
+    norm = float(np.linalg.norm(g))
+    u = g / norm
+    size = float(np.mean(np.abs(v)))
+    shortest = CHECK_ROUNDING * max(1.0, size) / (CHECK_RTOL * norm)
+    s = step_scale(w, u)
+
+    def F(p):
+        return float(checked_values(fn, p, X, y, n, where).mean())
+
+    rows, agreed = [], False
+    for c in DIFFERENCE_STEPS:
+        if c * s < shortest:
+            break
+        got = central_difference(F, g, w, c * s * u)
+        if got is None:
+            continue
+        an, fd, h = got
+        rows.append([h, an, fd, size])
+        if agrees(an, fd, size, h):
+            if agreed:
+                break
+            agreed = True
+        else:
+            agreed = False
+    return np.array(rows, dtype=float).reshape(-1, 4)
 
 
 class MetricTask:
@@ -150,24 +206,53 @@ def diagonal_metric(replies, num_functions: int, num_samples: int) -> np.ndarray
     return D
 
 
-def check_gradient(fn, client: int, batch_size: int, w, an, fd, value) -> None:
-    """Raise UserFunctionError when a function's gradient disagrees with its values on
-    ``client``'s batch of ``batch_size`` rows (the probe's numbers at w)."""
+def agrees(an: float, fd: float, value: float, h: float) -> bool:
+    """One comparison of the gradient check: the derivative ``an`` by grad and ``fd`` by a
+    central difference at step ``h`` of values of size ``value`` agree when they differ by at
+    most CHECK_RTOL of the larger, or by at most what rounding allows the difference,
+    CHECK_ROUNDING max(1, |value|) / h (the rounding floor)."""
+    err = abs(an - fd)
+    floor = CHECK_ROUNDING * max(1.0, abs(value)) / h      # rounding in fd
+    return err <= CHECK_RTOL * max(abs(an), abs(fd)) or err <= floor
+
+
+def check_gradient(fn, client: int, batch_size: int, w, an, fd, value, retries=None) -> None:
+    """Raise UserFunctionError unless a function's gradient agrees with its values on
+    ``client``'s batch of ``batch_size`` rows, judged on the steps tried: the probe's first
+    comparison at w (``an``, ``fd``, ``value``, step :func:`fd_step`) and the ``retries``
+    of :func:`retry_steps` (rows [h, an, fd, size]; None or empty: none). The gradient passes
+    when the first comparison :func:`agrees` (as before retries existed), or two consecutive
+    further steps agree, or the last further step does (the shortest, least truncated one the
+    rounding allows, where the client stopped). A single agreeing step amid disagreeing ones
+    is not enough: the difference of a function curved on a shorter scale than the long steps
+    passes through every value between the wrong derivative and the right one as h shrinks.
+    The message names the function, the client, the two derivatives at the shortest step
+    tried (with their ratio, and a hint when it is -1 or the batch size) and the difference at
+    every other step tried."""
     h = fd_step(w)
+    rows = [(h, an, fd, value)]
+    if retries is not None:
+        rows += [tuple(float(x) for x in r) for r in np.asarray(retries).reshape(-1, 4)]
+    ok = [agrees(a, f, s, t) for t, a, f, s in rows]
+    if ok[0] or (len(rows) > 1 and ok[-1]) or any(a and b for a, b in zip(ok[1:], ok[2:])):
+        return
+    h, an, fd, _ = rows[-1]          # the shortest step tried: the least truncation error
     err, size = abs(an - fd), max(abs(an), abs(fd))
-    floor = 1e3 * np.finfo(float).eps * max(1.0, abs(value)) / h      # rounding in fd
-    if err > CHECK_RTOL * size and err > floor:
-        ratio = an / fd if fd != 0 else float("inf")
-        hint = (" (a sign error?)" if abs(ratio + 1) < 0.1 else
-                f" (a sum instead of a mean over the {batch_size} rows?)"
-                if abs(ratio - batch_size) < 0.1 * batch_size else "")
-        raise UserFunctionError(
-            f"{fn.name}: its gradient does not match its values on client {client}'s "
-            f"batch: along the gradient the derivative of the batch mean is {an:.6g} by grad "
-            f"and {fd:.6g} by a central difference of value (relative error "
-            f"{err / size:.2g}, grad/difference = {ratio:.3g}){hint}. grad must return the "
-            "gradient of the MEAN of the per-sample values; check it with ss.check_grad, or "
-            "pass check_gradients=False to skip this check")
+    ratio = an / fd if fd != 0 else float("inf")
+    hint = (" (a sign error?)" if abs(ratio + 1) < 0.1 else
+            f" (a sum instead of a mean over the {batch_size} rows?)"
+            if abs(ratio - batch_size) < 0.1 * batch_size else "")
+    others = ""
+    if len(rows) > 1:
+        others = ("; at the other steps tried, h = " + ", ".join(f"{t:.3g}" for t, *_ in rows[:-1])
+                  + ", the difference gave " + ", ".join(f"{f:.6g}" for _, _, f, _ in rows[:-1]))
+    raise UserFunctionError(
+        f"{fn.name}: its gradient does not match its values on client {client}'s "
+        f"batch: along the gradient the derivative of the batch mean is {an:.6g} by grad "
+        f"and {fd:.6g} by a central difference of value at step h = {h:.3g} (relative error "
+        f"{err / size:.2g}, grad/difference = {ratio:.3g}){hint}{others}. grad must return "
+        "the gradient of the MEAN of the per-sample values; check it with ss.check_grad, or "
+        "pass check_gradients=False to skip this check")
 
 
 def split_statistics(builder, fn, w, X, y, tau: float, where: str):

@@ -261,8 +261,10 @@ class SSCA(Method):
 
     # -- the probe before round 1 -----------------------------------------------------------------
     def probe(self, exchange, x0: np.ndarray) -> float:
-        """Check every function's gradient on each client's batch (when asked) and estimate the
-        curvature along it; return the starting tau (``tau="auto"``) or the fixed tau."""
+        """Check every function's gradient on each client's batch (when asked:
+        :func:`.adaptive.check_gradient` on the first comparison and, from a client whose first
+        comparison failed, its further steps) and estimate the curvature along it; return the
+        starting tau (``tau="auto"``) or the fixed tau."""
         batch = min(ad.START_BATCH, max(self.sizes)) if self.auto_batch else self.batch_size
         replies = exchange(Request(ad.PROBE_TASK, 0, x0, {"batch_size": batch,
                                                           "check": self.check_gradients}))
@@ -278,7 +280,8 @@ class SSCA(Method):
             for m, fn in enumerate(self.problem.functions):
                 an, fd, value, secant = (float(v) for v in array(reply, f"probe:{m}"))
                 if self.check_gradients:
-                    ad.check_gradient(fn, reply.client, reply.batch_size, x0, an, fd, value)
+                    ad.check_gradient(fn, reply.client, reply.batch_size, x0, an, fd, value,
+                                      reply.arrays.get(f"recheck:{m}"))
                 curvature = max(curvature, secant)
         if not self.auto_tau:
             return self.tau
