@@ -22,8 +22,12 @@ INFEASIBLE = "infeasible"
 MAX_ITER = "max_iter"
 #: the user's callback stopped the run
 STOPPED = "stopped"
+#: the library's own numerical machinery failed (a subproblem no attempt could solve, or a
+#: diagnostic that decides the status): the Result holds the last good point and its history,
+#: and the message names what failed and where. User errors still raise (docs/modelling.md)
+ERROR = "error"
 #: every status a Result can have
-STATUSES = (CONVERGED, INFEASIBLE, MAX_ITER, STOPPED)
+STATUSES = (CONVERGED, INFEASIBLE, MAX_ITER, STOPPED, ERROR)
 
 #: a runner reason, not a status: the method's iterates stopped moving (``Method.settled``),
 #: so the stage ends early; the method decides what that means
@@ -58,6 +62,23 @@ def not_passed(t: int, residual: tuple, advice: str) -> tuple[str, str]:
     name, value, tol = residual
     return MAX_ITER, (f"the full-data KKT test did not pass in {t} rounds: {name} = "
                       f"{value:.3g} > {tol:g} (relative) at the returned point; try {advice}")
+
+
+def error(what: str, t: int, exc: BaseException, checkpoint=None) -> tuple[str, str]:
+    """(ERROR, message) for a run whose ``what`` (e.g. "round 12's subproblem") failed with
+    ``exc`` after ``t`` completed rounds: the Result holds the point after round ``t``."""
+    text = str(exc).split("\n", 1)[0]
+    return ERROR, (f"{what} failed ({type(exc).__name__}: {text}); returning the last good "
+                   f"point, after round {t}, with its history"
+                   + (f" (checkpoint {checkpoint!r}: resume with solve(..., "
+                      f"resume={checkpoint!r}))" if checkpoint else ""))
+
+
+def kkt_failed(message: str, kkt) -> str:
+    """``message`` with a note that the KKT report at the returned point could not be computed
+    (``kkt.multiplier_source`` names the failure)."""
+    return (f"{message}; note: the full-data KKT report at the returned point could not be "
+            f"computed ({kkt.multiplier_source}), so its stationarity and multipliers are NaN")
 
 
 def decide(reason: str, t: int, kkt, feas_tol: float, kkt_tol: float, tested: bool,

@@ -19,7 +19,10 @@ class KKTReport:
       multipliers: mu_m >= 0 of the stochastic constraints, from the KKT conditions at the point
         (:func:`ssca_solver.diagnostics.kkt.kkt_report`), never a penalty c.
       multiplier_source: "nnls" (least-squares fit of stationarity and complementarity) or
-        "linearized" (the linearised KKT step, used with a domain or a nonsmooth term).
+        "linearized" (the linearised KKT step, used with a domain or a nonsmooth term), or
+        "failed: <why>" when the report could not be computed (:meth:`failed_at`): then the
+        multipliers, stationarity and complementarity are NaN (feasibility too when the point
+        could not even be evaluated), ``passed`` is False and ``failed`` is True.
       stationarity: |grad F_0 + grad R + sum mu_m grad F_m| ("gradient"), or the length of the
         linearised KKT step ("linearized step").
       stationarity_kind: which of the two.
@@ -45,14 +48,44 @@ class KKTReport:
     feasibility_rel: np.ndarray = field(default_factory=lambda: np.zeros(0))
     complementarity_rel: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
+    @classmethod
+    def failed_at(cls, why: str, num_constraints: int, constraints=None, bounds=None,
+                  domain_violation: float = float("nan")) -> "KKTReport":
+        """A report that says it could not be computed (``why``): NaN multipliers,
+        stationarity and complementarity; feasibility from ``constraints`` (F_m - U_m at the
+        point, relative to max(1, |U_m|) with ``bounds``) when they were evaluated, else NaN."""
+        nan = np.full(num_constraints, np.nan)
+        if constraints is None:
+            feas, feas_rel = nan, nan.copy()
+        else:
+            cons = np.asarray(constraints, dtype=float)
+            feas = np.maximum(cons, 0.0)
+            scale = np.maximum(1.0, np.abs(np.asarray(bounds if bounds is not None
+                                                      else np.zeros(cons.size), dtype=float)))
+            feas_rel = feas / scale
+        return cls(multipliers=nan.copy(), multiplier_source=f"failed: {why}",
+                   stationarity=float("nan"), stationarity_kind="not computed",
+                   feasibility=feas, complementarity=nan.copy(),
+                   domain_violation=float(domain_violation), scale=float("nan"),
+                   stationarity_rel=float("nan"), feasibility_rel=feas_rel,
+                   complementarity_rel=nan.copy())
+
+    @property
+    def failed(self) -> bool:
+        """True when the report could not be computed (``multiplier_source`` says why)."""
+        return self.multiplier_source.startswith("failed")
+
     @property
     def max_residual(self) -> float:
-        """The largest absolute residual."""
-        return float(max([self.stationarity, self.domain_violation,
-                          *np.atleast_1d(self.feasibility), *np.atleast_1d(self.complementarity)]))
+        """The largest absolute residual (NaN when one of them is NaN: a failed report)."""
+        values = np.array([self.stationarity, self.domain_violation,
+                           *np.atleast_1d(self.feasibility),
+                           *np.atleast_1d(self.complementarity)], dtype=float)
+        return float("nan") if np.any(np.isnan(values)) else float(np.max(values))
 
     def residuals(self, feas_tol: float, kkt_tol: float) -> list[tuple[str, float, float]]:
-        """(name, relative residual, tolerance) of every test, largest ratio first."""
+        """(name, relative residual, tolerance) of every test, largest ratio first (a NaN
+        residual, of a failed report, counts as the largest)."""
         rows = [("stationarity", float(self.stationarity_rel), kkt_tol),
                 ("domain feasibility", float(self.domain_violation), feas_tol)]
         for m, (f, c) in enumerate(zip(np.atleast_1d(self.feasibility_rel),
@@ -61,6 +94,8 @@ class KKTReport:
             rows.append((f"complementarity of constraint {m + 1}", float(c), kkt_tol))
         def ratio(row):
             _, value, tol = row
+            if np.isnan(value):
+                return np.inf
             return value / tol if tol > 0 else (np.inf if value > 0 else 0.0)
 
         return sorted(rows, key=lambda r: -ratio(r))
@@ -72,7 +107,8 @@ class KKTReport:
                 f"tolerance (largest: {name} {value:.2g} <= {tol:g})")
 
     def passed(self, feas_tol: float, kkt_tol: float) -> bool:
-        """The KKT test: every relative residual within its tolerance."""
+        """The KKT test: every relative residual within its tolerance (never for a failed
+        report: NaN is within no tolerance)."""
         return all(v <= tol for _, v, tol in self.residuals(feas_tol, kkt_tol))
 
 
@@ -117,13 +153,27 @@ class Result:
 
     Attributes:
       x: the point w returned, shape (d,).
-      status: "converged" | "infeasible" | "max_iter" | "stopped" (by the callback).
+      status: "converged" | "infeasible" | "max_iter" | "stopped" (by the callback) |
+        "error": the library's own numerical machinery failed, after its retries: a round's
+        subproblem that no solver attempt could solve (or another library-internal solver
+        failure, ``cvxpy.error.SolverError``), or the status decision's diagnostics. Then
+        ``x`` is the last good point (after the last completed round; the start point when
+        round 1 failed), ``nit`` the rounds completed, ``history`` their rows, ``fun``,
+        ``constraints`` and ``kkt`` are evaluated at ``x`` when possible (else NaN), and
+        ``message`` names what failed, where (the round) and with which solver and status;
+        ``extras["error"]`` holds the exception. A KKT report that cannot be computed does
+        not make a run "error": its status is the one the run earned, ``kkt.failed`` is True
+        and the message says so. User errors still raise at once instead of returning:
+        bad options (``ValueError``, ``TypeError``; an uninstalled ``solver``), a bad
+        function (``UserFunctionError``), bad data or model (``DataError``, ``ModelError``,
+        e.g. an empty domain), ``ClientError`` with ``on_client_failure="raise"``,
+        ``DivergenceError`` and Ctrl-C (``KeyboardInterrupt``), each with ``exc.state``.
       message: a sentence saying why.
       fun: full-data objective F_0(x) + deterministic terms.
       constraints: full-data F_m(x) - U_m, shape (M,) (<= 0 when feasible).
       slack: the last round's slacks s (M,) (zeros for methods without slacks, such as
         "primal_dual"); ``penalty``: the c at which the solver stopped.
-      kkt: :class:`KKTReport` on the full data.
+      kkt: :class:`KKTReport` on the full data (``kkt.failed`` when it could not be computed).
       history: :class:`History`.
       communication: :class:`Communication`.
       stages: one :class:`Stage` per penalty value run.
@@ -134,9 +184,13 @@ class Result:
       time: wall-clock seconds of the solve (summed over resumed parts).
       solver_info: method "ssca": ``solver`` ("closed_form" or the CVXPY solver's name),
         ``retries`` (total fallback attempts of the CVXPY path over all rounds; each attempt
-        re-solves one round's subproblem with other Clarabel settings), ``inaccurate_rounds``
+        re-solves one round's subproblem with other Clarabel settings, recentred, or with
+        another installed solver: :mod:`ssca_solver.subproblems.cvxpy_backend`),
+        ``inaccurate_rounds``
         (rounds whose subproblem solve was flagged inaccurate: CVXPY's "optimal_inaccurate",
-        or the closed form's dual iteration stopping above rounding) and ``parametrized``
+        an answer of another solver than the chosen one when that is a first-order method
+        (SCS, OSQP), or the closed form's dual iteration stopping above rounding) and
+        ``parametrized``
         (CVXPY path: compiled once with Parameters, or rebuilt each round for d > 4096; None
         for the closed form).
       extras: method-specific settings worth keeping with the result (e.g. FedAvg's E; the
@@ -209,12 +263,19 @@ class Result:
                                 else ""))
         si = self.solver_info
         if si.get("retries") or si.get("inaccurate_rounds"):
-            lines.append(f"subproblem    {si.get('retries', 0)} retries with fallback settings, "
+            lines.append(f"subproblem    {si.get('retries', 0)} retries (fallback settings, "
+                         "recentred, other solvers), "
                          f"{len(si.get('inaccurate_rounds', ()))} rounds flagged inaccurate")
-        lines.append(f"KKT           stationarity = {k.stationarity:.3g} ({k.stationarity_kind})"
-                     + (f"   max feasibility = {np.max(k.feasibility):.3g}   max "
-                        f"complementarity = {np.max(k.complementarity):.3g}   multipliers from "
-                        f"{k.multiplier_source}" if k.feasibility.size else ""))
+        if k.failed:
+            lines.append(f"KKT           not computed ({k.multiplier_source})"
+                         + (f"   max feasibility = {np.max(k.feasibility):.3g}"
+                            if k.feasibility.size else ""))
+        else:
+            lines.append(f"KKT           stationarity = {k.stationarity:.3g} "
+                         f"({k.stationarity_kind})"
+                         + (f"   max feasibility = {np.max(k.feasibility):.3g}   max "
+                            f"complementarity = {np.max(k.complementarity):.3g}   multipliers "
+                            f"from {k.multiplier_source}" if k.feasibility.size else ""))
         if k.domain_violation > 0:
             lines.append(f"              domain violation = {k.domain_violation:.3g}")
         if self.dropouts:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 
+import cvxpy as cp
 import numpy as np
 
 
 from .. import status as st
+from ..errors import SSCAError, SubproblemError
 from ..diagnostics.evaluation import Evaluator
 from ..diagnostics.kkt import kkt_report
-from ..diagnostics.result import Communication
+from ..diagnostics.result import Communication, KKTReport
 from ..federated import build_clients, make_transport
 from ..federated.gather import Gatherer
 from ..federated.sampling import Sampler
@@ -22,6 +24,26 @@ from . import checkpoint as ckpt
 from ..diagnostics.history import Recorder
 from .options import check_clients, run_fingerprint, seed_entropy, start_point
 from .runner import Runner, Tally, dropouts_from, state_arrays_from
+
+
+def library_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a numerical failure of the library's own convex problems (a
+    subproblem no attempt could solve, a diagnostic's solver), which a solve turns into status
+    "error" or a failed KKT report instead of raising: ``SubproblemError`` (but not one that
+    is also a ``ValueError``, the user's model, such as an empty domain) and CVXPY's
+    ``SolverError``. User errors (a plain ``RuntimeError`` from a callback among them),
+    client failures, divergence and Ctrl-C are not."""
+    if isinstance(exc, ValueError):
+        return False
+    return isinstance(exc, (SubproblemError, cp.error.SolverError))
+
+
+def diagnostic_failure(exc: BaseException) -> bool:
+    """A failure of the KKT report's own numerics (it runs no user code): a
+    :func:`library_failure`, or a plain ``RuntimeError`` of SciPy or NumPy (e.g. an iteration
+    limit of the multipliers' fit)."""
+    return library_failure(exc) or (type(exc) is RuntimeError and not isinstance(exc,
+                                                                                 SSCAError))
 
 
 def fingerprint(problem, method: str, **options) -> dict:
@@ -141,7 +163,11 @@ class Session:
         alg, recorder = self.algorithm, self.runner.recorder
         for j in range(self.stage, alg.num_stages):
             if j > 0 and not (self.resumed and j == self.stage):
-                state = alg.next_stage(state, j, recorder)
+                try:
+                    state = alg.next_stage(state, j, recorder)
+                except BaseException as exc:   # the last stage's end is the last good state
+                    self.runner.failed(exc, state)
+                    raise
             done = int(np.count_nonzero(recorder.columns["stage"].view() == j))
             state, reason = self.runner.run(state, self.opts.max_iter - done, stage=j)
             if reason not in (st.MAX_ITER, st.SETTLED):
@@ -172,12 +198,46 @@ class Session:
         return bool(self.algorithm.kkt_test(report)), report
 
     def kkt(self, state, ev):
-        """The KKT report at ``state.w`` from a full-data evaluation with gradients."""
-        return kkt_report(state.w, ev, self.evaluator.terms, self.solver, self.grad_scale,
-                          self.algorithm.kkt_metric(state))
+        """The KKT report at ``state.w`` from a full-data evaluation with gradients; a report
+        marked failed (:meth:`KKTReport.failed_at`: NaN stationarity and multipliers, the
+        failure named in ``multiplier_source``) when the library's own solver failed on it
+        (:func:`diagnostic_failure`), so a diagnostic never loses the run; it then fails the
+        stopping test."""
+        try:
+            return kkt_report(state.w, ev, self.evaluator.terms, self.solver, self.grad_scale,
+                              self.algorithm.kkt_metric(state))
+        except Exception as exc:
+            if not diagnostic_failure(exc):
+                raise
+            return self.failed_kkt(state.w, ev, f"{type(exc).__name__}: {exc}")
 
-    def final_report(self, state):
-        """(fun, constraints, kkt, communication, history) at ``state.w`` on the full data."""
+    def failed_kkt(self, w, ev, why: str):
+        """The failed KKT report at ``w`` (``ev``: its evaluation, or None when there is
+        none), with what could still be computed: the feasibility and the domain's
+        violation."""
+        terms = self.evaluator.terms
+        M = self.problem.num_constraints
+        cons = None if ev is None else self.evaluator.split(ev.values, w)[1]
+        try:
+            dv = terms.deterministic.domain_violation(w)
+        except Exception:
+            dv = float("nan")
+        return KKTReport.failed_at(why, M, cons, terms.bounds, dv)
+
+    def communication(self, rounds: int) -> Communication:
+        """The floats counted so far, for a Result after ``rounds`` rounds."""
+        t = self.runner.tally
+        return Communication(rounds=rounds, num_clients=self.transport.num_clients,
+                             up_per_client_round=t.up_per_client_round,
+                             down_per_client_round=t.down_per_client_round or self.problem.dim,
+                             up_total=t.up, down_total=t.down, eval_up_total=t.eval_up,
+                             eval_down_total=t.eval_down,
+                             clients_per_round=self.opts.clients_per_round)
+
+    def final_report(self, state, reason=None):
+        """(fun, constraints, kkt, communication, history) at ``state.w`` on the full data.
+        When the KKT report cannot be computed there but the run's stopping test passed at
+        this same point (``reason`` "converged"), that test's report stands in."""
         try:
             final = self.runner.evaluate(state.w, with_grad=True, round=state.t)
         except BaseException as exc:
@@ -185,12 +245,26 @@ class Session:
             raise
         fun, cons = self.evaluator.split(final.values, state.w)
         kkt = self.kkt(state, final)
+        last = self.runner.last_test
+        if kkt.failed and reason == st.CONVERGED and last is not None and not last.failed:
+            kkt = last
         self.final_evaluation = final
-        t = self.runner.tally
-        comm = Communication(rounds=state.t, num_clients=self.transport.num_clients,
-                             up_per_client_round=t.up_per_client_round,
-                             down_per_client_round=t.down_per_client_round or self.problem.dim,
-                             up_total=t.up, down_total=t.down, eval_up_total=t.eval_up,
-                             eval_down_total=t.eval_down,
-                             clients_per_round=self.opts.clients_per_round)
-        return fun, cons, kkt, comm, self.runner.recorder.history()
+        return fun, cons, kkt, self.communication(state.t), self.runner.recorder.history()
+
+    def error_report(self, state):
+        """(fun, constraints, kkt, communication, history, note) for a run that ended with
+        status "error" at ``state`` (its last good state): a full-data evaluation at
+        ``state.w`` when one is possible (else NaN values, a failed KKT report, and ``note``
+        says why; Ctrl-C still raises)."""
+        M = self.problem.num_constraints
+        note = ""
+        try:
+            final = self.runner.evaluate(state.w, with_grad=True, round=state.t)
+        except Exception as exc:
+            note = f"; the point could not be evaluated ({type(exc).__name__}: {exc})"
+            fun, cons = float("nan"), np.full(M, np.nan)
+            kkt = self.failed_kkt(state.w, None, f"no evaluation: {type(exc).__name__}")
+        else:
+            fun, cons = self.evaluator.split(final.values, state.w)
+            kkt = self.kkt(state, final)
+        return fun, cons, kkt, self.communication(state.t), self.runner.recorder.history(), note

@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 import cvxpy as cp
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import ModelError, SubproblemError
 
 
 def term_label(kind: str, i: int, fn) -> str:
@@ -166,33 +166,61 @@ class DeterministicPart:
         feasible where the linearised constraints are not; ``elastic`` is their sum.
 
         Returns (u, mu, domain duals (list of arrays), elastic).
+
+        Attempts: Clarabel at tight tolerances, then at its defaults; if neither leaves a
+        point, the same problem in the step v = u - w (u = w + v: no large constants when |w|
+        is large, the cause of the "unbounded" answers met on badly scaled problems with
+        bounds), at tight tolerances and at the defaults. A first-order solver is not tried:
+        its answer could pass a KKT test it should fail. When every attempt fails:
+        :class:`~ssca_solver.errors.SubproblemError` naming the statuses (the session then
+        marks the KKT report failed instead of losing the run).
         """
         M = int(np.size(cons))
         G = np.asarray(G, dtype=float).reshape(self.dim, M)
         w = np.asarray(w, dtype=float)
+        cons = np.asarray(cons, dtype=float)
         P = 1e6 * max(1.0, float(np.max(np.abs(g0), initial=0.0)),
                       float(np.max(np.abs(G), initial=0.0)))
-        u = cp.Variable(self.dim)
-        expr, dom = self.instantiate(u)
-        obj = g0 @ u + 0.5 * cp.sum_squares(u - w) + (expr if expr is not None else 0)
-        cons_lin = []
-        if M:
-            e = cp.Variable(M, nonneg=True)
-            obj = obj + P * cp.sum(e)
-            cons_lin = [np.asarray(cons, dtype=float) - G.T @ w + G.T @ u <= e]
-        prob = cp.Problem(cp.Minimize(obj), cons_lin + dom)
         # the step |u - w| is the residual the stopping test reads at 1e-4 relative: solve
         # it well below that (Clarabel's default tolerances leave ~1e-4 in u)
         tight = ({"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11, "tol_feas": 1e-11}
                  if solver.upper() == "CLARABEL" else {})
-        try:
-            prob.solve(solver=solver, **tight)
-        except cp.error.SolverError:
-            prob.solve(solver=solver)
-        if u.value is None or prob.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
-            prob.solve(solver=solver)
-        if u.value is None:
-            raise ModelError(f"the linearised KKT problem failed at w: {prob.status}")
+        statuses, found = [], False
+        for recentred in (False, True):
+            if recentred:
+                v = cp.Variable(self.dim)
+                u = w + v
+                expr, dom = self.instantiate(u)
+                obj = g0 @ v + 0.5 * cp.sum_squares(v) + (expr if expr is not None else 0)
+            else:
+                u = cp.Variable(self.dim)
+                expr, dom = self.instantiate(u)
+                obj = g0 @ u + 0.5 * cp.sum_squares(u - w) + (expr if expr is not None else 0)
+            cons_lin = []
+            if M:
+                e = cp.Variable(M, nonneg=True)
+                obj = obj + P * cp.sum(e)
+                cons_lin = [cons + G.T @ v <= e] if recentred else [cons - G.T @ w + G.T @ u
+                                                                     <= e]
+            prob = cp.Problem(cp.Minimize(obj), cons_lin + dom)
+            for options in (tight, {}):
+                try:
+                    prob.solve(solver=solver, **options)
+                    statuses.append(prob.status)
+                except cp.error.SolverError:
+                    statuses.append("solver_error")
+                    continue
+                if u.value is not None and (prob.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE)
+                                            or not options):
+                    found = True
+                    break
+            if found:
+                break
+        if not found or not np.all(np.isfinite(u.value)):
+            raise SubproblemError(
+                "the linearised KKT problem (the KKT report's diagnostic) failed at w: solver "
+                f"{solver} returned {', '.join(repr(x) for x in statuses)} (tight tolerances, "
+                "defaults, then the same recentred at w)")
         mu = (np.maximum(np.asarray(cons_lin[0].dual_value, dtype=float), 0.0) if M
               else np.zeros(0))
         duals = [np.atleast_1d(np.asarray(c.dual_value, dtype=float)) for c in dom]

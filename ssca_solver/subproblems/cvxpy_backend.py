@@ -16,6 +16,15 @@ quadratic term next to constraint cones made Clarabel fail more often. In Proble
 stochastic constraint) the objective's |w|^2 is a quadratic term, which Clarabel takes
 natively and solves to ~1e-9 (an epigraph costs the square root of the duality gap in
 accuracy there, ~1e-5).
+
+A round the solver cannot solve is retried, each attempt counted in the history's ``retries``
+(:meth:`CvxpySubproblem._solve_with_retries` lists the chain): Clarabel at its own defaults
+and two fallback settings, then the problem rebuilt around a centre (w = centre + D v, which
+removes the cancellation of the expanded surrogates' large constants when |w| is large), then
+the other installed solvers (SCS; OSQP when the problem is a QP), whose answers are flagged
+inaccurate. Only when every attempt fails does the round raise :class:`SubproblemError`; the
+front door then returns the last good point with status "error"
+(:mod:`ssca_solver.engine.solve`).
 """
 
 from __future__ import annotations
@@ -49,6 +58,25 @@ _CLARABEL_FALLBACKS = [{"static_regularization_enable": False}, {"equilibrate_en
 CLARABEL_TOLERANCES = {"tol_gap_abs": 1e-9, "tol_gap_rel": 1e-9, "tol_feas": 1e-9}
 _CLARABEL_DEFAULTS = {"tol_gap_abs": 1e-8, "tol_gap_rel": 1e-8, "tol_feas": 1e-8}
 
+#: The other solvers tried, at these settings, when every attempt of the chosen solver failed
+#: (answers of these first-order methods are flagged inaccurate; OSQP only for QPs).
+OTHER_SOLVERS = {"CLARABEL": dict(CLARABEL_TOLERANCES),
+                 "SCS": {"eps_abs": 1e-7, "eps_rel": 1e-7, "max_iters": 100_000},
+                 "OSQP": {"eps_abs": 1e-7, "eps_rel": 1e-7, "max_iter": 100_000}}
+#: solvers whose answers count as accurate when they say "optimal" (interior point)
+_ACCURATE = {"CLARABEL", "ECOS", "MOSEK", "GUROBI", "CPLEX", "CVXOPT", "PIQP", "QPALM"}
+
+
+class EmptyDomainError(ModelError, SubproblemError):
+    """The subproblem is infeasible because the problem's domain (its deterministic
+    constraints) is empty: the user's model, so a solve raises it at once (a ``ModelError``;
+    also a ``SubproblemError`` for code that caught that before)."""
+
+
+def installed(solver: str) -> bool:
+    """Whether CVXPY can run ``solver`` here."""
+    return solver.upper() in cp.installed_solvers()
+
 
 def _parameter(spec, m: int) -> cp.Parameter:
     return cp.Parameter(spec.shape, nonneg=spec.nonneg, PSD=spec.psd, name=f"{spec.name}_{m}")
@@ -58,6 +86,29 @@ def _placeholder(spec) -> np.ndarray:
     if spec.psd:
         return np.eye(spec.shape[0])
     return np.full(spec.shape, 1.0 if spec.nonneg else 0.0)
+
+
+class _Model:
+    """One CVXPY model of Problem 5: the problem, w (the variable, or ``centre + D v``), the
+    slacks and the surrogate constraints whose duals are the multipliers."""
+
+    __slots__ = ("problem", "w", "s", "sur_cons")
+
+    def __init__(self, problem, w, s, sur_cons):
+        self.problem, self.w, self.s, self.sur_cons = problem, w, s, sur_cons
+
+    def answer(self):
+        """(w, slack, duals, value) as NumPy values after a solve, or None when the solver left
+        no point (or no duals)."""
+        w = self.w.value
+        if w is None or not np.all(np.isfinite(w)):
+            return None
+        duals = [c.dual_value for c in self.sur_cons]
+        if any(d is None for d in duals):
+            return None
+        s = None if self.s is None else np.array(self.s.value)
+        return (np.array(w, dtype=float), s, [np.array(d) for d in duals],
+                float(self.problem.value))
 
 
 class CvxpySubproblem:
@@ -70,7 +121,8 @@ class CvxpySubproblem:
       stochastic_objective: whether builders[0] is the objective's.
       bounds: U_m of the M stochastic constraints.
       deterministic: the :class:`DeterministicPart` of the problem.
-      solver: a CVXPY solver name (default Clarabel, an interior-point method).
+      solver: a CVXPY solver name (default Clarabel, an interior-point method); one that is
+        not installed is a ``ValueError`` at once.
       solver_options: keyword arguments passed to ``Problem.solve``.
     """
 
@@ -79,6 +131,9 @@ class CvxpySubproblem:
     def __init__(self, dim: int, builders: Sequence, stochastic_objective: bool,
                  bounds: Sequence[float], deterministic, solver: str = "CLARABEL",
                  solver_options: Optional[dict] = None, parametrize: Optional[bool] = None):
+        if not installed(solver):
+            raise ValueError(f"solver={solver!r} is not an installed CVXPY solver; installed: "
+                             f"{', '.join(cp.installed_solvers())}")
         self.dim = dim
         self.solver = solver
         # CVXPY's warm start hands Clarabel new data through solver.update(), which keeps the
@@ -96,39 +151,58 @@ class CvxpySubproblem:
         self._stochastic_objective = stochastic_objective
         self._bounds = [float(U) for U in bounds]
         self._deterministic = deterministic
-        self._value = None
         self.parametrize = dim <= DPP_MAX_DIM if parametrize is None else bool(parametrize)
         if self.parametrize:
             self._params = [{s.name: _parameter(s, m) for s in b.statistic_specs(dim)}
                             for m, b in enumerate(builders)]
             self._c = cp.Parameter(nonneg=True, name="penalty")
-            self._build(self._params, self._c)
+            self._main = self._build(self._params, self._c)
             self.dpp = self.problem.is_dpp()
             if not self.dpp:
                 warnings.warn("the subproblem is not DPP (a custom surrogate builder multiplies "
                               "parameters in a way CVXPY cannot parametrise); CVXPY will "
                               "recompile it every round, which is slow", stacklevel=3)
         else:  # check the model once on placeholder values; each solve rebuilds it
-            self._build([{s.name: cp.Constant(_placeholder(s)) for s in b.statistic_specs(dim)}
-                         for b in builders], cp.Constant(1.0))
+            self._main = self._build([{s.name: cp.Constant(_placeholder(s))
+                                       for s in b.statistic_specs(dim)} for b in builders],
+                                     cp.Constant(1.0))
             self.dpp = False
 
-    def _build(self, stats: Sequence[dict], penalty) -> None:
-        """Problem 5 on ``stats`` (Parameters, or Constants when not parametrised)."""
-        self._w = cp.Variable(self.dim, name="w")
-        self._r = cp.Variable(name="w_sq")
+    @property
+    def problem(self) -> cp.Problem:
+        """The CVXPY problem of the rounds (the parametrised one, or the last rebuilt)."""
+        return self._main.problem
+
+    def _build(self, stats: Sequence[dict], penalty, center=None, scale=None) -> _Model:
+        """Problem 5 on ``stats`` (Parameters, or Constants when not parametrised).
+
+        With a ``center`` (and a positive diagonal ``scale`` D), the same problem in the
+        variable v of w = center + D v, built with constants: |w|^2 is then written
+        |center|^2 + 2 center.(D v) + |D v|^2, so the solver sees the surrogates' terms around
+        the centre instead of the expanded constants (tau |w_t|^2 and more) that cancel there.
+        """
+        if center is None:
+            w = cp.Variable(self.dim, name="w")
+            w_sq_exact = cp.sum_squares(w)
+        else:
+            v = cp.Variable(self.dim, name="v")
+            step = v if scale is None else cp.multiply(scale, v)
+            w = center + step
+            w_sq_exact = float(center @ center) + 2 * (center @ step) + cp.sum_squares(step)
+        r = cp.Variable(name="w_sq")
+        # in Problem 5 every surrogate shares the epigraph r >= |w|^2 (recentred: r >= |D v|^2)
+        r_sq = r if center is None else float(center @ center) + 2 * (center @ step) + r
         surrogates = []
         for m, (b, st) in enumerate(zip(self._builders, stats)):
             # Problem 2 keeps |w|^2 a quadratic objective term (Clarabel takes it natively, as
             # P); in Problem 5 every surrogate shares the epigraph variable r
-            sq = (cp.sum_squares(self._w) if (self.num_constraints == 0 and m == 0)
-                  else self._r)
-            expr = b.expression(st, self._w, sq)
+            sq = w_sq_exact if (self.num_constraints == 0 and m == 0) else r_sq
+            expr = b.expression(st, w, sq)
             if not (expr.is_dcp() and expr.is_convex() and expr.size == 1):
                 raise ModelError(f"surrogate builder {b!r} for function #{m} returned an "
                                  f"expression that is not a convex scalar under DCP: {expr}")
             surrogates.append(expr)
-        det, domain = self._deterministic.instantiate(self._w)
+        det, domain = self._deterministic.instantiate(w)
         obj_terms = []
         k = 0
         if self._stochastic_objective:
@@ -138,74 +212,211 @@ class CvxpySubproblem:
             obj_terms.append(det)
         cons = list(domain)
         if self.num_constraints:  # Problem 2 never uses r (see the module docstring)
-            cons.append(cp.sum_squares(self._w) <= self._r)
-        self._sur_cons = []
+            cons.append(cp.sum_squares(w if center is None else step) <= r)
+        sur_cons = []
         if self.num_constraints:
-            self._s = cp.Variable(self.num_constraints, nonneg=True, name="slack")
-            obj_terms.append(penalty * cp.sum(self._s))
+            s = cp.Variable(self.num_constraints, nonneg=True, name="slack")
+            obj_terms.append(penalty * cp.sum(s))
             for m, U in enumerate(self._bounds):
-                self._sur_cons.append(surrogates[k + m] - U <= self._s[m])
-            cons = self._sur_cons + cons
+                sur_cons.append(surrogates[k + m] - U <= s[m])
+            cons = sur_cons + cons
         else:
-            self._s = None
-        self.problem = cp.Problem(cp.Minimize(cp.sum(cp.hstack(obj_terms))), cons)
-        if not self.problem.is_dcp():
+            s = None
+        problem = cp.Problem(cp.Minimize(cp.sum(cp.hstack(obj_terms))), cons)
+        if not problem.is_dcp():
             raise ModelError("the subproblem is not DCP; check the surrogate builders and "
                              "deterministic terms")
+        return _Model(problem, w, s, sur_cons)
 
-    def _solve_with_retries(self, round: int) -> tuple[str, int]:
-        """Solve; on a failure retry with each fallback setting, then raise SubproblemError.
+    @staticmethod
+    def _attempt(model: _Model, solver: str, options: dict,
+                 rescue: bool = False) -> tuple[str, Optional[str]]:
+        """Solve ``model`` once: (status, error text or None). A rescue attempt (another
+        solver, the library's settings) also turns any other exception of the solver into a
+        failed attempt; with the user's settings only CVXPY's SolverError is the solver's
+        (a setting the solver refuses raises at once)."""
+        try:
+            with warnings.catch_warnings():  # the status is checked here, not by CVXPY
+                warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+                model.problem.solve(solver=solver, **options)
+        except cp.error.SolverError as exc:
+            return "solver_error", str(exc)
+        except Exception as exc:
+            if not rescue:
+                raise
+            return "solver_error", f"{type(exc).__name__}: {exc}"
+        return model.problem.status, None
 
-        With the library's tight tolerances (CLARABEL_TOLERANCES) the first retry is at
-        Clarabel's own defaults. Clarabel sometimes stalls ("InsufficientProgress", "AlmostSolved") after it has
-        converged, when its static regularisation or equilibration interacts badly with the
-        degenerate optimum of an unsatisfiable constraint surrogate; turning either off solves
-        those instances to full accuracy. Returns the status and the number of retries.
+    def _solve_with_retries(self, round: int, values: Sequence[dict],
+                            penalty: float) -> tuple[tuple, str, int, bool]:
+        """Solve; on a failure retry, then raise SubproblemError. Returns (answer, status,
+        retries, inaccurate) with answer = (w, slack, duals, value).
+
+        The chain, each attempt after the first counted as a retry:
+
+        1. the chosen solver with the library's settings (Clarabel: CLARABEL_TOLERANCES);
+        2. with the library's tight tolerances, Clarabel at its own defaults; then Clarabel
+           without static regularisation, and without equilibration: Clarabel sometimes stalls
+           ("InsufficientProgress", "AlmostSolved") after it has converged, when either interacts
+           badly with the degenerate optimum of an unsatisfiable constraint surrogate; turning
+           it off solves those instances to full accuracy. If none is "optimal", the first
+           "optimal_inaccurate" answer is kept (flagged inaccurate), as before;
+        3. only when no attempt left an answer: the same problem rebuilt around a centre
+           (:meth:`_center`), w = centre + v, then w = centre + D v with D = max(1, |centre|):
+           a badly scaled subproblem (|w_t| ~ 1e4 with bounds: constants ~ 1e9 that cancel)
+           that Clarabel called "solver_error" or "unbounded" is solved to full accuracy so;
+        4. the other installed solvers of ``OTHER_SOLVERS`` (SCS; OSQP when the problem is a
+           QP; Clarabel when another solver was chosen), on the recentred problem when there
+           is a centre: an "optimal" answer of a first-order method is flagged inaccurate.
+
+        A larger proximal weight tau for the round is not tried here: the solver is stateless
+        and sees only the averaged statistics, not the centre w_t of a proximal term, so a
+        consistent one (tau' |w - w_t|^2) belongs to the method's step, not to this retry.
+        If every attempt fails, and one of them said "infeasible", the domain alone is checked:
+        when it is empty the error is :class:`EmptyDomainError` (the user's model).
         """
         attempts = [{}] + self._fallbacks
         statuses, errors, fallback = [], [], None
         for k, extra in enumerate(attempts):
-            try:
-                with warnings.catch_warnings():  # the status is checked here, not by CVXPY
-                    warnings.filterwarnings("ignore", message="Solution may be inaccurate")
-                    self.problem.solve(solver=self.solver, **{**self.solver_options, **extra})
-                statuses.append(self.problem.status)
-            except cp.error.SolverError as exc:
-                statuses.append("solver_error")
-                errors.append(str(exc))
+            status, error = self._attempt(self._main, self.solver,
+                                          {**self.solver_options, **extra})
+            statuses.append(status)
+            if error is not None:
+                errors.append(error)
                 continue
-            if self._w.value is None:
+            answer = self._main.answer()
+            if answer is None:
                 continue
-            if statuses[-1] == cp.OPTIMAL:
-                return statuses[-1], k
-            if statuses[-1] == cp.OPTIMAL_INACCURATE and fallback is None:
-                fallback = self._snapshot()
+            if status == cp.OPTIMAL:
+                return answer, status, k, False
+            if status == cp.OPTIMAL_INACCURATE and fallback is None:
+                fallback = answer
         if fallback is not None:  # keep the first inaccurate answer if nothing better came
-            self._restore(fallback)
-            return cp.OPTIMAL_INACCURATE, len(attempts) - 1
+            return fallback, cp.OPTIMAL_INACCURATE, len(attempts) - 1, True
+        # nothing usable from the chosen solver's settings: the rescue chain
+        rescue, k = [], len(attempts) - 1
+        for label, model, solver, options, accurate in self._rescue(values, penalty):
+            k += 1
+            if isinstance(model, str):          # building it failed: name why
+                rescue.append(f"{label} {model}")
+                continue
+            status, error = self._attempt(model, solver, options, rescue=solver != self.solver)
+            rescue.append(f"{label} '{status}'")
+            if error is not None:
+                errors.append(f"{label}: {error}")
+                continue
+            answer = model.answer()
+            if answer is None:
+                continue
+            if status == cp.OPTIMAL:
+                return answer, status, k, not accurate
+            if status == cp.OPTIMAL_INACCURATE and fallback is None:
+                fallback = answer
+        if fallback is not None:
+            return fallback, cp.OPTIMAL_INACCURATE, k, True
         tried = ", ".join(f"'{st}'" for st in statuses)
         detail = f" ({errors[-1]})" if errors else ""
         which = "Problem 5" if self.num_constraints else "Problem 2"
-        raise SubproblemError(f"round {round}: solver {self.solver} returned status '{statuses[0]}'"
-                              f" on the subproblem ({which}); statuses of the {len(attempts)} "
-                              f"attempt(s): {tried}{detail}")
+        then = f"; then {', '.join(rescue)}" if rescue else ""
+        text = (f"round {round}: solver {self.solver} returned status '{statuses[0]}' on the "
+                f"subproblem ({which}); statuses of the {len(attempts)} attempt(s): {tried}"
+                f"{then}{detail}")
+        if any("infeasible" in x for x in statuses + rescue) and self._domain_is_empty():
+            raise EmptyDomainError(f"{text}. The problem's domain alone (its deterministic "
+                                   "constraints) is infeasible: no point satisfies them; "
+                                   "check domain=")
+        raise SubproblemError(text)
 
-    def _snapshot(self):
-        return (np.array(self._w.value), None if self._s is None else np.array(self._s.value),
-                [np.array(c.dual_value) for c in self._sur_cons], float(self.problem.value))
+    def _rescue(self, values: Sequence[dict], penalty: float):
+        """The attempts after the chosen solver's settings: (label, model or why it could not
+        be built, solver, options, accurate), built lazily."""
+        center = self._center(values)
+        consts = [{k: cp.Constant(v) for k, v in vals.items()} for vals in values]
+        c = cp.Constant(float(penalty))
+        recentred = None
+        if center is not None:
+            scale = np.maximum(1.0, np.abs(center))
+            # the second at the first fallback's tolerances (Clarabel's own defaults)
+            relaxed = {**self.solver_options, **(self._fallbacks[0] if self._fallbacks else {})}
+            for label, D, options in (("recentred", None, self.solver_options),
+                                      ("recentred and scaled", scale, relaxed)):
+                try:
+                    model = self._build(consts, c, center, D)
+                except Exception as exc:       # e.g. a domain written for a Variable only
+                    yield label, f"(could not be built: {exc!r})", None, None, False
+                    continue
+                recentred = model
+                yield f"{label} {self.solver}", model, self.solver, options, True
+        for name, options in OTHER_SOLVERS.items():
+            if name == self.solver.upper() or not installed(name):
+                continue
+            model = recentred if recentred is not None else self._main
+            if name == "OSQP" and not model.problem.is_qp():
+                continue
+            yield name, model, name, options, name in _ACCURATE
 
-    def _restore(self, snap):
-        self._w.value, s, duals, self._value = snap
-        if self._s is not None:
-            self._s.value = s
-        for c, dv in zip(self._sur_cons, duals):
-            c.dual_variables[0].value = dv
+    def _center(self, values: Sequence[dict]) -> Optional[np.ndarray]:
+        """Where the problem is recentred: the minimiser -lin / (2 quad) of the objective's
+        surrogate (of the sum of all surrogates when the objective has none of that form),
+        for builders with statistics ``lin`` (d,) and ``quad`` (scalar or (d,), > 0), as the
+        proximal-linear and diagonal builders have, projected onto the domain
+        (:meth:`_into_domain`); None when no builder has them."""
+        k = 1 if self._stochastic_objective else 0
+        groups = ([values[:1]] if k else []) + [values]
+        for group in groups:
+            lin, quad = np.zeros(self.dim), 0.0
+            for vals in group:
+                if "lin" not in vals or "quad" not in vals:
+                    break
+                b, a = np.asarray(vals["lin"], dtype=float), np.asarray(vals["quad"], dtype=float)
+                if b.shape != (self.dim,) or a.shape not in ((), (self.dim,)):
+                    break
+                lin, quad = lin + b, quad + a
+            else:
+                if np.all(quad > 0):
+                    center = -lin / (2.0 * quad)
+                    if np.all(np.isfinite(center)):
+                        return self._into_domain(center)
+        return None
+
+    def _into_domain(self, center: np.ndarray) -> np.ndarray:
+        """``center`` projected onto the domain (itself when there is none, or when the
+        projection fails): with scalar curvature and no deterministic terms this is the
+        minimiser of the objective's surrogate over the domain, near the answer even when a
+        small tau puts the unconstrained minimiser far outside (a box far from 0)."""
+        if not self._deterministic.has_domain:
+            return center
+        v = cp.Variable(self.dim)
+        try:
+            _, dom = self._deterministic.instantiate(center + v)
+            prob = cp.Problem(cp.Minimize(cp.sum_squares(v)), dom)
+            prob.solve(solver="CLARABEL" if installed("CLARABEL") else self.solver)
+        except Exception:
+            return center
+        if v.value is None or not np.all(np.isfinite(v.value)):
+            return center
+        return center + np.asarray(v.value, dtype=float)
+
+    def _domain_is_empty(self) -> bool:
+        """Whether the deterministic constraints alone have no point (checked by Clarabel
+        when available, else by the chosen solver)."""
+        if not self._deterministic.has_domain:
+            return False
+        u = cp.Variable(self.dim)
+        try:
+            _, dom = self._deterministic.instantiate(u)
+            prob = cp.Problem(cp.Minimize(0), dom)
+            prob.solve(solver="CLARABEL" if installed("CLARABEL") else self.solver)
+        except Exception:
+            return False
+        return prob.status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE)
 
     def solve(self, stats: Sequence[dict], penalty: float, round: int,
               nu0=None) -> SubproblemSolution:
-        """Set the Parameters to ``stats`` and ``penalty`` (or rebuild with them) and solve;
-        raise SubproblemError on failure. ``nu0`` is accepted for the common contract and
-        unused (Clarabel has no dual warm start through CVXPY)."""
+        """Set the Parameters to ``stats`` and ``penalty`` (or rebuild with them) and solve,
+        retrying as :meth:`_solve_with_retries` says; raise SubproblemError when every attempt
+        fails. ``nu0`` is accepted for the common contract and unused (Clarabel has no dual
+        warm start through CVXPY)."""
         values = []
         for b, st in zip(self._builders, stats):
             vals = {}
@@ -224,14 +435,12 @@ class CvxpySubproblem:
                     p.value = vals[name]
             self._c.value = float(penalty)
         else:
-            self._build([{k: cp.Constant(v) for k, v in vals.items()} for vals in values],
-                        cp.Constant(float(penalty)))
-        status, retries = self._solve_with_retries(round)
+            self._main = self._build([{k: cp.Constant(v) for k, v in vals.items()}
+                                      for vals in values], cp.Constant(float(penalty)))
+        (w, s, duals, value), status, retries, inaccurate = self._solve_with_retries(
+            round, values, penalty)
         M = self.num_constraints
-        slack = np.maximum(self._s.value, 0.0) if M else np.zeros(0)
-        mult = (np.array([float(np.atleast_1d(c.dual_value)[0]) for c in self._sur_cons])
-                if M else np.zeros(0))
-        value = self._value if status == cp.OPTIMAL_INACCURATE else float(self.problem.value)
-        return SubproblemSolution(np.array(self._w.value, dtype=float), slack,
-                                  np.maximum(mult, 0.0), value, retries=retries,
-                                  inaccurate=status == cp.OPTIMAL_INACCURATE)
+        slack = np.maximum(s, 0.0) if M else np.zeros(0)
+        mult = (np.array([float(np.atleast_1d(d)[0]) for d in duals]) if M else np.zeros(0))
+        return SubproblemSolution(np.array(w, dtype=float), slack, np.maximum(mult, 0.0), value,
+                                  retries=retries, inaccurate=inaccurate)
