@@ -19,7 +19,8 @@ from .methods import (BUILTIN, AugmentedLagrangian, AugmentedLagrangianOptions, 
 from .model.data import ClientData, FederatedData
 from .model.functions import SampleFunction, StochasticConstraint, check_grad
 from .model.problem import Problem
-from .model.surrogates import DiagonalCurvature, ProximalLinear, Statistic, SurrogateBuilder
+from .model.surrogates import (DiagonalCurvature, Linearization, ProximalLinear, Statistic,
+                               SurrogateBuilder)
 from .schedules import EpochStep, PowerStep, ScheduleWarning
 
 for _name, _method in BUILTIN.items():
@@ -41,7 +42,7 @@ __all__ = [
     "solve_primal_dual", "AugmentedLagrangianOptions", "solve_augmented_lagrangian", "PowerStep",
     "EpochStep", "ScheduleWarning", "SSCAOptions", "solve_ssca", "Result", "SSCAResult", "Iteration",
     "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder", "Statistic",
-    "ProximalLinear", "DiagonalCurvature", "SSCAError", "DataError", "ModelError",
+    "ProximalLinear", "DiagonalCurvature", "Linearization", "SSCAError", "DataError", "ModelError",
     "UserFunctionError", "ScheduleError", "SubproblemError", "ClientError", "DivergenceError",
     "RoundFailedError", "SecureAggregationError", "__version__",
 ]

@@ -58,6 +58,15 @@ class ProblemTerms(NamedTuple):
     stochastic_objective: bool
     bounds: np.ndarray          # U_m
     deterministic: object       # DeterministicPart
+    equality: Optional[np.ndarray] = None   # which constraints are equalities (None: none)
+
+    def excess(self, cons: np.ndarray) -> np.ndarray:
+        """F_m - U_m for an inequality, |F_m - U_m| for an equality: the violation is its
+        positive part."""
+        cons = np.asarray(cons, dtype=float)
+        if self.equality is None or not np.any(self.equality):
+            return cons
+        return np.where(self.equality, np.abs(cons), cons)
 
 
 def split_values(values: np.ndarray, terms: ProblemTerms) -> tuple[float, np.ndarray]:
@@ -76,7 +85,7 @@ class Evaluator:
 
     def __init__(self, problem):
         self.terms = ProblemTerms(problem.objective is not None, problem.bounds,
-                                  problem.deterministic)
+                                  problem.deterministic, problem.equality)
         self.num_samples = problem.data.num_samples
         self.tasks = {EVALUATE: EvaluateTask(problem.functions)}
 

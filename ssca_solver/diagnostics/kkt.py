@@ -48,13 +48,16 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     scaled to max 1) the relative stationarity is the larger of that ratio and the same ratio
     with every vector divided elementwise by sqrt(max_m D_m), which makes it invariant to the
     units of each coordinate; feasibility
-    max(F_m - U_m, 0) / max(1, |U_m|); complementarity min(mu_m |grad F_m| / scale,
-    |F_m - U_m| / max(1, |U_m|)).
+    max(F_m - U_m, 0) / max(1, |U_m|) (|F_m - U_m| / max(1, |U_m|) for an equality, whose
+    multiplier has either sign); complementarity min(mu_m |grad F_m| / scale,
+    |F_m - U_m| / max(1, |U_m|)) (0 for an equality).
     """
     det = terms.deterministic
     k = 1 if terms.stochastic_objective else 0
     _, cons = split_values(ev.values, terms)
     M = cons.size
+    eq = (np.zeros(M, dtype=bool) if terms.equality is None
+          else np.asarray(terms.equality, dtype=bool).reshape(M))
     g0 = ev.grads[0] if k else np.zeros(w.size)
     G = ev.grads[k:].T if M else np.zeros((w.size, 0))
     domain_duals: tuple = ()
@@ -66,10 +69,7 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
             # constraints (gradients within eps of parallel, e.g. the two halves of an
             # equality) cannot absorb an unbalanced gradient with huge multipliers that cancel
             # each other; a genuine multiplier shrinks by a factor 1 / (1 + eps^2)
-            col = np.linalg.norm(G, axis=0)
-            A = np.vstack([G, np.diag(cons), MULTIPLIER_REGULARIZATION * np.diag(col)])
-            b = np.concatenate([-g, np.zeros(2 * M)])
-            mu, _ = nnls(A, b)
+            mu = _fit_multipliers(g, G, cons, eq)
         else:
             mu = np.zeros(0)
         res = g + G @ mu
@@ -102,15 +102,44 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
                        / max(float(np.linalg.norm(g * inv)),
                              START_FLOOR * float(grad_scale) * float(np.min(inv)), 1e-300))
     bound_scale = np.maximum(1.0, np.abs(terms.bounds))
+    violation = np.maximum(terms.excess(cons), 0.0)     # |F_m - U_m| for an equality
+    # an equality has no complementarity condition (its multiplier has either sign)
+    comp = np.where(eq, 0.0, np.abs(mu * cons))
+    comp_rel = np.where(eq, 0.0, np.minimum(np.abs(mu) * col / scale,
+                                            np.abs(cons) / bound_scale))
     return KKTReport(multipliers=mu, multiplier_source=source, stationarity=stat,
-                     stationarity_kind=kind, feasibility=np.maximum(cons, 0.0),
-                     complementarity=np.abs(mu * cons),
+                     stationarity_kind=kind, feasibility=violation,
+                     complementarity=comp,
                      domain_violation=det.domain_violation(w),
                      domain_multipliers=domain_duals, scale=scale,
                      stationarity_rel=relative,
-                     feasibility_rel=np.maximum(cons, 0.0) / bound_scale,
-                     complementarity_rel=np.minimum(mu * col / scale,
-                                                    np.abs(cons) / bound_scale))
+                     feasibility_rel=violation / bound_scale,
+                     complementarity_rel=comp_rel)
+
+
+def _fit_multipliers(g, G, cons, eq) -> np.ndarray:
+    """The regularised least-squares multipliers (see :func:`kkt_report`): mu_m >= 0 for an
+    inequality, free sign for an equality (written as mu+ - mu-, both >= 0, with no
+    complementarity row: the regularisation then keeps one of the two at 0)."""
+    M = cons.size
+    col = np.linalg.norm(G, axis=0)
+    comp_rows = np.where(eq, 0.0, cons)
+    A = np.vstack([G, np.diag(comp_rows), MULTIPLIER_REGULARIZATION * np.diag(col)])
+    b = np.concatenate([-g, np.zeros(2 * M)])
+    if not np.any(eq):
+        return nnls(A, b)[0]
+    E = np.flatnonzero(eq)
+    neg = np.zeros((A.shape[0], E.size))
+    neg[:G.shape[0]] = -G[:, E]
+    reg = np.zeros((E.size, M + E.size))           # the regularisation rows of mu-
+    for j, m in enumerate(E):
+        reg[j, M + j] = MULTIPLIER_REGULARIZATION * col[m]
+    A2 = np.vstack([np.hstack([A, neg]), reg])
+    b2 = np.concatenate([b, np.zeros(E.size)])
+    x = nnls(A2, b2)[0]
+    mu = x[:M].copy()
+    mu[E] -= x[M:]
+    return mu
 
 
 #: "infeasible" needs the returned point to be a stationary point of the violation to this
@@ -127,18 +156,23 @@ def violation_stationarity(w: np.ndarray, ev: Evaluation, terms: ProblemTerms,
     the constraints cannot be met; for nonconvex ones, a local one).
 
     The subgradient is g = sum over violated m (relative violation above ``feas_tol``) of
-    grad F_m + sum over near-active m of lambda_m grad F_m, lambda in [0, 1] chosen to make
-    it smallest (bounded least squares). Without a domain the residual is |g|; with one, the
+    grad F_m (sign(F_m - U_m) grad F_m for an equality) + sum over near-active m of
+    lambda_m grad F_m, lambda in [0, 1] ([-1, 1] for an equality) chosen to make it smallest
+    (bounded least squares). Without a domain the residual is |g|; with one, the
     length of the projected step |Proj_D(w - g) - w| (one CVXPY solve).
     """
     k = 1 if terms.stochastic_objective else 0
     cons = np.asarray(ev.values[k:], dtype=float) - terms.bounds
-    rel = cons / np.maximum(1.0, np.abs(terms.bounds))
+    rel = terms.excess(cons) / np.maximum(1.0, np.abs(terms.bounds))
     G = np.asarray(ev.grads[k:], dtype=float).reshape(len(cons), w.size)
+    # the violation's gradient: grad |F_m - U_m| = sign(F_m - U_m) grad F_m for an equality
+    G = np.where((cons < 0)[:, None] & (terms.excess(cons) > cons)[:, None], -G, G)
     violated, near = rel > feas_tol, np.abs(rel) <= feas_tol
     g = G[violated].sum(axis=0)
     if np.any(near):
-        lam = lsq_linear(G[near].T, -g, bounds=(0.0, 1.0)).x
+        eq = (np.zeros(len(cons), dtype=bool) if terms.equality is None
+              else np.asarray(terms.equality, dtype=bool))
+        lam = lsq_linear(G[near].T, -g, bounds=(np.where(eq[near], -1.0, 0.0), 1.0)).x
         g = g + lam @ G[near]
     if not terms.deterministic.has_domain:
         r = float(np.linalg.norm(g))

@@ -252,7 +252,7 @@ class Result:
                 lines.append(f"  c = {s.penalty:<10.3g} rounds = {s.rounds:<6d} "
                              f"|slack| = {s.slack_norm:.3g}")
         if self.constraints.size:
-            lines.append("constraints   (full data; F_m - U_m <= 0 is feasible)")
+            lines.append("constraints   (full data; F_m - U_m <= 0 is feasible, = 0 for ==)")
             names = self.constraint_names or tuple(f"#{m + 1}" for m in range(self.slack.size))
             for m, name in enumerate(names):
                 own = self.extras.get("multipliers")     # a Lagrangian method's lambda

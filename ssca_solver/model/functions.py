@@ -30,7 +30,8 @@ class SampleFunction:
         both in one pass (e.g. one forward and one backward pass of a network); clients use it
         instead of two separate calls when it is given.
 
-    ``f <= U`` (or ``f >= L``) makes a stochastic constraint F(w) <= U of Problem 3.
+    ``f <= U`` (or ``f >= L``) makes a stochastic constraint F(w) <= U of Problem 3, and
+    ``f == b`` the equality F(w) = b.
     The ``w`` the callables receive is read-only (shared by the clients of a round).
     """
 
@@ -54,6 +55,18 @@ class SampleFunction:
     def __ge__(self, bound) -> "StochasticConstraint":
         """``f >= L`` is modelled as ``-f <= -L`` (a constraint of Problem 3)."""
         return StochasticConstraint(-self, -_as_bound(bound))
+
+    def __eq__(self, bound):
+        """``f == b``: the equality constraint F(w) = b (a number); its surrogate is affine
+        (:class:`~ssca_solver.model.surrogates.Linearization`) and Algorithm 2 gives it a
+        two-sided slack |F - b| <= s with a free-sign multiplier. Compared with anything but a
+        number, a SampleFunction is equal only to itself."""
+        if isinstance(bound, SampleFunction) or not _is_number(bound):
+            return NotImplemented
+        return StochasticConstraint(self, _as_bound(bound), equality=True)
+
+    def __ne__(self, other):
+        return NotImplemented        # identity, as for any object (f != 0.5 is no constraint)
 
     def __neg__(self) -> "SampleFunction":
         """-f, with the default surrogate (a custom builder may depend on f's curvature)."""
@@ -81,6 +94,13 @@ class SampleFunction:
         return f"SampleFunction(name={self.name!r})"
 
 
+def _is_number(value) -> bool:
+    """A real number or a 0-d array of one (what a constraint's bound may be), not a bool."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0 and value.dtype.kind in "iuf"
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 def _as_bound(bound) -> float:
     """The bound U of ``f <= U`` (or L of ``f >= L``) as a finite Python float.
 
@@ -103,16 +123,18 @@ def _as_bound(bound) -> float:
     return b
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StochasticConstraint:
-    """The constraint F(w) <= bound: F_m of Problem 3 is F - bound."""
+    """The constraint F(w) <= bound (``f <= U``), or F(w) = bound with ``equality`` (``f == b``):
+    F_m of Problem 3 is F - bound."""
 
     function: SampleFunction
     bound: float
+    equality: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.function.name} <= {self.bound:g}"
+        return f"{self.function.name} {'==' if self.equality else '<='} {self.bound:g}"
 
 
 # -- checks on what user functions return ---------------------------------------------------------

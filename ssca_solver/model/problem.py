@@ -45,7 +45,8 @@ class Problem:
       objective: a :class:`SampleFunction` (F_0, eq. (Fs0)), or a callable ``w -> convex CVXPY
         expression`` for a deterministic objective kept exact (e.g. the paper's |w|^2 in
         (prob:class-con)).
-      constraints: stochastic constraints ``f <= U`` (or ``f >= L``) built from SampleFunctions.
+      constraints: stochastic constraints ``f <= U`` (or ``f >= L``), and equalities ``f == b``,
+        built from SampleFunctions.
       dim: the size d of the decision variable w.
       data: the :class:`FederatedData` the sample functions average over.
       regularizer: a callable ``w -> convex CVXPY expression`` (or a list of them), added to the
@@ -98,7 +99,8 @@ class Problem:
         """The surrogate builder of each stochastic function (objective first), read from the
         functions now: a surrogate set on a function after the problem was built is used by the
         next solve."""
-        return tuple(builder_of(f) for f in self.functions)
+        eq = (False,) * (self.objective is not None) + tuple(self.equality)
+        return tuple(builder_of(f, e) for f, e in zip(self.functions, eq))
 
     @property
     def functions(self) -> tuple[SampleFunction, ...]:
@@ -109,6 +111,11 @@ class Problem:
     @property
     def bounds(self) -> np.ndarray:
         return np.array([c.bound for c in self.constraints], dtype=float)
+
+    @property
+    def equality(self) -> np.ndarray:
+        """Which stochastic constraints are equalities ``f == b`` (M booleans)."""
+        return np.array([c.equality for c in self.constraints], dtype=bool)
 
     @property
     def num_constraints(self) -> int:

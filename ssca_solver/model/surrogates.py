@@ -53,6 +53,9 @@ class SurrogateBuilder:
 
     #: the builder's own tau; None means "use the solve's tau option"
     tau: Optional[float] = None
+    #: its surrogates are strongly convex (Assumption 2, checked at round 1); False only for
+    #: the affine surrogate of an equality constraint
+    strongly_convex: bool = True
 
     @property
     def scalar_curvature(self) -> bool:
@@ -156,6 +159,32 @@ class ProximalLinear(SurrogateBuilder):
         return f"{type(self).__name__}(tau={self.tau})"
 
 
+class Linearization(ProximalLinear):
+    """The affine surrogate of an equality constraint ``f == b`` (issue 18): the linearisation
+
+        fbar(w, w_t, x) = f(w_t, x) + grad f(w_t, x)^T (w - w_t),
+
+    the proximal-linear surrogate with tau = 0 (statistics quad = 0, lin = g, const =
+    v - g.w_t: the same d + 2 floats per function). An equality's surrogate must be affine: the
+    set {w : p(w) = b} of a strongly convex p is a sphere, not a convex set. Algorithm 2 keeps
+    the subproblem well posed through the objective's curvature and the two-sided slack
+    |p(w) - b| <= s; the recursive average of affine surrogates stays affine. Assumption 2's
+    strong convexity concerns the objective and the inequalities' surrogates only.
+    """
+
+    strongly_convex = False
+
+    def __init__(self):
+        self.tau = 0.0                       # its own tau: the solve's tau never applies
+
+    def initial_statistics(self, dim, tau, init):
+        """Fbar^(0) = 0 whatever ``init`` (an affine surrogate has no tau |w|^2 start)."""
+        return {s.name: np.zeros(s.shape) for s in self.statistic_specs(dim)}
+
+    def __repr__(self):
+        return "Linearization()"
+
+
 class DiagonalCurvature(SurrogateBuilder):
     """A proximal-linear surrogate with a diagonal curvature estimate added.
 
@@ -221,6 +250,17 @@ def check_strongly_convex(builder: SurrogateBuilder, stats: Mapping[str, np.ndar
     """
     from ..errors import ModelError
 
+    form = builder.quadratic_form(stats) if builder.scalar_curvature else None
+    if form is not None:
+        # a |w|^2 + b.w + c: strongly convex iff a > 0, read exactly (a second difference
+        # through the expression loses a to rounding once const ~ a |w_t|^2 is large: every
+        # default surrogate was refused at |w_t| ~ 1e6)
+        if not form[0] > 0:
+            raise ModelError(f"the surrogate of {name} ({builder!r}) is not strongly convex: its "
+                             f"curvature is {form[0]:.3g}. Assumption 2 needs strong convexity "
+                             "(e.g. a tau |w - w_t|^2 term), or the subproblem is unbounded.")
+        return
+
     def p(v):  # through the CVXPY expression: exactly what the subproblem will minimise
         return SurrogateBuilder.evaluate(builder, stats, v)
 
@@ -237,9 +277,20 @@ def check_strongly_convex(builder: SurrogateBuilder, stats: Mapping[str, np.ndar
                              "subproblem is unbounded.")
 
 
-def builder_of(fn: SampleFunction) -> SurrogateBuilder:
-    """The builder a function uses: its own, or the proximal-linear default."""
+def builder_of(fn: SampleFunction, equality: bool = False) -> SurrogateBuilder:
+    """The builder a function uses: its own, or the proximal-linear default; for an equality
+    constraint the :class:`Linearization` (a surrogate of its own is refused there, since it
+    would not be affine)."""
+    from ..errors import ModelError
+
     b = fn.surrogate if fn.surrogate is not None else ProximalLinear()
     if not isinstance(b, SurrogateBuilder):
         raise TypeError(f"{fn.name}: surrogate must be a SurrogateBuilder, got {type(b).__name__}")
+    if equality:
+        if fn.surrogate is not None and not isinstance(fn.surrogate, Linearization):
+            raise ModelError(f"{fn.name} == ...: an equality constraint takes the affine "
+                             f"surrogate ss.Linearization(), not {fn.surrogate!r} (a surrogate "
+                             "with curvature would make {w : p(w) = b} a non-convex set); "
+                             "remove its surrogate= or write two inequalities")
+        return Linearization()
     return b

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from ..errors import ModelError
 from .closed_form import ClosedFormSubproblem
 from .cvxpy_backend import CvxpySubproblem
@@ -36,12 +38,17 @@ def make_subproblem(problem, builders, kind: str = "auto", solver: str = "CLARAB
                     solver_options: Optional[dict] = None):
     """The subproblem solver for ``kind``: "auto" (closed form when it applies, else CVXPY),
     "closed_form" (an error when it does not apply) or "cvxpy"."""
+    why = closed_form_obstacle(problem, builders)
     if kind in ("auto", "closed_form"):
-        why = closed_form_obstacle(problem, builders)
         if why is None:
             return ClosedFormSubproblem(problem.dim, builders, problem.objective is not None,
-                                        problem.bounds, problem.deterministic.norm2_coefficient())
+                                        problem.bounds, problem.deterministic.norm2_coefficient(),
+                                        equality=problem.equality)
         if kind == "closed_form":
             raise ModelError(f"subproblem='closed_form' does not apply: {why}")
+    if np.any(problem.equality):
+        raise ModelError("equality constraints (f == b) are solved on the closed-form path "
+                         "only so far, which does not apply here: "
+                         + (why or "subproblem='cvxpy' was asked for"))
     return CvxpySubproblem(problem.dim, builders, problem.objective is not None,
                            problem.bounds, problem.deterministic, solver, solver_options)

@@ -15,7 +15,7 @@ Algorithm 2 (docs/baselines.md has the equations with their references):
 
       wbar = sum_i N_i/N w_i,   Fhat_m = sum_i N_i/N Fhat_{m,i},
       w_{t+1} = prox_{E r_t R + I_D}(wbar)         (wbar itself when R = c |w|^2 and no D),
-      lambda_{t+1} = max(0, lambda_t + eta_t (Fhat - U)).
+      lambda_{t+1} = max(0, lambda_t + eta_t (Fhat - U))   (an equality: no max(0, .)).
 
   E = 1 is the FedSGD-style stochastic Arrow-Hurwicz iteration.
 
@@ -203,6 +203,7 @@ class Lagrangian(Method):
         self.rho, self.dual_every = float(rho), int(dual_every)
         self.M = problem.num_constraints
         self.bounds = problem.bounds
+        self.equality = problem.equality
         self.multipliers0 = (np.zeros(self.M) if multipliers0 is None
                              else np.array(multipliers0, dtype=float))
         self.num_samples = problem.data.num_samples
@@ -227,7 +228,12 @@ class Lagrangian(Method):
         with the previous round's estimate (augmented Lagrangian)."""
         if self.kind == PRIMAL_DUAL:
             return state.multipliers
-        return np.maximum(0.0, state.multipliers + self.rho * state.excess)
+        return self._project(state.multipliers + self.rho * state.excess)
+
+    def _project(self, lam: np.ndarray) -> np.ndarray:
+        """max(0, lambda) for an inequality; an equality's multiplier keeps its sign (its
+        augmented Lagrangian term lambda h + (rho/2) h^2 has weight lambda + rho h)."""
+        return np.where(self.equality, lam, np.maximum(0.0, lam))
 
     def request(self, state) -> Request:
         t = state.t + 1
@@ -254,10 +260,10 @@ class Lagrangian(Method):
         lam = state.multipliers
         if self.kind == PRIMAL_DUAL:
             dual = positive_value(self.dual_lr, t, "dual_lr")
-            lam = np.maximum(0.0, lam + dual * excess)
+            lam = self._project(lam + dual * excess)
         elif t % self.dual_every == 0:
             dual = self.rho
-            lam = np.maximum(0.0, lam + dual * excess)
+            lam = self._project(lam + dual * excess)
         else:
             dual = 0.0
         info = LagrangianInfo(t, lr, dual, float(np.linalg.norm(w - state.w)), excess, lam,

@@ -13,16 +13,18 @@ from ...errors import ModelError
 from ...schedules import PowerStep
 
 
-def _multipliers(value, M: int):
+def _multipliers(value, M: int, equality=None):
+    """lambda_1: M finite numbers, >= 0 except for an equality's (either sign)."""
     if value is None:
         return None
     try:
         lam = np.array(value, dtype=float).reshape(-1)
     except (TypeError, ValueError):
         raise ValueError(f"multipliers0 must be {M} numbers >= 0, got {value!r}") from None
-    if lam.size != M or not np.all(np.isfinite(lam)) or np.any(lam < 0):
+    eq = np.zeros(M, dtype=bool) if equality is None else np.asarray(equality, dtype=bool)
+    if lam.size != M or not np.all(np.isfinite(lam)) or np.any((lam < 0) & ~eq[:lam.size]):
         raise ValueError(f"multipliers0 must be {M} finite numbers >= 0 (one per stochastic "
-                         f"constraint), got {value!r}")
+                         f"constraint; an equality's may have either sign), got {value!r}")
     return tuple(float(v) for v in lam)
 
 
@@ -67,7 +69,8 @@ class LagrangianOptions(opt.RunOptions):
         values = {"batch_size": opt.batch_size(self.batch_size, problem.data),
                   "local_steps": opt.integer("local_steps", self.local_steps),
                   "lr": opt.learning_rate("lr", self.lr),
-                  "multipliers0": _multipliers(self.multipliers0, problem.num_constraints),
+                  "multipliers0": _multipliers(self.multipliers0, problem.num_constraints,
+                                               problem.equality),
                   "feas_tol": opt.real("feas_tol", self.feas_tol, low=0.0),
                   "kkt_tol": opt.real("kkt_tol", self.kkt_tol, low=0.0),
                   **self._own()}

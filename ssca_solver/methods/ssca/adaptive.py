@@ -37,7 +37,7 @@ from ...errors import UserFunctionError
 from ...federated.messages import aggregation_weight, secagg_active
 from ...model.functions import (DIFFERENCE_STEPS, central_difference, checked_grad,
                                 checked_value_and_grad, checked_values, step_scale)
-from ...model.surrogates import ProximalLinear
+from ...model.surrogates import Linearization, ProximalLinear
 
 START_BATCH = 32        # rows per client in the first rounds of batch_size="auto"
 SAMPLED_TAU_FLOOR = 0.05  # least tau="auto" on sampled rounds (SSCA.sampled_tau)
@@ -297,5 +297,6 @@ def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float) -> dic
 
 def adaptable(builders) -> bool:
     """tau can be adapted on the server: every builder is the proximal-linear one taking the
-    solve's tau."""
-    return all(type(b) is ProximalLinear and b.tau is None for b in builders)
+    solve's tau, or an equality's linearisation (no tau to adapt: quad stays 0)."""
+    return all((type(b) is ProximalLinear and b.tau is None) or type(b) is Linearization
+               for b in builders) and any(type(b) is ProximalLinear for b in builders)

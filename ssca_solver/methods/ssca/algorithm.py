@@ -62,6 +62,7 @@ class SSCA(Method):
         self.penalties = tuple(float(c) for c in penalties)
         self.sampled_clients = bool(sampled_clients)
         self.bound_scale = np.maximum(1.0, np.abs(problem.bounds))
+        self.equality = problem.equality
         self.problem = problem
         self.builders = tuple(builders)
         self.subproblem = subproblem
@@ -180,7 +181,7 @@ class SSCA(Method):
             self.bound_scale,
             lambda: ssca_status.violation_stationarity_at(session, state, o.feas_tol, o.solver),
             lambda: ssca_status.violation_curvature(session, state),
-            sampled_clients=self.sampled_clients)
+            sampled_clients=self.sampled_clients, equality=self.equality)
 
     def result_fields(self, outcome) -> dict:
         o, state, history = self.opts, outcome.state, outcome.history
@@ -362,6 +363,8 @@ class SSCA(Method):
                                                if k != key})
             if t == 1 and i == 0:
                 for m, (fn, b) in enumerate(zip(p.functions, self.builders)):
+                    if not b.strongly_convex:        # an equality's affine surrogate
+                        continue
                     st = {k: reply.arrays[ssca_step.stat_key(m, k)]
                           for k in (s.name for s in b.statistic_specs(p.dim))}
                     check_strongly_convex(b, st, p.dim, fn.name)
@@ -398,14 +401,17 @@ class SSCA(Method):
         return total
 
     def _merit(self, stats, w, penalty) -> float:
-        """F_0 + R + c sum (F_m - U_m)_+ at w from full-batch statistics taken at w."""
+        """F_0 + R + c sum (F_m - U_m)_+ (c |F_m - U_m| for an equality) at w from full-batch
+        statistics taken at w: the exact penalty of Problem 5."""
         values = [b.evaluate(st, w) for b, st in zip(self.builders, stats)]
         k = 1 if self.problem.objective is not None else 0
         det = (self.ridge * float(w @ w) if self.ridge is not None
                else self.problem.deterministic.value(w))
         obj = (values[0] if k else 0.0) + det
-        excess = np.maximum(np.asarray(values[k:]) - self.problem.bounds, 0.0)
-        return float(obj + penalty * np.sum(excess))
+        excess = np.asarray(values[k:]) - self.problem.bounds
+        if self.equality.any():
+            excess = np.where(self.equality, np.abs(excess), excess)
+        return float(obj + penalty * np.sum(np.maximum(excess, 0.0)))
 
     def _merit_size(self, stats, w) -> float:
         """The size of the terms the merit is computed from (its rounding is ~1e-16 of it)."""

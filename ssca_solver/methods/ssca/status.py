@@ -42,7 +42,16 @@ def stages_of(history, max_iter, bound_scale) -> list[Stage]:
     return out
 
 
-def violation_stalled(history, bound_scale, M):
+def excess_rows(constraints, equality) -> np.ndarray:
+    """The history's F_m - U_m rows with |F_m - U_m| for the equalities (the violation is
+    the positive part)."""
+    rows = np.asarray(constraints, dtype=float)
+    if equality is None or not np.any(equality):
+        return rows
+    return np.where(np.asarray(equality, dtype=bool), np.abs(rows), rows)
+
+
+def violation_stalled(history, bound_scale, M, equality=None):
     """(stalled, a, b): a and b are the smallest relative violation over the first and the
     second half of the last stage's evaluations; stalled when b did not improve on a by 0.1 %
     (a run that is still reducing the violation is not called infeasible)."""
@@ -50,7 +59,8 @@ def violation_stalled(history, bound_scale, M):
         return False, np.nan, np.nan
     last = history.stage[-1]
     in_stage = np.isin(history.eval_t, history.t[history.stage == last])
-    v = np.max(history.constraints[in_stage] / bound_scale, axis=1, initial=-np.inf)
+    v = np.max(excess_rows(history.constraints[in_stage], equality) / bound_scale, axis=1,
+               initial=-np.inf)
     if v.size < 4:
         return False, np.nan, np.nan
     a, b = float(np.min(v[:v.size // 2])), float(np.min(v[v.size // 2:]))
@@ -58,7 +68,7 @@ def violation_stalled(history, bound_scale, M):
 
 
 def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda: 0.0,
-            saddle=lambda: 0.0, sampled_clients=False):
+           saddle=lambda: 0.0, sampled_clients=False, equality=None):
     """(status, message) from why the run ended and the full-data KKT report at the end.
     ``phase1()``: the returned point's relative distance from a stationary point of the
     violation (:func:`ssca_solver.diagnostics.kkt.violation_stationarity`); ``saddle()``: the
@@ -69,10 +79,11 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
     if reason == st.STOPPED:
         return st.stopped(state.t, state.penalty if M else None)
     name, value, tol = kkt.residuals(o.feas_tol, o.kkt_tol)[0]
-    evaluated = history.constraints / bound_scale if M else np.zeros((0, 0))
+    evaluated = (excess_rows(history.constraints, equality) / bound_scale if M
+                 else np.zeros((0, 0)))
     ever_feasible = bool(M and len(evaluated) and np.any(np.max(evaluated, axis=1)
                                                           <= o.feas_tol))
-    stalled, first, second = violation_stalled(history, bound_scale, M)
+    stalled, first, second = violation_stalled(history, bound_scale, M, equality)
     at_most = (M and np.max(kkt.feasibility_rel) > o.feas_tol and not ever_feasible and stalled
                and stages and stages[-1].slack_norm > o.slack_tol
                and stages[-1].penalty == o.penalty[-1])
@@ -172,6 +183,7 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
 
 def violation_curvature(session, state, probes: int = 8, step: float = 1e-2) -> float:
     """The largest drop of the relative violation sum_m (F_m - U_m)_+ / max(1, |U_m|)
+    (|F_m - U_m| for an equality)
     found along ``probes`` random directions u (both signs, size ``step`` max(1, |w|)),
     as the mean of the two sides minus the value at w (a second difference: the first
     order cancels). A drop means negative curvature: w is a saddle of the violation, not a
@@ -184,7 +196,7 @@ def violation_curvature(session, state, probes: int = 8, step: float = 1e-2) -> 
     def violation(values):
         k = 1 if terms.stochastic_objective else 0
         cons = np.asarray(values[k:], dtype=float) - terms.bounds
-        return float(np.sum(np.maximum(cons, 0.0) / scale))
+        return float(np.sum(np.maximum(terms.excess(cons), 0.0) / scale))
 
     w = state.w
     base = violation(session.final_evaluation.values)
