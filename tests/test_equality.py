@@ -266,3 +266,30 @@ def test_an_equality_runs_under_secure_aggregation_and_resumes(tmp_path):
     resumed = prob.solve(resume=tmp_path / "eq.npz", **{**opts, "seed": None})
     np.testing.assert_allclose(resumed.x, plain.x, rtol=0, atol=1e-12)
     np.testing.assert_allclose(resumed.kkt.multipliers, plain.kkt.multipliers, atol=1e-12)
+
+
+@pytest.mark.parametrize("target", [0.3, -0.2])
+def test_the_cvxpy_path_and_a_domain_take_equalities(target):
+    """The same equality on the CVXPY path (two-sided slack, signed dual), and with a box
+    domain, where the KKT report's multipliers come from the linearised KKT step (the
+    equality's elastic |.| <= e, signed dual): certified, with CVXPY's pooled optimum and
+    multiplier."""
+    X, y, data = _cancer_regression()
+    box = 0.08
+    for domain in (None, lambda w: [cp.norm(w, "inf") <= box]):
+        prob = ss.Problem(_squares(), [_mean_prediction() == target], dim=X.shape[1],
+                          data=data, regularizer=lambda w: 1e-2 * cp.sum_squares(w),
+                          domain=domain)
+        res = prob.solve(seed=0, subproblem="cvxpy", max_iter=600)
+        assert res.subproblem == "cvxpy" and res.status == "converged", res.message
+        w = cp.Variable(X.shape[1])
+        con = cp.sum(X[y == 0] @ w) / (y == 0).sum() == target
+        ref = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(X @ w - y) / len(y)
+                                     + 1e-2 * cp.sum_squares(w)),
+                         [con] + ([cp.norm(w, "inf") <= box] if domain else []))
+        ref.solve(solver="CLARABEL")
+        assert res.fun == pytest.approx(ref.value, rel=1e-5)
+        assert abs(res.constraints[0]) <= 1e-4
+        assert res.kkt.multipliers[0] == pytest.approx(float(con.dual_value), rel=1e-2,
+                                                       abs=1e-6)
+        assert res.kkt.multiplier_source == ("linearized" if domain else "nnls")

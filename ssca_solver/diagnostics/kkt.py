@@ -77,7 +77,7 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         kind, source = "gradient", "nnls"
     else:
         g = g0 + (det.grad(w) if det.smooth else 0.0)
-        u, mu, duals, _ = det.linearized_step(w, g0, G, cons, solver=solver)
+        u, mu, duals, _ = det.linearized_step(w, g0, G, cons, solver=solver, equality=eq)
         res = u - w
         stat = float(np.linalg.norm(res))
         domain_duals = tuple(duals)

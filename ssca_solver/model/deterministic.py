@@ -150,13 +150,14 @@ class DeterministicPart:
         self._w.value = np.asarray(w, dtype=float)
         return float(max(np.max(np.atleast_1d(c.violation())) for c in self._cons))
 
-    def linearized_step(self, w, g0, G, cons, solver: str = "CLARABEL"):
+    def linearized_step(self, w, g0, G, cons, solver: str = "CLARABEL", equality=None):
         """The KKT step of Problem 3 linearised at ``w``, with its multipliers.
 
         Solves the convex problem (a step of an SQP method with identity Hessian)
 
             minimise    g_0.(u - w) + R(u) + |u - w|^2 / 2 + P sum_m e_m
             subject to  F_m(w) - U_m + G_m.(u - w) <= e_m,  e_m >= 0,   u in D,
+                        (an equality: |F_m(w) - U_m + G_m.(u - w)| <= e_m, free-sign mu_m)
 
         with g_0 the full-data gradient of F_0, G_m those of F_m and R, D the deterministic
         terms and domain (exact). At a KKT point of Problem 3, u = w and the duals are its
@@ -176,6 +177,8 @@ class DeterministicPart:
         marks the KKT report failed instead of losing the run).
         """
         M = int(np.size(cons))
+        eq = (np.zeros(M, dtype=bool) if equality is None
+              else np.asarray(equality, dtype=bool).reshape(M))
         G = np.asarray(G, dtype=float).reshape(self.dim, M)
         w = np.asarray(w, dtype=float)
         cons = np.asarray(cons, dtype=float)
@@ -200,8 +203,10 @@ class DeterministicPart:
             if M:
                 e = cp.Variable(M, nonneg=True)
                 obj = obj + P * cp.sum(e)
-                cons_lin = [cons + G.T @ v <= e] if recentred else [cons - G.T @ w + G.T @ u
-                                                                     <= e]
+                lin = cons + G.T @ v if recentred else cons - G.T @ w + G.T @ u
+                cons_lin = [lin <= e]
+                if eq.any():                  # an equality: |linearisation| <= e
+                    cons_lin.append(-lin[np.flatnonzero(eq)] <= e[np.flatnonzero(eq)])
             prob = cp.Problem(cp.Minimize(obj), cons_lin + dom)
             for options in (tight, {}):
                 try:
@@ -221,8 +226,11 @@ class DeterministicPart:
                 "the linearised KKT problem (the KKT report's diagnostic) failed at w: solver "
                 f"{solver} returned {', '.join(repr(x) for x in statuses)} (tight tolerances, "
                 "defaults, then the same recentred at w)")
-        mu = (np.maximum(np.asarray(cons_lin[0].dual_value, dtype=float), 0.0) if M
-              else np.zeros(0))
+        mu = np.asarray(cons_lin[0].dual_value, dtype=float) if M else np.zeros(0)
+        if M and eq.any():
+            mu = mu.copy()
+            mu[np.flatnonzero(eq)] -= np.asarray(cons_lin[1].dual_value, dtype=float)
+        mu = np.where(eq, mu, np.maximum(mu, 0.0)) if M else mu
         duals = [np.atleast_1d(np.asarray(c.dual_value, dtype=float)) for c in dom]
         elastic = float(np.sum(e.value)) if M else 0.0
         return np.asarray(u.value, dtype=float), mu, duals, elastic

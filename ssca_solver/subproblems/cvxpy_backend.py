@@ -92,10 +92,12 @@ class _Model:
     """One CVXPY model of Problem 5: the problem, w (the variable, or ``centre + D v``), the
     slacks and the surrogate constraints whose duals are the multipliers."""
 
-    __slots__ = ("problem", "w", "s", "sur_cons")
+    __slots__ = ("problem", "w", "s", "sur_cons", "low_cons")
 
-    def __init__(self, problem, w, s, sur_cons):
+    def __init__(self, problem, w, s, sur_cons, low_cons=None):
         self.problem, self.w, self.s, self.sur_cons = problem, w, s, sur_cons
+        # an equality's second side U_m - p_m(w) <= s_m: its multiplier is the difference
+        self.low_cons = low_cons or {}
 
     def answer(self):
         """(w, slack, duals, value) as NumPy values after a solve, or None when the solver left
@@ -104,8 +106,11 @@ class _Model:
         if w is None or not np.all(np.isfinite(w)):
             return None
         duals = [c.dual_value for c in self.sur_cons]
-        if any(d is None for d in duals):
+        low = {m: c.dual_value for m, c in self.low_cons.items()}
+        if any(d is None for d in duals) or any(d is None for d in low.values()):
             return None
+        duals = [np.asarray(d, dtype=float) - (np.asarray(low[m], dtype=float) if m in low
+                                               else 0.0) for m, d in enumerate(duals)]
         s = None if self.s is None else np.array(self.s.value)
         return (np.array(w, dtype=float), s, [np.array(d) for d in duals],
                 float(self.problem.value))
@@ -130,7 +135,8 @@ class CvxpySubproblem:
 
     def __init__(self, dim: int, builders: Sequence, stochastic_objective: bool,
                  bounds: Sequence[float], deterministic, solver: str = "CLARABEL",
-                 solver_options: Optional[dict] = None, parametrize: Optional[bool] = None):
+                 solver_options: Optional[dict] = None, parametrize: Optional[bool] = None,
+                 equality=None):
         if not installed(solver):
             raise ValueError(f"solver={solver!r} is not an installed CVXPY solver; installed: "
                              f"{', '.join(cp.installed_solvers())}")
@@ -150,6 +156,8 @@ class CvxpySubproblem:
         self._builders = tuple(builders)
         self._stochastic_objective = stochastic_objective
         self._bounds = [float(U) for U in bounds]
+        self._equality = (np.zeros(len(bounds), dtype=bool) if equality is None
+                          else np.asarray(equality, dtype=bool).reshape(len(bounds)))
         self._deterministic = deterministic
         self.parametrize = dim <= DPP_MAX_DIM if parametrize is None else bool(parametrize)
         if self.parametrize:
@@ -217,16 +225,19 @@ class CvxpySubproblem:
         if self.num_constraints:
             s = cp.Variable(self.num_constraints, nonneg=True, name="slack")
             obj_terms.append(penalty * cp.sum(s))
+            low_cons = {}
             for m, U in enumerate(self._bounds):
                 sur_cons.append(surrogates[k + m] - U <= s[m])
-            cons = sur_cons + cons
+                if self._equality[m]:              # |p_m(w) - U_m| <= s_m: p_m is affine
+                    low_cons[m] = U - surrogates[k + m] <= s[m]
+            cons = sur_cons + list(low_cons.values()) + cons
         else:
             s = None
         problem = cp.Problem(cp.Minimize(cp.sum(cp.hstack(obj_terms))), cons)
         if not problem.is_dcp():
             raise ModelError("the subproblem is not DCP; check the surrogate builders and "
                              "deterministic terms")
-        return _Model(problem, w, s, sur_cons)
+        return _Model(problem, w, s, sur_cons, low_cons if self.num_constraints else None)
 
     @staticmethod
     def _attempt(model: _Model, solver: str, options: dict,
@@ -442,5 +453,8 @@ class CvxpySubproblem:
         M = self.num_constraints
         slack = np.maximum(s, 0.0) if M else np.zeros(0)
         mult = (np.array([float(np.atleast_1d(d)[0]) for d in duals]) if M else np.zeros(0))
-        return SubproblemSolution(np.array(w, dtype=float), slack, np.maximum(mult, 0.0), value,
+        # an inequality's multiplier is >= 0 (rounding below 0 clipped); an equality's has
+        # either sign
+        mult = np.where(self._equality, mult, np.maximum(mult, 0.0)) if M else mult
+        return SubproblemSolution(np.array(w, dtype=float), slack, mult, value,
                                   retries=retries, inaccurate=inaccurate)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
-
 from ..errors import ModelError
 from .closed_form import ClosedFormSubproblem
 from .cvxpy_backend import CvxpySubproblem
@@ -46,9 +44,6 @@ def make_subproblem(problem, builders, kind: str = "auto", solver: str = "CLARAB
                                         equality=problem.equality)
         if kind == "closed_form":
             raise ModelError(f"subproblem='closed_form' does not apply: {why}")
-    if np.any(problem.equality):
-        raise ModelError("equality constraints (f == b) are solved on the closed-form path "
-                         "only so far, which does not apply here: "
-                         + (why or "subproblem='cvxpy' was asked for"))
     return CvxpySubproblem(problem.dim, builders, problem.objective is not None,
-                           problem.bounds, problem.deterministic, solver, solver_options)
+                           problem.bounds, problem.deterministic, solver, solver_options,
+                           equality=problem.equality)
