@@ -81,6 +81,24 @@ def kkt_failed(message: str, kkt) -> str:
             f"computed ({kkt.multiplier_source}), so its stationarity and multipliers are NaN")
 
 
+def incomplete(message: str, kkt, missing, feas_tol: float, kkt_tol: float) -> str:
+    """The message of a run whose final full-data evaluation missed ``missing`` clients
+    (``on_client_failure="drop"``): its KKT report covers only the clients that answered, so
+    it certifies nothing, whichever way it came out; never "did not pass" with a residual
+    within its tolerance."""
+    who = ", ".join(str(c) for c in missing) or "some client"
+    if kkt.passed(feas_tol, kkt_tol):
+        name, value, tol = kkt.residuals(feas_tol, kkt_tol)[0]
+        return (f"no certificate: client(s) {who} did not answer the final full-data "
+                "evaluation (on_client_failure='drop'), so the KKT report at the returned "
+                "point covers only the clients that answered; on those every relative residual "
+                f"is within tolerance (largest: {name} {value:.2g} <= {tol:g}). Check the "
+                "failing clients, or run on: the status can say 'converged' only from an "
+                "evaluation every client answered")
+    return (message + f" (the final evaluation missed client(s) {who}: these residuals "
+            "cover only the clients that answered)")
+
+
 def decide(reason: str, t: int, kkt, feas_tol: float, kkt_tol: float, tested: bool,
            advice: str, penalty: Optional[float] = None) -> tuple[str, str]:
     """The status every certifying method shares: CONVERGED only when the runner's KKT test

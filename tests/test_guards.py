@@ -13,8 +13,8 @@ guard is removed or its formula changed, and passes on the library as documented
 6. secure aggregation's clients refuse to unmask when the survivor and dropped lists overlap;
 7. a checkpoint written with one tau does not resume with another.
 
-At the end, two strict xfails for bugs found on the way: status messages that say the KKT test
-did not pass while the returned KKT report passes.
+At the end, two bugs found on the way (fixed): status messages that said the KKT test did not
+pass while the returned KKT report passed.
 """
 
 from __future__ import annotations
@@ -342,20 +342,10 @@ def test_a_checkpoint_does_not_resume_with_another_tau(tmp_path):
     assert prob.solve(tau=0.1, resume=path, **opts).nit == 6
 
 
-# -- bugs found on the way (today's code): a status message that contradicts its KKT report --------
+# -- bugs found on the way (fixed): a status message that contradicted its KKT report ----------
 
-@pytest.mark.parametrize("case", [
-    pytest.param("settled_between_evaluations", marks=pytest.mark.xfail(strict=True, reason=(
-        "issue 18: a run that settles (reason 'settled') after its last evaluation is reported "
-        "max_iter with '... but the full-data KKT test did not pass: stationarity = 1e-08 > "
-        "0.0001' although the final full-data KKT report passes: decide() never "
-        "looks at whether the final report passed"))),
-    pytest.param("final_evaluation_missed_a_client", marks=pytest.mark.xfail(
-        strict=True, reason=(
-            "issue 18: when a client missed the final evaluation (on_client_failure='drop'), "
-            "the message says 'the full-data KKT test did not pass ...: stationarity = "
-            "1.23e-05 > 0.0001', a residual within its tolerance, computed without that "
-            "client; it should say the final evaluation was incomplete")))])
+@pytest.mark.parametrize("case", ["settled_between_evaluations",
+                                  "final_evaluation_missed_a_client"])
 def test_the_message_never_says_the_kkt_test_failed_when_its_report_passes(case):
     """res.message must agree with res.kkt: "did not pass" only with a residual above its
     tolerance. Case 1: the penalty stage 2 (c = 1) of the problem above settles at w = 0.5,
@@ -369,3 +359,9 @@ def test_the_message_never_says_the_kkt_test_failed_when_its_report_passes(case)
                                                   on_client_failure="drop")
     claims_failure = "did not pass" in res.message
     assert not (claims_failure and res.kkt.passed(1e-4, 1e-4)), res.message
+    if case == "settled_between_evaluations":
+        # the full-data KKT test passes at the returned point, with every client: certified
+        assert res.status == "converged" and res.success, res.message
+    else:
+        # computed without client 2: no certificate, and the message says why
+        assert res.status == "max_iter" and "no certificate: client(s) 2" in res.message

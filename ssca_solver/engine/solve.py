@@ -24,6 +24,7 @@ import warnings
 import numpy as np
 
 from .. import status as st
+from ..diagnostics.evaluation import EVALUATE
 from ..diagnostics.result import Result
 from ..model import problem as problem_module
 from .method import Method, Outcome
@@ -48,6 +49,12 @@ def solve(problem, method: type, options: dict) -> Result:
             failure = None
         if failure is None:
             fun, cons, kkt, comm, history = session.final_report(state, reason)
+            complete = session.final_evaluation.complete
+            if (reason in (st.MAX_ITER, st.SETTLED) and complete and opts.eval_every
+                    and algorithm.certifies and not kkt.failed and algorithm.kkt_test(kkt)):
+                # the run ended between two scheduled tests, and the full-data KKT test
+                # passes at the returned point: that is the certificate
+                reason = st.CONVERGED
             outcome = Outcome(reason, state, kkt, history, session)
             try:
                 status, message = algorithm.status(outcome)
@@ -59,6 +66,10 @@ def solve(problem, method: type, options: dict) -> Result:
                 extras["error"] = exc
             if kkt.failed and status != st.ERROR:
                 message = st.kkt_failed(message, kkt)
+            elif not complete and status == st.MAX_ITER and algorithm.certifies:
+                missing = sorted({d.client for d in session.runner.dropouts
+                                  if d.round == state.t and d.task == EVALUATE})
+                message = st.incomplete(message, kkt, missing, opts.feas_tol, opts.kkt_tol)
         else:
             fun, cons, kkt, comm, history, note = session.error_report(state)
             outcome = Outcome(reason, state, kkt, history, session)
