@@ -116,13 +116,17 @@ class Evaluator:
         return Evaluation(values / N, grads / N if with_grad else None, up,
                           count * request.num_floats(), complete)
 
-    def objective_gradient_norm(self, ev: Evaluation, w: np.ndarray) -> float:
-        """|grad F_0(w) + grad R(w)| (R's gradient only when R is smooth)."""
+    def objective_gradient(self, ev: Evaluation, w: np.ndarray) -> np.ndarray:
+        """grad F_0(w) + grad R(w) (R's gradient only when R is smooth)."""
         det = self.terms.deterministic
         g = ev.grads[0] if self.terms.stochastic_objective else np.zeros(w.size)
         if det.smooth:
             g = g + det.grad(w)
-        return float(np.linalg.norm(g))
+        return np.asarray(g, dtype=float)
+
+    def objective_gradient_norm(self, ev: Evaluation, w: np.ndarray) -> float:
+        """|grad F_0(w) + grad R(w)| (R's gradient only when R is smooth)."""
+        return float(np.linalg.norm(self.objective_gradient(ev, w)))
 
     def split(self, values: np.ndarray, w: np.ndarray) -> tuple[float, np.ndarray]:
         """(full objective F_0(w) + deterministic terms, F_m(w) - U_m)."""

@@ -17,12 +17,22 @@ from .result import KKTReport
 
 #: the floor of the stationarity scale: this fraction of |grad (F_0 + R)| at the start point
 START_FLOOR = 1e-2
+def stationarity_floor(grad_scale: float, curvature: Optional[float], w) -> float:
+    """The floor of the stationarity scale: START_FLOOR |grad (F_0 + R)(x0)|, capped by
+    L max(1, |w|) when the secant curvature L of F_0 + R is known (see ``kkt_report``)."""
+    floor = START_FLOOR * float(grad_scale)
+    if curvature is not None and np.isfinite(curvature):
+        floor = min(floor, float(curvature) * max(1.0, float(np.linalg.norm(w))))
+    return floor
+
+
 #: eps of the multiplier fit's regularisation rows eps |grad F_m| mu_m (see kkt_report)
 MULTIPLIER_REGULARIZATION = 1e-4
 
 
 def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str = "CLARABEL",
-               grad_scale: float = 0.0, metric: Optional[np.ndarray] = None) -> KKTReport:
+               grad_scale: float = 0.0, metric: Optional[np.ndarray] = None,
+               curvature: Optional[float] = None) -> KKTReport:
     """KKT residuals and multipliers of Problem 3 at ``w``, from full-data values and gradients.
 
     Multipliers come from the KKT conditions at ``w`` (never from a penalty c):
@@ -39,9 +49,14 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
       residual |u - w|.
 
     Relative residuals (what :meth:`KKTReport.passed` tests): stationarity over
-    ``scale = max(|g|, START_FLOOR grad_scale)``, the size of the objective's side of the
-    balance g + sum_m mu_m grad F_m = 0 (``grad_scale``: |g| at the starting point, which stands
-    in when |g| vanishes, at an unconstrained minimum); so the test does not depend on the
+    ``scale = max(|g|, min(START_FLOOR grad_scale, L max(1, |w|)))``, the size of the
+    objective's side of the balance g + sum_m mu_m grad F_m = 0, with a floor that stands in
+    when |g| vanishes, at an unconstrained minimum: 1 % of |g| at the starting point
+    (``grad_scale``), but never more than ``curvature`` L (the secant curvature of F_0 + R
+    from the start, measured by the session) times max(1, |w|), so that a far start cannot
+    make the test loose: |g| <= kkt_tol L max(1, |w|) says the Newton step |g| / L is below
+    kkt_tol max(1, |w|) (from w = 5e7 the start floor alone certified a point 5.3 from the
+    minimum of a quadratic); so the test does not depend on the
     units of the objective or the constraints, and multipliers cannot inflate it (fitted to
     nearly dependent constraints, e.g. the two halves of an equality, they can be huge and
     cancel each other). ``report.stationarity / report.scale`` recomputes it. With a diagonal ``metric`` (the default options' D_m, rows
@@ -90,7 +105,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     # |sum_m mu_m grad F_m| = |g| anyway. 1 % of the objective's gradient at the start stands
     # in when |g| vanishes (an unconstrained minimum). A start-point scale alone let a badly
     # scaled problem pass while still 15 % from its optimum (measured)
-    scale = max(float(np.linalg.norm(g)), START_FLOOR * float(grad_scale), 1e-300)
+    floor = stationarity_floor(grad_scale, curvature, w)
+    scale = max(float(np.linalg.norm(g)), floor, 1e-300)
     relative = stat / scale
     if metric is not None and np.size(metric):
         # the same ratio in the diagonal metric's units (each coordinate divided by the square
@@ -99,8 +115,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         # test 1.6 % from the optimum (measured)
         inv = 1.0 / np.sqrt(np.max(np.atleast_2d(metric), axis=0))
         relative = max(relative, float(np.linalg.norm(res * inv))
-                       / max(float(np.linalg.norm(g * inv)),
-                             START_FLOOR * float(grad_scale) * float(np.min(inv)), 1e-300))
+                       / max(float(np.linalg.norm(g * inv)), floor * float(np.min(inv)),
+                             1e-300))
     bound_scale = np.maximum(1.0, np.abs(terms.bounds))
     violation = np.maximum(terms.excess(cons), 0.0)     # |F_m - U_m| for an equality
     # an equality has no complementarity condition (its multiplier has either sign)

@@ -75,6 +75,7 @@ class Session:
     def __init__(self, problem, algorithm, opts):
         self.problem, self.algorithm, self.opts = problem, algorithm, opts
         self.solver = algorithm.kkt_solver
+        self._start = None
         self.evaluator = Evaluator(problem)
         recorder = Recorder(algorithm.columns, problem.num_constraints)
         tally = Tally()
@@ -94,6 +95,7 @@ class Session:
                                  "or give the same one")
             seed, stage, elapsed = saved_seed, int(meta["stage"]), float(meta["elapsed"])
             self.grad_scale = float(meta.get("grad_scale", 0.0))
+            self.curvature = meta.get("curvature")
             self.constraint_scale = float(meta.get("constraint_scale", 0.0))
             state = algorithm.state_from_arrays(state_arrays_from(arrays))
             recorder.load(arrays)
@@ -103,6 +105,7 @@ class Session:
             seed = seed_entropy(opts.seed)
             state = algorithm.init(start_point(opts.x0, problem.dim))
             self.grad_scale = 0.0
+            self.curvature = None
             self.constraint_scale = 0.0
         self.seed = seed
         self.state, self.stage, self.resumed = state, stage, bool(opts.resume)
@@ -176,10 +179,13 @@ class Session:
 
     def measure_scale(self, w) -> float:
         """|grad (F_0 + R)| at the start point on the full data: the scale of the relative
-        stationarity test (one full-data evaluation, counted with the evaluations)."""
+        stationarity test (one full-data evaluation, counted with the evaluations); kept with
+        the point for the secant curvature of :meth:`kkt`."""
         ev = self.runner.evaluate(w, with_grad=True)
-        self.grad_scale = self.evaluator.objective_gradient_norm(ev, w)
+        g = self.evaluator.objective_gradient(ev, w)
+        self.grad_scale = float(np.linalg.norm(g))
         self.runner.meta["grad_scale"] = self.grad_scale
+        self._start = (np.array(w, dtype=float), g)     # for the secant curvature
         k = 1 if self.problem.objective is not None else 0
         self.constraint_scale = float(max((np.linalg.norm(g) for g in ev.grads[k:]),
                                           default=0.0))
@@ -197,6 +203,22 @@ class Session:
         report = self.kkt(state, ev)
         return bool(self.algorithm.kkt_test(report)), report
 
+    def _curvature(self, w, ev):
+        """The secant curvature of F_0 + R between the start point and the first point the
+        KKT test is run at, |(g(w) - g(x0)).(w - x0)| / |w - x0|^2 (no extra evaluation: both
+        gradients are at hand), fixed from then on and kept in checkpoints; None before it
+        is known. It caps the stationarity scale's floor (``kkt_report``): 1 % of the start
+        gradient means nothing once the start is far from the solution."""
+        if self.curvature is None and self._start is not None and ev.grads is not None:
+            w0, g0 = self._start
+            d = np.asarray(w, dtype=float) - w0
+            dd = float(d @ d)
+            if dd > 0:
+                g = self.evaluator.objective_gradient(ev, w)
+                self.curvature = abs(float((g - g0) @ d)) / dd
+                self.runner.meta["curvature"] = self.curvature
+        return self.curvature
+
     def kkt(self, state, ev):
         """The KKT report at ``state.w`` from a full-data evaluation with gradients; a report
         marked failed (:meth:`KKTReport.failed_at`: NaN stationarity and multipliers, the
@@ -205,7 +227,8 @@ class Session:
         stopping test."""
         try:
             return kkt_report(state.w, ev, self.evaluator.terms, self.solver, self.grad_scale,
-                              self.algorithm.kkt_metric(state))
+                              self.algorithm.kkt_metric(state),
+                              curvature=self._curvature(state.w, ev))
         except Exception as exc:
             if not diagnostic_failure(exc):
                 raise
