@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 #: the full-data KKT test passed at the returned point (the only status with success=True)
 CONVERGED = "converged"
 #: no feasible point, with evidence (method "ssca": the violation is minimised and stalled at
@@ -48,12 +50,19 @@ def stopped(t: int, penalty: Optional[float] = None) -> tuple[str, str]:
                      + (f" (c = {penalty:g})" if penalty is not None else ""))
 
 
-def untested(t: int, residual: tuple) -> tuple[str, str]:
+def untested(t: int, residual: tuple, kkt=None) -> tuple[str, str]:
     """(MAX_ITER, message) for a run with no stopping test (``eval_every=None``); ``residual``:
-    (name, value, tolerance) of the largest relative KKT residual at the end."""
+    (name, value, tolerance) of the largest relative KKT residual at the end; ``kkt``: the
+    report, whose absolute stationarity and scale the message quotes (no start-point scale is
+    measured without evaluations, so at an unconstrained point the relative stationarity is
+    |grad L| / |grad (F_0 + R)|, 1 there)."""
     name, value, tol = residual
+    detail = ""
+    if kkt is not None and np.isfinite(kkt.stationarity):
+        detail = (f"; |grad L| = {kkt.stationarity:.3g} over the scale {kkt.scale:.3g} (without "
+                  "evaluations no start-point scale is measured)")
     return MAX_ITER, (f"ran {t} rounds without a stopping test (eval_every=None): at the end "
-                      f"{name} = {value:.3g} (tolerance {tol:g})")
+                      f"{name} = {value:.3g} (tolerance {tol:g}){detail}")
 
 
 def not_passed(t: int, residual: tuple, advice: str) -> tuple[str, str]:
@@ -110,5 +119,5 @@ def decide(reason: str, t: int, kkt, feas_tol: float, kkt_tol: float, tested: bo
         return stopped(t, penalty)
     residual = kkt.residuals(feas_tol, kkt_tol)[0]
     if not tested:
-        return untested(t, residual)
+        return untested(t, residual, kkt)
     return not_passed(t, residual, advice)

@@ -121,7 +121,7 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
             f"start). Either the constraints cannot be met (certain when they are convex), "
             "or their multipliers exceed c: if they can be met, give larger penalties")
     if not o.eval_every:
-        return st.untested(state.t, (name, value, tol))
+        return st.untested(state.t, (name, value, tol), kkt)
     if reason == st.SETTLED:
         return st.MAX_ITER, (f"the iterates stopped moving at round {state.t} (full batches: the "
                             "penalised problem is solved) but the full-data KKT test did not "
