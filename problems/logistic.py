@@ -49,6 +49,12 @@ def logistic_loss(only_label: Optional[int] = None, class_fraction: float = 1.0,
         coef = weights(y) * (-s) * expit(-m)
         return X.T @ coef / X.shape[0]
 
+    def value_and_grad(w, X, y):
+        # one product X @ w and one X' c per call where value and grad take two of each
+        s, m = _margins(w, X, y)
+        wt = weights(y)
+        return wt * np.logaddexp(0.0, -m), X.T @ (wt * (-s) * expit(-m)) / X.shape[0]
+
     def hess_diag(w, X, y):
         _, m = _margins(w, X, y)
         p = expit(m)
@@ -56,6 +62,7 @@ def logistic_loss(only_label: Optional[int] = None, class_fraction: float = 1.0,
 
     label = name or ("logistic" if only_label is None else f"logistic[y={only_label}]")
     sur = ss.DiagonalCurvature(hess_diag) if curvature else None
-    fn = ss.SampleFunction(value, grad, name=label, surrogate=sur)
+    fn = ss.SampleFunction(value, grad, name=label, surrogate=sur,
+                           value_and_grad=value_and_grad)
     fn.hess_diag = hess_diag
     return fn

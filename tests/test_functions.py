@@ -49,3 +49,19 @@ def test_ge_refuses_a_custom_surrogate():
     f = logistic_loss(curvature=True)
     with pytest.raises(ss.ModelError, match="custom surrogate"):
         f >= 0.1
+
+
+@pytest.mark.parametrize("only_label", [None, 0, 1])
+def test_the_logistic_loss_value_and_grad_equals_its_two_calls(only_label, cancer):
+    """problems.logistic's value_and_grad (one X @ w, one X' c) gives the same numbers as
+    value and grad called apart, and its gradient agrees with finite differences."""
+    from problems.logistic import logistic_loss
+
+    X, y = cancer
+    fn = logistic_loss(only_label=only_label, class_fraction=0.4 if only_label is not None
+                       else 1.0)
+    w = np.random.default_rng(0).normal(size=X.shape[1]) * 0.3
+    v, g = fn.value_and_grad(w, X, y)
+    np.testing.assert_allclose(v, fn.value(w, X, y), rtol=1e-15, atol=0)
+    np.testing.assert_allclose(g, fn.grad(w, X, y), rtol=1e-13, atol=1e-16)
+    assert ss.check_grad(fn, w, X, y) < 1e-6
