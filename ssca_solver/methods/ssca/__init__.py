@@ -2,7 +2,9 @@
 (exact penalty with slacks) inside the penalty continuation of Theorem 2.
 
 - :mod:`.options`: ``SSCAOptions`` and their checks;
-- :mod:`.algorithm`: the method object (request, step, the front door's hooks);
+- :mod:`.algorithm`: the method object: request, step, records, checkpoints (the round);
+- :mod:`.front`: its side of the front door: build from the options, the probe, the KKT
+  test, the penalty stages, the status and the Result's fields;
 - :mod:`.client`: the client task of a round (statistics q_m on a mini-batch);
 - :mod:`.step`: one round on the server (eqs. (Fs0bar)/(Fsmbar), Problem 2/5, eq. (updatew));
 - :mod:`.adaptive`: the defaults that need no tuning (probe, batch growth, backtracking on

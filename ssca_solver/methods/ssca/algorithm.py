@@ -11,28 +11,23 @@ the last stage's slack says c is too small) and the status rules (:mod:`.status`
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import replace
 from typing import Mapping, Optional
 
 import numpy as np
 
-from ...engine.method import Method
-from ...engine.options import describe_schedule
 from ...federated.messages import AGGREGATE, Request, array
 from ...model.surrogates import check_strongly_convex
-from ...schedules import at_epochs, check_schedules, resolve, step_value
-from ...subproblems import CvxpySubproblem, make_subproblem
+from ...schedules import at_epochs, step_value
 from . import adaptive as ad
-from . import status as ssca_status
 from . import step as ssca_step
 from .client import TASK, SSCARoundTask
-from .options import SSCAOptions
+from .front import FrontDoor
 
 CHECK_RTOL = ad.CHECK_RTOL
 
 
-class SSCA(Method):
+class SSCA(FrontDoor):
     """Mini-batch SSCA over the runner's protocol.
 
     Args:
@@ -50,8 +45,6 @@ class SSCA(Method):
       penalties: c_1 < c_2 < ... of the continuation (Algorithm 2; (0,) for Algorithm 1).
     """
 
-    name = "ssca"
-    Options = SSCAOptions
     supports_secure_aggregation = True     # the server reads only weighted sums of replies
 
     def __init__(self, problem, builders, subproblem, batch_size, tau, rho, gamma,
@@ -96,115 +89,7 @@ class SSCA(Method):
                         "retries": (), "inaccurate": (), "batch_size": (), "tau": (),
                         "noise_ratio": (), "rejected": ()}
 
-    # -- the front door's hooks ----------------------------------------------------------------
-    @classmethod
-    def parse(cls, problem, options: dict) -> SSCAOptions:
-        return super().parse(problem, options).checked(problem, options)
-
-    @classmethod
-    def build(cls, problem, o: SSCAOptions, given: dict) -> "SSCA":
-        """Algorithm 1, or Algorithm 2 inside the penalty continuation of Theorem 2, with the
-        step-size regime the options ask for."""
-        # with K < I clients per round even full batches give a random estimate (the draw of
-        # the clients): the paper's diminishing rho and gamma, not deterministic SCA's unit
-        # steps (proportional draws are with replacement: random even with K = I)
-        sampled = o.clients_per_round is not None and (
-            o.clients_per_round < problem.data.num_clients or o.participation == "proportional")
-        # "auto" schedules: the round-counted ones when every round has exact statistics (full
-        # rows of every client), the epoch-counted ones otherwise (fixed B, "auto", K < I)
-        exact = o.batch_size is None and not sampled
-        rho, gamma = resolve(o.rho, "rho", exact), resolve(o.gamma, "gamma", exact)
-        check_schedules(rho, gamma, stochastic=o.batch_size is not None)
-        unit_steps = "rho" not in given and "gamma" not in given and not sampled
-        builders = problem.builders             # the functions' surrogates as they are now
-        subproblem = make_subproblem(problem, builders, o.subproblem, o.solver,
-                                     o.solver_options)
-        # the expected fraction of the clients in a round, for the epoch clock of EpochStep:
-        # K/I (proportional draws: K with replacement, distinct clients fewer; K/I is near)
-        participation = (1.0 if o.clients_per_round is None
-                         else min(1.0, o.clients_per_round / problem.data.num_clients))
-        method = cls(problem, builders, subproblem, o.batch_size, o.tau, rho, gamma,
-                     o.surrogate_init, o.check_gradients, unit_steps, participation,
-                     sampled_clients=sampled, penalties=o.penalty)
-        method.opts = o
-        method.kkt_solver = o.solver
-        return method
-
-    def fingerprint(self) -> dict:
-        o = self.opts
-        return {"batch_size": o.batch_size, "tau": o.tau, "penalty": list(o.penalty),
-                # the stages' lengths; Algorithm 1 may extend
-                "max_iter": o.max_iter if self.M else None,
-                "surrogate_init": o.surrogate_init, "subproblem": self.subproblem.name,
-                "rho": describe_schedule(self.rho), "gamma": describe_schedule(self.gamma),
-                "slack_tol": o.slack_tol, "solver": o.solver,
-                "solver_options": o.solver_options,
-                "builders": [repr(b) for b in self.builders]}
-
-    def prepare(self, state, session):
-        """Before round 1: check the gradients and measure the curvature (the probe: the
-        starting tau) and the diagonal metric, when the options ask for them."""
-        if self.opts.check_gradients or self.opts.tau == "auto":
-            exchange = session.runner.exchange
-            tau0 = self.probe(exchange, state.w)
-            metric = self.measure_metric(exchange, state.w)
-            state = self.init(state.w, self.penalties[0], tau0, metric)
-        return state
-
-    def kkt_test(self, report) -> bool:
-        return report.passed(self.opts.feas_tol, self.opts.kkt_tol)
-
-    def kkt_metric(self, state):
-        return getattr(state, "metric", None)
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.penalties)
-
-    def next_stage(self, state, stage: int, recorder):
-        """The continuation of Theorem 2: the next c of the sequence when the last stage's
-        slack estimate exceeds ``slack_tol`` (c too small), else the same state."""
-        previous = ssca_status.stage_slack_of(recorder, stage - 1, self.opts.max_iter,
-                                              self.bound_scale)
-        if previous > self.opts.slack_tol:
-            state = self.with_penalty(state, self.penalties[stage])
-        return state
-
-    def penalty_of(self, state):
-        return state.penalty if self.M else None
-
-    def status(self, outcome) -> tuple[str, str]:
-        o, state, session = self.opts, outcome.state, outcome.session
-        stages = ssca_status.stages_of(outcome.history, o.max_iter, self.bound_scale)
-        return ssca_status.decide(
-            outcome.reason, state, outcome.kkt, outcome.history, stages, o, self.M,
-            self.bound_scale,
-            lambda: ssca_status.violation_stationarity_at(session, state, o.feas_tol, o.solver),
-            lambda: ssca_status.violation_curvature(session, state),
-            sampled_clients=self.sampled_clients, equality=self.equality)
-
-    def result_fields(self, outcome) -> dict:
-        o, state, history = self.opts, outcome.state, outcome.history
-        inaccurate = tuple(int(t) for t in history.t[history.inaccurate > 0])
-        if inaccurate:
-            warnings.warn(f"{len(inaccurate)} subproblem solves were flagged inaccurate "
-                          f"(rounds {list(inaccurate[:5])}...); see res.solver_info",
-                          RuntimeWarning, stacklevel=4)
-        last_slack = history.slack[-1] if len(history.t) else np.zeros(self.M)
-        return {"slack": np.array(last_slack),
-                "penalty": float(state.penalty) if self.M else None,
-                "stages": tuple(ssca_status.stages_of(history, o.max_iter, self.bound_scale)),
-                "subproblem": self.subproblem.name,
-                "extras": ({"diagonal_metric": float(1.0 / np.min(state.metric))}
-                           if state.metric.size else {}),
-                "solver_info": {
-                    "solver": (o.solver if isinstance(self.subproblem, CvxpySubproblem)
-                               else "closed_form"),
-                    "retries": int(history.retries.sum()),
-                    "parametrized": getattr(self.subproblem, "parametrize", None),
-                    "inaccurate_rounds": inaccurate}}
-
-    # -- the runner's members --------------------------------------------------------------------
+    # -- the runner's members (the front door's hooks: .front.FrontDoor) ---------------------
     def tasks(self) -> Mapping:
         return {TASK: SSCARoundTask(self.problem.functions, self.builders),
                 ad.PROBE_TASK: ad.ProbeTask(self.problem.functions),
