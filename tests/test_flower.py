@@ -102,6 +102,25 @@ def test_solve_on_flower_gives_the_in_process_iterates_bit_for_bit():
     assert a.communication == b.communication and b.nit == 20
 
 
+def test_an_equality_constraint_runs_on_flower(cancer):
+    """An equality f == b travels as statistics like any constraint: on Flower the iterates
+    equal the in-process ones to the last bit, and the multiplier keeps its sign."""
+    X, y = cancer
+    y = y.astype(float)
+    pi0 = float(np.mean(y == 0))
+    squares = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                                lambda w, X, y: X.T @ (X @ w - y) / len(y), name="squares")
+    mean0 = ss.SampleFunction(lambda w, X, y: (y == 0) * (X @ w) / pi0,
+                              lambda w, X, y: X.T @ ((y == 0) / pi0) / len(y), name="mean0")
+    prob = ss.Problem(squares, [mean0 == 0.3], dim=X.shape[1],
+                      data=ss.FederatedData.split(X, y, num_clients=3, seed=0))
+    opts = dict(max_iter=15, seed=2, eval_every=5)
+    xa, a = _iterates(prob, "inprocess", **opts)
+    xb, b = _iterates(prob, "flower", **opts)
+    assert np.array_equal(xa, xb) and np.array_equal(a.x, b.x)
+    np.testing.assert_array_equal(a.kkt.multipliers, b.kkt.multipliers)
+
+
 def test_secure_aggregation_with_partial_participation_runs_on_flower(cancer):
     """Secure aggregation keeps each client's secrets between the four messages of an
     aggregation: on Flower they live in the node's Context (a Ray actor or ClientApp process
@@ -256,21 +275,3 @@ def test_a_node_killed_mid_run_is_a_dropout_or_a_client_error(transport):
     with pytest.raises(ClientError, match=r"client 0, round 13: its Flower node \d+ failed"):
         transport.exchange(_request(13, die=0))
 
-
-def test_an_equality_constraint_runs_on_flower(cancer):
-    """An equality f == b travels as statistics like any constraint: on Flower the iterates
-    equal the in-process ones to the last bit, and the multiplier keeps its sign."""
-    X, y = cancer
-    y = y.astype(float)
-    pi0 = float(np.mean(y == 0))
-    squares = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
-                                lambda w, X, y: X.T @ (X @ w - y) / len(y), name="squares")
-    mean0 = ss.SampleFunction(lambda w, X, y: (y == 0) * (X @ w) / pi0,
-                              lambda w, X, y: X.T @ ((y == 0) / pi0) / len(y), name="mean0")
-    prob = ss.Problem(squares, [mean0 == 0.3], dim=X.shape[1],
-                      data=ss.FederatedData.split(X, y, num_clients=3, seed=0))
-    opts = dict(max_iter=15, seed=2, eval_every=5)
-    xa, a = _iterates(prob, "inprocess", **opts)
-    xb, b = _iterates(prob, "flower", **opts)
-    assert np.array_equal(xa, xb) and np.array_equal(a.x, b.x)
-    np.testing.assert_array_equal(a.kkt.multipliers, b.kkt.multipliers)
