@@ -436,3 +436,39 @@ def test_library_failure_classifies_exceptions():
                 ss.ClientError(0, 1, "x"), KeyboardInterrupt(), ss.DataError("x")):
         assert not library_failure(exc), exc
     assert "error" in st.STATUSES and st.ERROR == "error"
+
+
+def _barrier_problem():
+    """min -w - 0.01 log(2 - w): the minimum w* = 1.99 sits next to the edge of the
+    function's domain, and the first full-batch steps (tau from the curvature 0.0025 at 0)
+    jump past w = 2, where the value is NaN."""
+    data = ss.FederatedData([(np.zeros((1, 1)), None), (np.zeros((1, 1)), None)])
+
+    def value(w, X, y):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.full(len(X), -w[0] - 0.01 * np.log(2.0 - w[0]))
+
+    def grad(w, X, y):
+        return np.array([-1.0 + 0.01 / (2.0 - w[0])])
+
+    return ss.Problem(ss.SampleFunction(value, grad, name="barrier"), dim=1, data=data)
+
+
+@pytest.mark.parametrize("x0", [0.0, 1.0, 1.9])
+def test_a_trial_point_outside_a_functions_domain_is_a_rejected_step(x0):
+    """Full batches with the default options: a backtracking trial point where the function
+    is NaN is rejected (the clients say so instead of raising) and the step retried from the
+    last accepted point with a larger tau; the scheduled evaluation at such a point is
+    skipped. The run is certified at w* = 1.99 (it raised UserFunctionError at round 2)."""
+    res = _barrier_problem().solve(seed=0, x0=np.array([x0]), max_iter=500)
+    assert res.status == "converged", res.message
+    assert res.x[0] == pytest.approx(1.99, abs=1e-6)
+    assert res.history.rejected.sum() >= 1
+
+
+def test_a_non_finite_value_still_raises_where_no_step_can_be_rejected():
+    """With a fixed mini-batch (no backtracking) the same point is the iterate itself: a
+    function that is not finite there is the user's error, as before."""
+    with pytest.raises(ss.UserFunctionError, match="non-finite"):
+        _barrier_problem().solve(seed=0, x0=np.array([0.0]), batch_size=1, tau=1e-3,
+                                 max_iter=50)

@@ -70,6 +70,9 @@ class Algorithm(Protocol):
         """Whether the iterates stopped moving (more rounds would not change them): the stage
         ends with reason ``"settled"``."""
 
+    def tentative(self, state) -> bool:
+        """Whether ``state.w`` is a trial point the method may still reject."""
+
     def state_arrays(self, state) -> Mapping[str, np.ndarray]:
         """The state as named arrays (checkpoints)."""
 
@@ -171,6 +174,12 @@ class Method:
 
     def settled(self, state, info) -> bool:
         """See :class:`Algorithm`; default: never."""
+        return False
+
+    def tentative(self, state) -> bool:
+        """Whether ``state.w`` is a trial point the method may still reject (SSCA's
+        backtracking): a scheduled evaluation where a function is not finite is then skipped
+        instead of ending the run. Default: never."""
         return False
 
     # -- the end ---------------------------------------------------------------------------------

@@ -180,10 +180,10 @@ class Runner:
                         f"exceeds {DIVERGENCE_STEP:g} max(1, |w_1|)"))
                 evaluated, converged = None, False
                 if opts.eval_every and new.t % opts.eval_every == 0:
-                    ev = self.evaluate(new.w, with_grad=self.stop_test is not None,
-                                       round=new.t, commit=False)
-                    evaluated = self.evaluator.split(ev.values, new.w)
-                    if self.stop_test is not None and ev.complete:
+                    ev = self._scheduled_evaluation(new)
+                    if ev is not None:
+                        evaluated = self.evaluator.split(ev.values, new.w)
+                    if ev is not None and self.stop_test is not None and ev.complete:
                         converged, self.last_test = self.stop_test(new, ev)
             except BaseException as exc:
                 diverged = self._diverged(exc, state)
@@ -215,6 +215,19 @@ class Runner:
         if opts.checkpoint and rounds and state.t % opts.checkpoint_every:
             self.save(state)              # the end of a run: resume can extend it
         return state, st.MAX_ITER
+
+    def _scheduled_evaluation(self, state):
+        """The round's full-data evaluation, or None when the point is a trial point the method
+        may still reject (``tentative``) and a function is not finite there: no record and no
+        test at that round (the method's next round rejects the point)."""
+        try:
+            return self.evaluate(state.w, with_grad=self.stop_test is not None,
+                                 round=state.t, commit=False)
+        except UserFunctionError as exc:
+            if "non-finite" in str(exc) and self.algorithm.tentative(state):
+                self.gatherer.take()          # the dropouts of a skipped evaluation: none
+                return None
+            raise
 
     def _diverged(self, exc, state):
         """A DivergenceError for ``exc`` when the iterate exploded before the user's functions

@@ -21,7 +21,7 @@ from ...model.surrogates import check_strongly_convex
 from ...schedules import at_epochs, step_value
 from . import adaptive as ad
 from . import step as ssca_step
-from .client import TASK, SSCARoundTask
+from .client import NONFINITE, REJECT_NONFINITE, TASK, SSCARoundTask
 from .front import FrontDoor
 
 CHECK_RTOL = ad.CHECK_RTOL
@@ -132,7 +132,20 @@ class SSCA(FrontDoor):
         config = {"batch_size": self._batch(state), "tau": self._tau(state)}
         if self.auto_batch and not self._full(state):
             config["noise"] = True
+        elif self.tentative(state):
+            # a trial point where a function is not finite is a rejected step, not an error:
+            # the backtracking goes back to the last accepted point (which has statistics)
+            config[REJECT_NONFINITE] = True
         return Request(TASK, state.t + 1, state.w, config)
+
+    def tentative(self, state) -> bool:
+        """In the backtracking regime w_t is a trial point until the next round's merit test
+        accepts it."""
+        return self._backtracking(state) and len(state.prev_stats) > 0
+
+    def _backtracking(self, state) -> bool:
+        """Full batches with the adaptive tau and unit steps: the backtracking regime."""
+        return self._full(state) and self.adapt_tau and self.unit_steps
 
     def _batch(self, state) -> Optional[int]:
         if not self.auto_batch:
@@ -204,10 +217,14 @@ class SSCA(FrontDoor):
         else:
             r, g = self._steps(state, t)
         noise = np.zeros(len(self.builders))
-        replies = self._screened(replies, t, noise)
-        stats = ssca_step.average_with_messages(state.stats, replies, self.num_samples, r)
+        nonfinite = []
+        replies = self._screened(replies, t, noise, nonfinite)
+        stats = ssca_step.average_with_messages(state.stats, replies, self.num_samples, r,
+                                                allow_empty=True)
+        if stats is None and not nonfinite:
+            raise ValueError("average_with_messages: no client messages")
         if full and self.adapt_tau and self.unit_steps:
-            return self._backtracking_step(state, stats)
+            return self._backtracking_step(state, stats, bool(nonfinite))
         new, info = ssca_step.move(state, stats, r, g, self.subproblem)
         ratio = 0.0
         if self.auto_batch and not full:
@@ -230,12 +247,16 @@ class SSCA(FrontDoor):
         return (step_value(at_epochs(self.rho, R), t, "rho"),
                 step_value(at_epochs(self.gamma, R), t, "gamma"))
 
-    def _screened(self, replies, t, noise):
-        """Strip and add up the noise numbers; at round 1 check the first message's surrogates
-        for strong convexity (Assumption 2)."""
+    def _screened(self, replies, t, noise, nonfinite):
+        """Strip and add up the noise numbers; leave out (and list in ``nonfinite``) the
+        replies of clients whose functions were not finite at the trial point; at round 1
+        check the first message's surrogates for strong convexity (Assumption 2)."""
         p = self.problem
         key = ad.NOISE.rstrip(":")
         for i, reply in enumerate(replies):
+            if NONFINITE in reply.arrays:
+                nonfinite.append(reply.client)
+                continue
             if key in reply.arrays and reply.client == AGGREGATE:     # already the shares
                 noise += reply.weight ** 2 * np.asarray(reply.arrays[key], dtype=float)
             elif key in reply.arrays:
@@ -309,9 +330,13 @@ class SSCA(FrontDoor):
             size += abs(a) * float(w @ w) + abs(float(lin @ w)) + abs(const)
         return size
 
-    def _backtracking_step(self, state, stats):
+    def _backtracking_step(self, state, stats, nonfinite: bool = False):
         """Full batches: accept the step to w_t if the merit did not increase (then tau shrinks),
-        else retry from the last accepted point with tau doubled."""
+        else retry from the last accepted point with tau doubled; a step to a point where
+        some function is not finite (``nonfinite``: a client said so) is rejected too."""
+        if nonfinite:
+            k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
+            return self._retry(state, k, base_w, base, base_merit, True)
         merit = self._merit(stats, state.w, state.penalty)
         # an increase within the subproblem solver's accuracy is rounding, not a bad step; and
         # so is one within the rounding of the merit itself, which the statistics give as
@@ -324,6 +349,11 @@ class SSCA(FrontDoor):
             k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
         else:
             k, base_w, base, base_merit = ad.TAU_DOWN, state.w, stats, merit
+        return self._retry(state, k, base_w, base, base_merit, worse)
+
+    def _retry(self, state, k, base_w, base, base_merit, worse):
+        """The subproblem at ``base_w`` with tau multiplied by ``k`` (the backtracking's next
+        step from the accepted or the last accepted point)."""
         scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
         start = state._replace(w=base_w)
         new, info = ssca_step.move(start, scaled, 1.0, 1.0, self._solver(state, base_w))

@@ -8,12 +8,18 @@ from typing import Sequence
 
 import numpy as np
 
+from ...errors import UserFunctionError
 from ...federated.messages import Request, optional_int, own_factor, secagg_active
 from . import adaptive as ad
 from .step import pack_statistics
 
 #: the task name of a round
 TASK = "ssca.round"
+#: request config: a point where a function is not finite is answered with NONFINITE (the
+#: server's backtracking rejects it) instead of an error
+REJECT_NONFINITE = "reject_nonfinite"
+#: the reply array of a client whose functions were not finite at the point
+NONFINITE = "nonfinite"
 
 
 class SSCARoundTask:
@@ -22,8 +28,10 @@ class SSCARoundTask:
     over the batch rows, each under the name ``"m:statistic"``.
 
     Request config: ``batch_size`` (None: every row), ``tau`` (the proximal weight of builders
-    without their own) and ``noise`` (also send, per function, the squared difference of the
-    batch halves' mean gradients, ``"noise:m"``: adaptive sampling).
+    without their own), ``noise`` (also send, per function, the squared difference of the
+    batch halves' mean gradients, ``"noise:m"``: adaptive sampling) and ``reject_nonfinite``
+    (a function that is not finite at w_t is answered with the one array ``"nonfinite"``
+    instead of an error: the backtracking's trial point is rejected).
     """
 
     def __init__(self, functions: Sequence, builders: Sequence):
@@ -36,14 +44,23 @@ class SSCARoundTask:
         where = f"client {client.index}, round {request.round}"
         noisy = bool(request.config.get("noise")) and b < client.num_rows
         stats, noise = [], []
-        for fn, builder in zip(self.functions, self.builders):
-            t = builder.tau if builder.tau is not None else tau
-            if noisy:
-                st, v = ad.split_statistics(builder, fn, request.w, X, y, t, where)
-                stats.append(st)
-                noise.append(v)
-            else:
-                stats.append(builder.statistics(fn, request.w, X, y, t, where))
+        try:
+            for fn, builder in zip(self.functions, self.builders):
+                t = builder.tau if builder.tau is not None else tau
+                if noisy:
+                    st, v = ad.split_statistics(builder, fn, request.w, X, y, t, where)
+                    stats.append(st)
+                    noise.append(v)
+                else:
+                    stats.append(builder.statistics(fn, request.w, X, y, t, where))
+        except UserFunctionError as exc:
+            # a trial point of the backtracking outside a function's domain (overflow, log of
+            # a negative number): say so, and the server retries from the last accepted point
+            # (under secure aggregation every reply must carry the same arrays: it raises)
+            if not (request.config.get(REJECT_NONFINITE) and "non-finite" in str(exc)
+                    and not secagg_active(request)):
+                raise
+            return client.reply(request, {NONFINITE: np.ones(1)}, batch_size=b)
         arrays = pack_statistics(stats)
         secure = secagg_active(request) and bool(request.config.get("noise"))
         if secure and not noisy:          # every masked reply has the same arrays: a full

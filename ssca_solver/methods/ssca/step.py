@@ -144,13 +144,14 @@ def average_statistics(previous: tuple, new: tuple, rho: float) -> tuple:
 
 
 def average_with_messages(previous: tuple, messages: Iterable[Reply], num_samples: int,
-                          rho: float) -> tuple:
+                          rho: float, allow_empty: bool = False) -> tuple:
     """(1 - rho) previous + rho sum_i h_i N_i/(B_i N) q_i, with a bounded number of messages
     held (h_i: the reply's ``weight``, 1 when every client takes part).
 
     The same numbers as ``average_statistics(previous, combine(messages, N), rho)`` (eqs.
     (Fs0bar)/(Fsmbar)) up to rounding, without the intermediate combined statistics.
-    ``messages`` is consumed once, in order (a list, or a transport's ``stream``). Messages are
+    ``messages`` is consumed once, in order (a list, or a transport's ``stream``); no message
+    at all is an error, or None with ``allow_empty``. Messages are
     held until they add up to ``FOLD_BUFFER_BYTES`` (or run out), then added FOLD_WIDTH per
     pass over the statistics (:func:`ssca_solver._kernels.fold`) and dropped: the server's
     memory stays bounded however many clients answer, and at the paper's scale (ten messages
@@ -185,7 +186,7 @@ def average_with_messages(previous: tuple, messages: Iterable[Reply], num_sample
             flush()
     if group:
         flush()
-    if out is None:
+    if out is None and not allow_empty:
         raise ValueError("average_with_messages: no client messages")
     return out
 
