@@ -225,8 +225,7 @@ class Runner:
                                  round=state.t, commit=False)
         except UserFunctionError as exc:
             if "non-finite" in str(exc) and self.algorithm.tentative(state):
-                self.gatherer.take()          # the dropouts of a skipped evaluation: none
-                return None
+                return None      # any dropouts stay pending: the round's end records them
             raise
 
     def _diverged(self, exc, state):
