@@ -103,7 +103,7 @@ def _load(s2mpj: Path, name: str):
 
 
 class _Timeout(Exception):
-    pass
+    """A problem ran past its time limit."""
 
 
 def _alarm(*_):

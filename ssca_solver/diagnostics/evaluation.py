@@ -61,12 +61,17 @@ class ProblemTerms(NamedTuple):
     equality: Optional[np.ndarray] = None   # which constraints are equalities (None: none)
 
     def excess(self, cons: np.ndarray) -> np.ndarray:
-        """F_m - U_m for an inequality, |F_m - U_m| for an equality: the violation is its
-        positive part."""
-        cons = np.asarray(cons, dtype=float)
-        if self.equality is None or not np.any(self.equality):
-            return cons
-        return np.where(self.equality, np.abs(cons), cons)
+        """:func:`excess` with this problem's equalities."""
+        return excess(cons, self.equality)
+
+
+def excess(cons, equality=None) -> np.ndarray:
+    """F_m - U_m for an inequality, |F_m - U_m| for an equality (``equality``: M booleans, or
+    None), rows of a history too: the violation is its positive part."""
+    cons = np.asarray(cons, dtype=float)
+    if equality is None or not np.any(equality):
+        return cons
+    return np.where(np.asarray(equality, dtype=bool), np.abs(cons), cons)
 
 
 def split_values(values: np.ndarray, terms: ProblemTerms) -> tuple[float, np.ndarray]:

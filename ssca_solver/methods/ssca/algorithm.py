@@ -16,6 +16,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from ...diagnostics.evaluation import excess
 from ...federated.messages import AGGREGATE, Request, array
 from ...model.surrogates import check_strongly_convex
 from ...schedules import at_epochs, step_value
@@ -314,10 +315,8 @@ class SSCA(FrontDoor):
         det = (self.ridge * float(w @ w) if self.ridge is not None
                else self.problem.deterministic.value(w))
         obj = (values[0] if k else 0.0) + det
-        excess = np.asarray(values[k:]) - self.problem.bounds
-        if self.equality.any():
-            excess = np.where(self.equality, np.abs(excess), excess)
-        return float(obj + penalty * np.sum(np.maximum(excess, 0.0)))
+        violation = excess(np.asarray(values[k:]) - self.problem.bounds, self.equality)
+        return float(obj + penalty * np.sum(np.maximum(violation, 0.0)))
 
     def _merit_size(self, stats, w) -> float:
         """The size of the terms the merit is computed from (its rounding is ~1e-16 of it)."""

@@ -84,7 +84,7 @@ class FrontDoor(Method):
         return report.passed(self.opts.feas_tol, self.opts.kkt_tol)
 
     def kkt_metric(self, state):
-        return getattr(state, "metric", None)
+        return state.metric
 
     @property
     def num_stages(self) -> int:

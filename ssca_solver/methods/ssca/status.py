@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import status as st
+from ...diagnostics.evaluation import excess
 from ...diagnostics.kkt import PHASE1_TOL, violation_stationarity
 from ...diagnostics.result import Stage
 from .step import stage_slack
@@ -42,15 +43,6 @@ def stages_of(history, max_iter, bound_scale) -> list[Stage]:
     return out
 
 
-def excess_rows(constraints, equality) -> np.ndarray:
-    """The history's F_m - U_m rows with |F_m - U_m| for the equalities (the violation is
-    the positive part)."""
-    rows = np.asarray(constraints, dtype=float)
-    if equality is None or not np.any(equality):
-        return rows
-    return np.where(np.asarray(equality, dtype=bool), np.abs(rows), rows)
-
-
 def violation_stalled(history, bound_scale, M, equality=None):
     """(stalled, a, b): a and b are the smallest relative violation over the first and the
     second half of the last stage's evaluations; stalled when b did not improve on a by 0.1 %
@@ -59,7 +51,7 @@ def violation_stalled(history, bound_scale, M, equality=None):
         return False, np.nan, np.nan
     last = history.stage[-1]
     in_stage = np.isin(history.eval_t, history.t[history.stage == last])
-    v = np.max(excess_rows(history.constraints[in_stage], equality) / bound_scale, axis=1,
+    v = np.max(excess(history.constraints[in_stage], equality) / bound_scale, axis=1,
                initial=-np.inf)
     if v.size < 4:
         return False, np.nan, np.nan
@@ -79,7 +71,7 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
     if reason == st.STOPPED:
         return st.stopped(state.t, state.penalty if M else None)
     name, value, tol = kkt.residuals(o.feas_tol, o.kkt_tol)[0]
-    evaluated = (excess_rows(history.constraints, equality) / bound_scale if M
+    evaluated = (excess(history.constraints, equality) / bound_scale if M
                  else np.zeros((0, 0)))
     ever_feasible = bool(M and len(evaluated) and np.any(np.max(evaluated, axis=1)
                                                           <= o.feas_tol))
