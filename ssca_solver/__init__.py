@@ -11,9 +11,9 @@ from .engine.method import Method
 from .engine.options import RunOptions
 from .engine.runner import Iteration
 from .engine.solve import front_door, register_method
-from .errors import (ClientError, DataError, DivergenceError, ModelError, RoundFailedError,
-                     ScheduleError, SecureAggregationError, SSCAError, SubproblemError,
-                     UserFunctionError)
+from .errors import (CheckpointError, ClientError, DataError, DivergenceError, ModelError,
+                     RoundFailedError, ScheduleError, SecureAggregationError, SSCAError,
+                     SubproblemError, UserFunctionError)
 from .methods import (BUILTIN, AugmentedLagrangian, AugmentedLagrangianOptions, FedAvg,
                       FedAvgOptions, PrimalDual, PrimalDualOptions, SSCA, SSCAOptions)
 from .model.data import ClientData, FederatedData
@@ -44,5 +44,5 @@ __all__ = [
     "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder", "Statistic",
     "ProximalLinear", "DiagonalCurvature", "Linearization", "SSCAError", "DataError", "ModelError",
     "UserFunctionError", "ScheduleError", "SubproblemError", "ClientError", "DivergenceError",
-    "RoundFailedError", "SecureAggregationError", "__version__",
+    "RoundFailedError", "SecureAggregationError", "CheckpointError", "__version__",
 ]

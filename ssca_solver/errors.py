@@ -69,6 +69,36 @@ class ClientError(SSCAError, RuntimeError):
         return (type(self), (self.client, self.round, self.cause, self.remote_traceback))
 
 
+class ReplyError(ClientError):
+    """A client's reply that the server cannot use, found when it arrives: not a Reply, the
+    reply of another client, task or round, row counts that are not the client's, an array
+    that is not a real NumPy array, non-finite values, or an array whose shape differs from
+    the other clients' replies to the same request. A :class:`ClientError`, so code that
+    handles client failures handles it.
+
+    Attributes (besides those of :class:`ClientError`):
+      kind: what was wrong: "type", "identity", "counts", "dtype", "nonfinite" or "shape".
+      array: the name of the array at fault (None when the fault is not in one array).
+    """
+
+    def __init__(self, client, round, cause: str, remote_traceback=None, kind: str = "",
+                 array=None):
+        super().__init__(client, round, cause, remote_traceback)
+        self.kind = kind
+        self.array = array
+
+    def __reduce__(self):
+        return (type(self), (self.client, self.round, self.cause, self.remote_traceback,
+                             self.kind, self.array))
+
+
+class ResourceLimitError(SSCAError, OSError):
+    """A limit of the operating system is too low for the run, e.g. the number of open file
+    descriptors (``ulimit -n``) for the process transport's client processes. The message says
+    which limit, its value, how much the run needs and how to raise it. An ``OSError`` (errno
+    EMFILE for descriptors), so code that handles ``OSError`` handles it."""
+
+
 class DivergenceError(SSCAError, RuntimeError):
     """The iterates diverged: they grew without bound or stopped being finite while the user's
     functions were fine at the start. The solver's failure, not the user's; the message says
@@ -119,3 +149,31 @@ class SecureAggregationError(SSCAError, RuntimeError):
 
     state = None
     checkpoint = None
+
+
+class CheckpointError(SSCAError, ValueError):
+    """A checkpoint that cannot be written or resumed from: a ``checkpoint=`` path that is not
+    writable (a missing directory, a directory or a special file in its place, no space for
+    one checkpoint), checked before round 1; or a ``resume=`` file that is malformed,
+    truncated, empty, corrupted (a member whose CRC does not match), oversized (a member whose
+    declared size exceeds what this solve's state can take: refused before decompressing),
+    inconsistent (a stage, a round or an array that does not fit the method) or written for
+    other data, another problem or other options. The message names the file and the field.
+
+    Attributes:
+      path: the checkpoint's path.
+      field: the member or metadata field at fault (e.g. ``"state/w"``, ``"stage"``,
+        ``"fingerprint.data[3]"``), or None.
+    """
+
+    def __init__(self, message: str, path=None, field=None):
+        super().__init__(message)
+        self.path = path
+        self.field = field
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.path, self.field))
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """``resume=`` names no file (also a ``FileNotFoundError``)."""

@@ -7,13 +7,14 @@ hooks of :class:`ssca_solver.engine.method.Method`.
 from __future__ import annotations
 
 import json
+import os
 
 import cvxpy as cp
 import numpy as np
 
 
 from .. import status as st
-from ..errors import SSCAError, SubproblemError
+from ..errors import CheckpointError, SSCAError, SubproblemError
 from ..diagnostics.evaluation import Evaluator
 from ..diagnostics.kkt import kkt_report
 from ..diagnostics.result import Communication, KKTReport
@@ -47,9 +48,11 @@ def diagnostic_failure(exc: BaseException) -> bool:
 
 
 def fingerprint(problem, method: str, **options) -> dict:
-    """What must match between a checkpoint and the solve that resumes it (JSON values)."""
+    """What must match between a checkpoint and the solve that resumes it (JSON values): the
+    method, the problem's shape, the constraints' bounds and the method's ``options``."""
     fp = {"method": method, "dim": problem.dim, "client_sizes": list(problem.data.client_sizes),
           "constraints": [c.name for c in problem.constraints],
+          "bounds": [float(b) for b in problem.bounds],
           "functions": [f.name for f in problem.functions], **options}
     return json.loads(json.dumps(fp, default=repr))
 
@@ -85,9 +88,20 @@ class Session:
         check_clients(opts, problem.data.num_clients)
         fp = {**fingerprint(problem, algorithm.name, **algorithm.fingerprint()),
               **run_fingerprint(opts)}
+        layout = None
+        if opts.checkpoint or opts.resume:
+            # the data's hash (once per solve) and what a checkpoint of this solve holds
+            fp["data"] = ckpt.data_fingerprint(problem.data)
+            layout = ckpt.Layout(
+                algorithm.state_arrays(algorithm.init(np.zeros(problem.dim))),
+                {k: c.shape for k, c in recorder.columns.items()}, problem.dim,
+                len(problem.functions), problem.num_constraints, problem.data.num_clients,
+                algorithm.num_stages)
+        if opts.checkpoint:          # before round 1: a path the run can write to
+            ckpt.check_writable(opts.checkpoint, layout.estimate(
+                opts.max_iter * algorithm.num_stages, len(json.dumps(fp))))
         if opts.resume:
-            arrays, meta = ckpt.load(opts.resume)
-            ckpt.check_matches(meta, fp, opts.resume)
+            arrays, meta = ckpt.load(opts.resume, layout, fp)
             saved_seed = int(meta["seed"])
             if opts.seed is not None and seed_entropy(opts.seed) != saved_seed:
                 raise ValueError(f"resume: the checkpoint {opts.resume!r} was written with "
@@ -97,10 +111,14 @@ class Session:
             self.grad_scale = float(meta.get("grad_scale", 0.0))
             self.curvature = meta.get("curvature")
             self.constraint_scale = float(meta.get("constraint_scale", 0.0))
-            state = algorithm.state_from_arrays(state_arrays_from(arrays))
-            recorder.load(arrays)
-            tally.load(arrays)
-            dropouts = dropouts_from(arrays)
+            try:
+                state = algorithm.state_from_arrays(state_arrays_from(arrays))
+                recorder.load(arrays)
+                tally.load(arrays)
+                dropouts = dropouts_from(arrays)
+            except (KeyError, ValueError, TypeError, IndexError) as exc:
+                raise CheckpointError(f"resume: the checkpoint {opts.resume!r} cannot be "
+                                      f"restored: {exc}", opts.resume) from exc
         else:
             seed = seed_entropy(opts.seed)
             state = algorithm.init(start_point(opts.x0, problem.dim))
@@ -139,6 +157,12 @@ class Session:
         self.runner.meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp,
                             "stage": stage, "grad_scale": self.grad_scale,
                             "constraint_scale": self.constraint_scale}
+        self.checkpoints = None
+        if opts.checkpoint:          # a failed write warns once and the run goes on
+            same = bool(opts.resume) and (os.path.abspath(opts.resume)
+                                          == os.path.abspath(opts.checkpoint))
+            self.checkpoints = ckpt.Writer(opts.checkpoint, int(meta["round"]) if same else None)
+            self.runner.save = self.checkpoints.guard(self.runner.save)
 
     # -- the sequence of the front door ---------------------------------------------------------
     def start(self):
