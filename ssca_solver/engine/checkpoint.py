@@ -255,7 +255,7 @@ def check_writable(path: str, size: int) -> None:
 
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):     # the directory is checked below
         st = None
     except OSError as exc:
         refuse(f"the path cannot be used ({exc.strerror or exc})")
