@@ -42,9 +42,10 @@ from ..errors import CheckpointError, CheckpointNotFoundError
 FORMAT = "ssca-solver-checkpoint/1"
 #: bytes allowed for an .npy member's header (NumPy writes 128, or a multiple of 64)
 HEADER_BYTES = 4096
-#: the metadata member: this many bytes, plus PER_CLIENT_META per client (sizes and hashes)
+#: the metadata member: this many bytes, plus PER_ITEM_META per client (its size and hash)
+#: and per function (its name, bound and surrogate builder)
 META_BYTES = 1 << 20
-PER_CLIENT_META = 1024
+PER_ITEM_META = 1024
 #: characters allowed per dropout's error text and task name (unicode: 4 bytes a character)
 ERROR_CHARS = 1 << 14
 TASK_CHARS = 64
@@ -117,7 +118,7 @@ class Layout:
         after ``rounds`` rounds may be, decompressed, header included (bytes)."""
         rows = rounds + 1
         if name == "__meta__":
-            return META_BYTES + PER_CLIENT_META * self.clients
+            return META_BYTES + PER_ITEM_META * (self.clients + self.F + self.M)
         if name.startswith("state/"):
             return HEADER_BYTES + self._state_bytes()
         if name.startswith("history/"):
