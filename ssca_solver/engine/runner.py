@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from .. import status as st
-from ..errors import DivergenceError, SSCAError, UserFunctionError
+from ..errors import DivergenceError, ReplyError, SSCAError, UserFunctionError
 from ..federated.gather import Gatherer
 from ..federated.messages import Dropout
 from . import checkpoint as ckpt
@@ -230,12 +230,14 @@ class Runner:
 
     def _diverged(self, exc, state):
         """A DivergenceError for ``exc`` when the iterate exploded before the user's functions
-        returned non-finite values at it (else None)."""
+        returned non-finite values at it, or a client replied non-finite numbers at it
+        (:class:`~ssca_solver.errors.ReplyError`; else None)."""
         if isinstance(exc, DivergenceError):
             return None
         grown = float(np.linalg.norm(state.w))
         text = str(exc).lower()
-        user_nonfinite = isinstance(exc, UserFunctionError) and "non-finite" in text
+        user_nonfinite = ((isinstance(exc, UserFunctionError) and "non-finite" in text)
+                          or (isinstance(exc, ReplyError) and exc.kind == "nonfinite"))
         # NumPy/SciPy refusing infs or NaNs inside the solver's own arithmetic
         numeric = (isinstance(exc, ValueError) and not isinstance(exc, SSCAError)
                    and ("inf" in text or "nan" in text))

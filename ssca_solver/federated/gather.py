@@ -14,6 +14,12 @@ the algorithm (or the evaluator) combines, each with its server-side factor ``Re
   raises :class:`~ssca_solver.errors.RoundFailedError`;
 * secure aggregation (:mod:`.secagg`): one reply, ``client == AGGREGATE``, whose arrays are the
   weighted sum computed under masks (weight s).
+
+Without secure aggregation every reply is checked as it arrives (:mod:`.replies`: the client,
+task and round it answers, its row counts, real finite arrays, shapes that agree with the
+other clients'): a malformed one raises :class:`~ssca_solver.errors.ReplyError` (a
+ClientError naming the client), or with ``on_client_failure="drop"`` is a Dropout like any
+failure.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from ..errors import RoundFailedError
+from ..errors import ReplyError, RoundFailedError
 from .messages import Dropout, Reply, Request
+from .replies import ReplyCheck, where
 
 
 class Gatherer:
@@ -49,6 +56,7 @@ class Gatherer:
         self.secure = secure
         self.tally = tally
         self.pending: list[Dropout] = []
+        self.check = ReplyCheck(self.sizes.astype(int))
 
     def take(self) -> list[Dropout]:
         """The dropouts recorded since the last call (and forget them)."""
@@ -79,45 +87,99 @@ class Gatherer:
         if self.secure is not None:
             yield from self.secure.collect(self, request, participants, factors, kind)
             return
-        if participants is None and not self.drop:
-            down = request.num_floats()
-            for reply in self.transport.stream(request):
-                self.count(kind, reply.num_floats(), down)
-                yield reply
-                del reply    # the algorithm has it; do not keep it alive while the next computes
-            return
         order = list(range(len(self.sizes))) if participants is None else list(participants)
+        check = self.check.start(request, order)
+        down = request.num_floats()
+        if not self.drop:
+            if participants is None:       # a stream(request) of old works
+                stream = self.transport.stream(request)
+                factor = None
+            else:
+                stream = self.transport.stream(request, participants, False)
+                h = np.ones(len(order)) if factors is None else np.asarray(factors, dtype=float)
+                factor = dict(zip(order, h))
+            items = iter(stream)
+            k = 0
+            try:
+                for reply in items:
+                    check.check(reply, order[k] if k < len(order) else _extra(request, reply))
+                    k += 1
+                    self.count(kind, reply.num_floats(), down)
+                    odd = check.note(reply)
+                    if odd is not None:
+                        raise self._disagreement(check, odd, items, order, k)
+                    yield reply if factor is None else replace(
+                        reply, weight=float(factor[reply.client]))
+                    del reply  # the algorithm has it; do not keep it alive while the next computes
+            finally:           # a transport's stream left early reads (or drops) what is left
+                getattr(items, "close", lambda: None)()
+            if k < len(order):
+                raise ReplyError(order[k], where(request), "no reply arrived (the "
+                                 "transport's stream ended before this client's reply)",
+                                 kind="type")
+            check.done()
+            return
         h = np.ones(len(order)) if factors is None else np.asarray(factors, dtype=float)
         factor = dict(zip(order, h))
-        down = request.num_floats()
         stream = self.transport.stream(request, participants, self.drop)
-        if not self.drop:
-            for reply in stream:
-                self.count(kind, reply.num_floats(), down)
-                yield replace(reply, weight=float(factor[reply.client]))
-                del reply
-            return
         answered, dropped = [], []
 
-        def collect(items):
+        def collect(items, asked):
+            k = 0
             for item in items:
-                failed = isinstance(item, Dropout)
-                (dropped if failed else answered).append(item)
-                self.count(kind, 0 if failed else item.num_floats(), down)
+                expected = asked[k] if k < len(asked) else _extra(request, item)
+                k += 1
+                if isinstance(item, Dropout) and item.client == expected:
+                    dropped.append(item)
+                    self.count(kind, 0, down)
+                    continue
+                self.count(kind, item.num_floats() if isinstance(item, Reply) else 0, down)
+                try:
+                    check.check(item, expected)
+                except ReplyError as exc:
+                    dropped.append(_dropout(request, exc))
+                else:
+                    answered.append(item)
+            dropped.extend(Dropout(i, request.task, request.round, "ReplyError: no reply "
+                                   "arrived (the transport's stream ended before it)")
+                           for i in asked[k:])
 
-        collect(stream)              # held until all arrived: s depends on who answered
+        def screened():
+            nonlocal answered
+            answered, bad = check.screen(answered)
+            dropped.extend(_dropout(request, exc) for exc in bad)
+
+        collect(stream, order)       # held until all arrived: s depends on who answered
+        screened()
         if dropped and kind == "eval":
             # a full-data evaluation asks the failed clients once more (a dead process client
             # has been restarted): only a second failure leaves it out
-            retry, dropped = [d.client for d in dropped], []
-            collect(self.transport.stream(request, retry, True))
+            retry, dropped[:] = [d.client for d in dropped], []
+            collect(self.transport.stream(request, retry, True), retry)
+            screened()
             answered.sort(key=lambda r: order.index(r.client))
+        if not dropped:
+            check.done()
         self.pending.extend(dropped)
         s = self.renormalisation(order, h, [r.client for r in answered], request, dropped)
         while answered:
             reply = answered.pop(0)
             yield replace(reply, weight=float(factor[reply.client] * s))
             del reply
+
+    @staticmethod
+    def _disagreement(check, name, items, order, k) -> ReplyError:
+        """The error for array ``name``, whose shape differs between the replies so far: the
+        replies still to come are read (their shapes only) so that the most common shape
+        tells which client is at fault."""
+        try:
+            for item in items:
+                if k < len(order) and isinstance(item, Reply) and item.client == order[k]:
+                    check.note(item)
+                k += 1
+        except Exception:             # a later client's failure: the shapes seen decide
+            pass
+        return check.shape_error(name)
 
     def renormalisation(self, order, h, answered, request, dropped) -> float:
         """s = sum_{sampled} h_i N_i / sum_{answered} h_i N_i (1.0 when all answered);
@@ -130,3 +192,13 @@ class Gatherer:
         total = float(sum(factor[i] * self.sizes[i] for i in order))
         got = float(sum(factor[i] * self.sizes[i] for i in answered))
         return total / got
+
+
+def _extra(request: Request, item):
+    """A reply beyond those asked for: its error."""
+    raise ReplyError(getattr(item, "client", "?"), where(request), "the transport "
+                     "yielded more replies than clients were asked", kind="identity")
+
+
+def _dropout(request: Request, exc: ReplyError) -> Dropout:
+    return Dropout(exc.client, request.task, request.round, f"ReplyError: {exc.cause}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import multiprocessing as mp
 import multiprocessing.util  # noqa: F401  (registers its exit hook before ours: see _stop_all)
 import os
@@ -40,12 +41,18 @@ from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Iterator, Optional, Sequence, Union
 
-from ..errors import ClientError
+from ..errors import ClientError, ResourceLimitError
 from .client import Client
 from .messages import Dropout, Reply, Request, describe_error
 
 #: Default seconds a client process may take to answer one request (option ``client_timeout``).
 DEFAULT_CLIENT_TIMEOUT = 600.0
+
+#: File descriptors the server process holds per client of a :class:`ProcessTransport`: its
+#: end of the client's pipe, and the two ends multiprocessing keeps of its process handle
+#: (the sentinel that tells the process's exit, and the pipe whose closing tells the client
+#: that the server died). Forking one more client needs 3 more for a moment.
+FDS_PER_CLIENT = 3
 
 
 class Transport:
@@ -153,12 +160,19 @@ def _forget_pools() -> None:
 
     A client then holds no copy of its own pipe's server end nor of the others', so the server's
     death (or exit) reaches every client as end-of-file; and the child never stops processes
-    that are not its own.
+    that are not its own. The handles of the clients forked before it are closed too: a client
+    process holds a fixed number of descriptors however many clients there are.
     """
     for pool in list(_POOLS):
         for conn in pool.conns:
             with contextlib.suppress(OSError):
                 conn.close()
+        for p in pool.procs:    # the siblings' process handles (2 descriptors each)
+            fds = getattr(getattr(getattr(p, "_popen", None), "finalizer", None), "_args", ())
+            for fd in fds:
+                if isinstance(fd, int):
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
         pool.conns.clear()      # and a transport collected here stops nothing: not its children
         pool.procs.clear()
     _POOLS.clear()
@@ -325,6 +339,73 @@ def _stop(pool: _Pool, grace: float = 2.0) -> None:
     _POOLS.discard(pool)
 
 
+def _open_descriptors() -> Optional[int]:
+    """Descriptors this process has open now (None where /proc or /dev/fd cannot tell)."""
+    for d in ("/proc/self/fd", "/dev/fd"):
+        with contextlib.suppress(OSError):
+            return len(os.listdir(d)) - 1          # less the one listdir opened
+    return None
+
+
+def _nofile_limits() -> tuple:
+    """(soft, hard) RLIMIT_NOFILE, each None when unlimited or unknown."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None, None
+    inf = getattr(resource, "RLIM_INFINITY", -1)
+    return (None if soft == inf else int(soft)), (None if hard == inf else int(hard))
+
+
+def _descriptor_message(num_clients: int, started: int, others: Optional[int],
+                        soft: Optional[int], hard: Optional[int]) -> str:
+    """What to raise, for ``num_clients`` clients of which ``started`` had been forked;
+    ``others``: the descriptors open that are not the transport's (None: unknown)."""
+    need = FDS_PER_CLIENT * num_clients + FDS_PER_CLIENT      # and one fork's moment
+    have = "" if others is None else f" and {others} are open for other things"
+    target = need + (others or 0) + 64
+    target = 1 << (target - 1).bit_length()                   # the next power of two
+    text = (f"transport='process' cannot open the descriptors for {num_clients} clients: it "
+            f"needs {FDS_PER_CLIENT} file descriptors per client in the server process "
+            f"(about {need} for {num_clients} clients), but the limit of open files "
+            f"(ulimit -n) is {soft if soft is not None else 'unknown'}{have}")
+    if started:
+        text += f" (the limit was hit after {started} client processes had started)"
+    text += (f". Raise the limit to at least {target}: `ulimit -n {target}` in the shell "
+             f"that starts Python, or in the program before solving, "
+             f"`resource.setrlimit(resource.RLIMIT_NOFILE, ({target}, hard))`")
+    if hard is not None:
+        text += f" (the hard limit here is {hard}"
+        text += ("; above it only root or the system's limits configuration can raise it)"
+                 if hard < target else ")")
+    text += "; or use fewer clients, or transport='inprocess'"
+    return text
+
+
+def _check_descriptors(num_clients: int) -> None:
+    """Refuse before forking when the clients' descriptors cannot fit under the soft limit."""
+    soft, hard = _nofile_limits()
+    open_now = _open_descriptors()
+    if soft is None or open_now is None:
+        return
+    if open_now + FDS_PER_CLIENT * (num_clients + 1) > soft:
+        raise ResourceLimitError(errno.EMFILE, _descriptor_message(
+            num_clients, 0, open_now, soft, hard))
+
+
+def _descriptor_error(num_clients: int, started: int, exc: OSError) -> ResourceLimitError:
+    """The error for an EMFILE/ENFILE met while forking client ``started``."""
+    soft, hard = _nofile_limits()
+    open_now = _open_descriptors()
+    others = None if open_now is None else max(0, open_now - FDS_PER_CLIENT * started)
+    text = _descriptor_message(num_clients, started, others, soft, hard)
+    if exc.errno == errno.ENFILE:
+        text += (" (the error was ENFILE: the whole system's table of open files is full, "
+                 "not only this process's limit)")
+    return ResourceLimitError(exc.errno, text)
+
+
 class _RemoteTraceback(Exception):
     def __init__(self, text):
         self.text = text
@@ -341,6 +422,14 @@ class ProcessTransport(Transport):
       timeout: seconds each client may take to answer a request (default
         :data:`DEFAULT_CLIENT_TIMEOUT`); None waits forever. It bounds sending the request and
         reading the reply as well.
+
+    File descriptors: :data:`FDS_PER_CLIENT` = 3 file descriptors per client in the server
+    process (its end of the client's pipe and two of the process handle), 3 more for a moment
+    while a client is forked; each client process holds a fixed few (its pipe end, the
+    standard streams, whatever the server had open when it was forked). With the usual
+    ``ulimit -n`` of 1024, about 300 clients fit; when the limit is too low for the clients
+    the transport raises :class:`~ssca_solver.errors.ResourceLimitError` (an OSError, errno
+    EMFILE) before forking, saying how many are needed and how to raise the limit.
 
     Uses the ``fork`` start method (Linux, macOS), so user functions need not be picklable.
     With ``stream(..., tolerate_failures=True)`` a client that raised yields a Dropout (its
@@ -361,8 +450,14 @@ class ProcessTransport(Transport):
         self._finalizer = weakref.finalize(self, _stop, pool)
         self._finalizer.atexit = False         # _stop_all does it, before multiprocessing's hook
         try:
+            _check_descriptors(self.num_clients)
             for i in range(self.num_clients):
-                self._spawn(i)
+                try:
+                    self._spawn(i)
+                except OSError as exc:
+                    if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                        raise
+                    raise _descriptor_error(self.num_clients, i, exc) from exc
         except BaseException:
             _stop(pool)
             raise
@@ -396,7 +491,12 @@ class ProcessTransport(Transport):
         p.join(timeout=5)
         with contextlib.suppress(OSError):
             conn.close()
-        self._spawn(i)
+        try:
+            self._spawn(i)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            raise _descriptor_error(self.num_clients, self.num_clients - 1, exc) from exc
 
     @property
     def pids(self) -> list[int]:

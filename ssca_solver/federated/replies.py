@@ -1,0 +1,208 @@
+"""Every reply checked when it arrives, before an algorithm combines it (plain aggregation).
+
+Secure aggregation checks what its protocol needs (each client checks its weighted values are
+finite and in range before masking them; the server checks that every masked reply has the
+same layout, :mod:`.secagg`). Under plain aggregation the server reads each reply itself, and
+:class:`ReplyCheck` refuses, with a :class:`~ssca_solver.errors.ReplyError` (a ClientError)
+naming the client, the request and what is wrong, a reply that
+
+* is not a :class:`~.messages.Reply` (kind ``"type"``);
+* answers as another client, or another task or round than the request's (``"identity"``);
+* gives a row count ``num_rows`` other than the client's N_i known to the server, or a
+  ``batch_size`` outside 1..N_i (``"counts"``): the weights N_i / (B_i N) come from them;
+* carries a value that is not a NumPy array or scalar of real numbers (bool, integer or
+  float; not complex, object or text) (``"dtype"``);
+* carries a NaN or an infinity (``"nonfinite"``): every task's numbers are finite (a client
+  whose functions are not finite at a point says so as the task defines, e.g. method "ssca"'s
+  one-array ``"nonfinite"`` reply to a backtracking trial point, or raises);
+* has an array whose shape differs from the same array in the other clients' replies to the
+  same request (``"shape"``). The clients at fault are those that differ from the most
+  common shape (all replies are read to find it); between two clients that disagree, the one
+  that differs from the shape agreed in an earlier request of the same task, else the later
+  one (the message names both). Arrays named with a prefix in :data:`RAGGED` are lists of
+  rows whose number may differ between clients: only their other axes must agree.
+
+An array that some replies carry and others do not is left to the task (e.g. per-client
+extras such as the noise numbers of adaptive sampling).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ReplyError
+from .messages import Reply, Request
+
+#: Name prefixes of arrays that are lists of rows, whose number may differ between clients
+#: (method "ssca"'s gradient-check retries, ``"recheck:m"``): only their other axes must agree.
+RAGGED = ("recheck:",)
+
+_REAL = "biuf"        # bool, signed and unsigned integers, floats
+
+
+def where(request: Request):
+    """The ``round`` a ClientError about ``request`` names ("evaluation" for a full-data one)."""
+    return "evaluation" if request.task == "evaluate" else request.round
+
+
+def _shape_key(name: str, shape: tuple) -> tuple:
+    return shape[1:] if name.startswith(RAGGED) else shape
+
+
+def _fmt(shape: tuple) -> str:
+    return str(tuple(int(s) for s in shape))
+
+
+class ReplyCheck:
+    """The server's checks of the replies of one run (module docstring).
+
+    Args:
+      sizes: N_i of every client, as the server knows them.
+    """
+
+    def __init__(self, sizes: Sequence[int]):
+        self.sizes = [int(n) for n in sizes]
+        self.agreed: dict = {}        # task -> {array name: shape agreed in an earlier request}
+
+    def start(self, request: Request, order: Sequence[int]) -> "RequestCheck":
+        """The checks of the replies to ``request`` from the clients ``order``, in that
+        order."""
+        return RequestCheck(self, request, order)
+
+
+class RequestCheck:
+    """The replies to one request, checked one by one as they arrive (:meth:`check`); shapes
+    are compared with the replies already seen (:meth:`shapes`)."""
+
+    def __init__(self, owner: ReplyCheck, request: Request, order: Sequence[int]):
+        self.owner = owner
+        self.request = request
+        self.order = list(order)
+        self.seen: dict = {}          # array name -> {shape key: [clients]}
+        self.first: dict = {}         # array name -> (shape key, client) of its first reply
+
+    def fail(self, client, cause: str, kind: str, array: Optional[str] = None) -> ReplyError:
+        r = self.request
+        return ReplyError(client, where(r), f"its reply to task {r.task!r} {cause}",
+                          kind=kind, array=array)
+
+    def check(self, reply, client: int) -> None:
+        """Raise :class:`ReplyError` if ``reply`` (expected from ``client``) is malformed in
+        itself (all but the comparison of shapes between clients, :meth:`shapes`)."""
+        r = self.request
+        if not isinstance(reply, Reply):
+            raise ReplyError(client, where(r), f"it answered task {r.task!r} with a "
+                             f"{type(reply).__name__}, not a Reply", kind="type")
+        if isinstance(reply.client, (bool, np.bool_)) or reply.client != client:
+            raise self.fail(client, f"says it comes from client {reply.client!r}", "identity")
+        if reply.task != r.task or reply.round != r.round:
+            raise self.fail(client, f"says it answers task {reply.task!r} at round "
+                            f"{reply.round!r} (the request was round {r.round})", "identity")
+        n = self.owner.sizes[client] if 0 <= client < len(self.owner.sizes) else None
+        rows, batch = reply.num_rows, reply.batch_size
+        if not _is_int(rows) or (n is not None and int(rows) != n):
+            raise self.fail(client, f"gives num_rows={rows!r}, but the server's data gives "
+                            f"client {client} {n} rows (a node's rows must have the block "
+                            "sizes of the problem's data)", "counts")
+        if not _is_int(batch) or not 1 <= int(batch) <= int(rows):
+            raise self.fail(client, f"gives batch_size={batch!r}, outside 1..num_rows = "
+                            f"1..{rows}", "counts")
+        arrays = reply.arrays
+        if not isinstance(arrays, Mapping):
+            raise self.fail(client, f"has arrays of type {type(arrays).__name__}, not a "
+                            "mapping of names to arrays", "type")
+        for name, value in arrays.items():
+            if not isinstance(name, str):
+                raise self.fail(client, f"names an array {name!r}, not with a string", "type")
+            if isinstance(value, (np.ndarray, np.generic)):
+                a = value
+            elif isinstance(value, (bool, int, float)):
+                a = np.asarray(value)
+            else:
+                raise self.fail(client, f"has array {name!r} of type {type(value).__name__}, "
+                                "not a NumPy array", "type", name)
+            if a.dtype.kind not in _REAL:
+                raise self.fail(client, f"has array {name!r} of dtype {a.dtype}; replies carry "
+                                "real numbers (bool, integer or float arrays)", "dtype", name)
+            if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+                bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+                nan = int(np.count_nonzero(np.isnan(a)))
+                raise self.fail(client, f"has {bad} non-finite value(s) ({nan} NaN, "
+                                f"{bad - nan} infinite) in array {name!r} (of {a.size}); a "
+                                "reply's numbers must be finite", "nonfinite", name)
+
+    def note(self, reply: Reply) -> Optional[str]:
+        """Record the shapes of ``reply``'s arrays; the name of the first array whose shape
+        differs from the first reply that had it (None: all agree so far)."""
+        odd = None
+        for name, value in reply.arrays.items():
+            key = _shape_key(name, tuple(np.shape(value)))
+            first = self.first.setdefault(name, (key, reply.client))
+            self.seen.setdefault(name, {}).setdefault(key, []).append(reply.client)
+            if odd is None and key != first[0]:
+                odd = name
+        return odd
+
+    def shape_error(self, name: str) -> ReplyError:
+        """The error for array ``name``, whose shapes differ between the replies noted: it
+        names the first client whose shape is not the most common (module docstring)."""
+        groups = self.seen[name]
+        counts = Counter({k: len(v) for k, v in groups.items()})
+        top = counts.most_common()
+        agreed = self.owner.agreed.get(self.request.task, {}).get(name)
+        best = top[0][1]
+        tied = [k for k, c in top if c == best]
+        if len(tied) == 1:
+            right = tied[0]
+        elif agreed is not None and agreed in tied:
+            right = agreed
+        else:             # e.g. two clients: the earlier reply's shape is taken as the right one
+            right = min(tied, key=lambda k: min(map(self._position, groups[k])))
+        wrong = sorted((c for k, v in groups.items() if k != right for c in v),
+                       key=self._position)
+        client = wrong[0]
+        got = next(k for k, v in groups.items() if client in v)
+        others = wrong[1:]
+        how = ("the most common shape" if len(tied) == 1 else
+               "the shape agreed in an earlier request" if right == agreed else
+               "the earlier reply's shape (two shapes, equally common: one of the two "
+               "clients is at fault)")
+        axes = " (all axes but the first)" if name.startswith(RAGGED) else ""
+        more = f"; clients {others} differ too" if others else ""
+        return self.fail(client, f"has array {name!r} of shape{axes} {_fmt(got)}, but the "
+                         f"replies of clients {sorted(groups[right], key=self._position)} to "
+                         f"the same request have {_fmt(right)} ({how}){more}", "shape", name)
+
+    def _position(self, client) -> int:
+        return self.order.index(client) if client in self.order else len(self.order)
+
+    def screen(self, replies: list) -> tuple[list, list]:
+        """(the replies whose shapes agree, the ReplyErrors of the others) for a request whose
+        replies, each passed by :meth:`check`, are all here (``on_client_failure="drop"``):
+        one client at fault is left out after another until the rest agree."""
+        good, bad = list(replies), []
+        while True:
+            self.seen.clear()
+            self.first.clear()
+            odd = None
+            for reply in good:
+                odd = self.note(reply) or odd
+            if odd is None:
+                return good, bad
+            err = self.shape_error(odd)
+            bad.append(err)
+            good = [r for r in good if r.client != err.client]
+
+    def done(self) -> None:
+        """Every reply arrived and agreed: remember the shapes for later requests of the task."""
+        agreed = self.owner.agreed.setdefault(self.request.task, {})
+        for name, groups in self.seen.items():
+            if len(groups) == 1:
+                agreed[name] = next(iter(groups))
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
