@@ -17,13 +17,97 @@ from .result import KKTReport
 
 #: the floor of the stationarity scale: this fraction of |grad (F_0 + R)| at the start point
 START_FLOOR = 1e-2
-def stationarity_floor(grad_scale: float, curvature: Optional[float], w) -> float:
-    """The floor of the stationarity scale: START_FLOOR |grad (F_0 + R)(x0)|, capped by
-    L max(1, |w|) when the secant curvature L of F_0 + R is known (see ``kkt_report``)."""
+
+
+def stationarity_floor(grad_scale: float, curvature: Optional[float], w,
+                       local: Optional[float] = None, value: Optional[float] = None) -> float:
+    """The floor of the stationarity scale (see ``kkt_report``): the smallest of
+
+    * START_FLOOR |grad (F_0 + R)(x0)| (``grad_scale``);
+    * L max(1, |w|) for the secant curvatures L of F_0 + R that are known: ``curvature``
+      (from the start to the first tested point) and ``local`` (between the last two tested
+      points): |g| <= kkt_tol L max(1, |w|) says the Newton step |g| / L is below kkt_tol
+      max(1, |w|);
+    * ``value``: a size of F_0 + R itself over max(1, |w|) (:class:`StationarityFloor` gives
+      max(|f(w)|, START_FLOOR |f(x0) - f(w)|)), Dennis & Schnabel's relative gradient
+      (Numerical Methods for Unconstrained Optimization, 1983, sec. 7.2): a relative change
+      of w changes f by a small fraction of f.
+
+    Each candidate alone was measured to let a wrong point pass (a far start: 1 % of a start
+    gradient of 3.3e7 against |g| = 78 at a point 2.8 above the optimum; a narrow curved
+    valley: secant curvatures of 4e3 across it at |g| = 3e-3, f = 1.42 where the optimum is
+    0), so the floor is their minimum: it can only make the test stricter."""
     floor = START_FLOOR * float(grad_scale)
-    if curvature is not None and np.isfinite(curvature):
-        floor = min(floor, float(curvature) * max(1.0, float(np.linalg.norm(w))))
+    size = max(1.0, float(np.linalg.norm(w)))
+    for L in (curvature, local):
+        if L is not None and np.isfinite(L):
+            floor = min(floor, float(L) * size)
+    if value is not None and np.isfinite(value):
+        floor = min(floor, float(value) / size)
     return floor
+
+
+class StationarityFloor:
+    """What the stationarity floor (:func:`stationarity_floor`) is computed from, gathered
+    as the run goes (no extra evaluation: every quantity is read from the full-data
+    evaluations the KKT test makes anyway): |grad (F_0 + R)| and F_0 + R at the start point
+    (:meth:`start`), the secant curvature from there to the first tested point, and the
+    secant curvature between the last two tested points (:meth:`at`). Kept in checkpoints
+    (:meth:`meta`, :meth:`from_meta`)."""
+
+    KEYS = ("grad_scale", "curvature", "local_curvature", "value_start")
+
+    def __init__(self, grad_scale: float = 0.0, curvature: Optional[float] = None,
+                 local_curvature: Optional[float] = None,
+                 value_start: Optional[float] = None):
+        self.grad_scale = float(grad_scale)
+        self.curvature = curvature
+        self.local_curvature = local_curvature
+        self.value_start = value_start
+        self._start = None            # (w, g) at x0: the start secant's end
+        self._last = None             # (w, g) at the last tested point
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "StationarityFloor":
+        return cls(float(meta.get("grad_scale", 0.0)), meta.get("curvature"),
+                   meta.get("local_curvature"), meta.get("value_start"))
+
+    def meta(self) -> dict:
+        return {k: getattr(self, k) for k in self.KEYS}
+
+    def start(self, w, g, value: float) -> None:
+        """At the start point: its objective gradient ``g`` and value F_0 + R."""
+        self.grad_scale = float(np.linalg.norm(g))
+        self._start = (np.array(w, dtype=float), np.array(g, dtype=float))
+        self.value_start = float(value) if np.isfinite(value) else None
+
+    @staticmethod
+    def _secant(a, b) -> Optional[float]:
+        d = b[0] - a[0]
+        dd = float(d @ d)
+        if not dd > (1e-12 * max(1.0, float(np.linalg.norm(b[0])))) ** 2:
+            return None               # the same point, to rounding: no secant
+        L = abs(float((b[1] - a[1]) @ d)) / dd
+        return L if np.isfinite(L) else None
+
+    def at(self, w, g, value: float) -> float:
+        """The floor at a tested point ``w`` with objective gradient ``g`` and value F_0 + R;
+        updates the secants."""
+        here = (np.array(w, dtype=float), np.array(g, dtype=float))
+        if self.curvature is None and self._start is not None:
+            self.curvature = self._secant(self._start, here)
+        if self._last is not None:
+            L = self._secant(self._last, here)
+            if L is not None:
+                self.local_curvature = L
+        self._last = here
+        size = None
+        if np.isfinite(value):
+            size = abs(float(value))
+            if self.value_start is not None:
+                size = max(size, START_FLOOR * abs(self.value_start - float(value)))
+        return stationarity_floor(self.grad_scale, self.curvature, w, self.local_curvature,
+                                  size)
 
 
 #: eps of the multiplier fit's regularisation rows eps |grad F_m| mu_m (see kkt_report)
@@ -32,7 +116,8 @@ MULTIPLIER_REGULARIZATION = 1e-4
 
 def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str = "CLARABEL",
                grad_scale: float = 0.0, metric: Optional[np.ndarray] = None,
-               curvature: Optional[float] = None) -> KKTReport:
+               curvature: Optional[float] = None,
+               floor: Optional[float] = None) -> KKTReport:
     """KKT residuals and multipliers of Problem 3 at ``w``, from full-data values and gradients.
 
     Multipliers come from the KKT conditions at ``w`` (never from a penalty c):
@@ -76,8 +161,17 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     g0 = ev.grads[0] if k else np.zeros(w.size)
     G = ev.grads[k:].T if M else np.zeros((w.size, 0))
     domain_duals: tuple = ()
+    g = g0 + (det.grad(w) if det.smooth else 0.0)
+    # the scale is the objective's side of the balance only, never the multipliers': fitted
+    # to two nearly opposite halves of an equality, multipliers of 2e4..2e9 that cancel each
+    # other made max_m mu_m |grad F_m| huge and let points pass whose absolute stationarity
+    # was 0.74 (14 false certificates on a public collection); at a KKT point
+    # |sum_m mu_m grad F_m| = |g| anyway. The floor stands in when |g| vanishes (an
+    # unconstrained minimum): see stationarity_floor
+    if floor is None:
+        floor = stationarity_floor(grad_scale, curvature, w)
+    scale = max(float(np.linalg.norm(g)), floor, 1e-300)
     if not det.has_domain and det.smooth:
-        g = g0 + det.grad(w)
         if M:
             # the rows eps |grad F_m| mu_m make the fit well posed: among multipliers that
             # balance g equally well it takes the smallest forces, and nearly dependent
@@ -91,22 +185,19 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         stat = float(np.linalg.norm(res))
         kind, source = "gradient", "nnls"
     else:
-        g = g0 + (det.grad(w) if det.smooth else 0.0)
-        u, mu, duals, _ = det.linearized_step(w, g0, G, cons, solver=solver, equality=eq)
-        res = u - w
+        # the step length t at which the objective's gradient alone would move w by
+        # max(1, |w|): (u - w) / t is then in gradient units, and stat / scale =
+        # |u - w| / max(1, |w|). With t = 1 the step's length in the units of w was divided
+        # by a gradient scale: a point 0.57 from the bound its gradient of 5.8e3 pushes it
+        # to passed at 1e-4 (S2MPJ's QC, 15 % above the optimum)
+        t = max(1.0, float(np.linalg.norm(w))) / scale
+        u, mu, duals, _ = det.linearized_step(w, g0, G, cons, solver=solver, equality=eq,
+                                              step=t)
+        res = (u - w) / t
         stat = float(np.linalg.norm(res))
         domain_duals = tuple(duals)
         kind, source = "linearized step", "linearized"
     col = np.linalg.norm(G, axis=0) if M else np.zeros(0)
-    # the scale is the objective's side of the balance only, never the multipliers': fitted
-    # to two nearly opposite halves of an equality, multipliers of 2e4..2e9 that cancel each
-    # other made max_m mu_m |grad F_m| huge and let points pass whose absolute stationarity
-    # was 0.74 (14 false certificates on a public collection); at a KKT point
-    # |sum_m mu_m grad F_m| = |g| anyway. 1 % of the objective's gradient at the start stands
-    # in when |g| vanishes (an unconstrained minimum). A start-point scale alone let a badly
-    # scaled problem pass while still 15 % from its optimum (measured)
-    floor = stationarity_floor(grad_scale, curvature, w)
-    scale = max(float(np.linalg.norm(g)), floor, 1e-300)
     relative = stat / scale
     if metric is not None and np.size(metric):
         # the same ratio in the diagonal metric's units (each coordinate divided by the square

@@ -390,13 +390,15 @@ def _meta_fields(meta, path: str) -> dict:
         v = meta[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             bad(key, f"= {v!r} is not a non-negative integer")
-    for key in ("elapsed", "grad_scale", "constraint_scale", "curvature"):
+    for key in ("elapsed", "grad_scale", "constraint_scale", "curvature", "local_curvature",
+                "value_start"):
         v = meta.get(key)
         if v is None and key != "elapsed":
             continue
         if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                or v < 0):
-            bad(key, f"= {v!r} is not a finite non-negative number")
+                or (v < 0 and key != "value_start")):
+            bad(key, f"= {v!r} is not a finite {'' if key == 'value_start' else 'non-negative '}"
+                     "number")
     return meta
 
 

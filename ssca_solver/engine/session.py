@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import cvxpy as cp
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 from .. import status as st
 from ..errors import CheckpointError, SSCAError, SubproblemError
 from ..diagnostics.evaluation import Evaluator
-from ..diagnostics.kkt import kkt_report
+from ..diagnostics.kkt import StationarityFloor, kkt_report
 from ..diagnostics.result import Communication, KKTReport
 from ..federated import build_clients, make_transport
 from ..federated.gather import Gatherer
@@ -78,7 +79,6 @@ class Session:
     def __init__(self, problem, algorithm, opts):
         self.problem, self.algorithm, self.opts = problem, algorithm, opts
         self.solver = algorithm.kkt_solver
-        self._start = None
         self.evaluator = Evaluator(problem)
         recorder = Recorder(algorithm.columns, problem.num_constraints)
         tally = Tally()
@@ -108,8 +108,7 @@ class Session:
                                  "another seed; omit seed= (it is read from the checkpoint) "
                                  "or give the same one")
             seed, stage, elapsed = saved_seed, int(meta["stage"]), float(meta["elapsed"])
-            self.grad_scale = float(meta.get("grad_scale", 0.0))
-            self.curvature = meta.get("curvature")
+            self.floor = StationarityFloor.from_meta(meta)
             self.constraint_scale = float(meta.get("constraint_scale", 0.0))
             try:
                 state = algorithm.state_from_arrays(state_arrays_from(arrays))
@@ -121,9 +120,8 @@ class Session:
                                       f"restored: {exc}", opts.resume) from exc
         else:
             seed = seed_entropy(opts.seed)
-            state = algorithm.init(start_point(opts.x0, problem.dim))
-            self.grad_scale = 0.0
-            self.curvature = None
+            state = algorithm.init(self._inside_domain(start_point(opts.x0, problem.dim)))
+            self.floor = StationarityFloor()
             self.constraint_scale = 0.0
         self.seed = seed
         self.state, self.stage, self.resumed = state, stage, bool(opts.resume)
@@ -155,7 +153,7 @@ class Session:
                              self._stop_test if algorithm.certifies else None,
                              sampler=sampler, dropouts=dropouts)
         self.runner.meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp,
-                            "stage": stage, "grad_scale": self.grad_scale,
+                            "stage": stage, **self.floor.meta(),
                             "constraint_scale": self.constraint_scale}
         self.checkpoints = None
         if opts.checkpoint:          # a failed write warns once and the run goes on
@@ -207,9 +205,8 @@ class Session:
         the point for the secant curvature of :meth:`kkt`."""
         ev = self.runner.evaluate(w, with_grad=True)
         g = self.evaluator.objective_gradient(ev, w)
-        self.grad_scale = float(np.linalg.norm(g))
-        self.runner.meta["grad_scale"] = self.grad_scale
-        self._start = (np.array(w, dtype=float), g)     # for the secant curvature
+        self.floor.start(w, g, self.evaluator.split(ev.values, w)[0])
+        self.runner.meta.update(self.floor.meta())
         k = 1 if self.problem.objective is not None else 0
         self.constraint_scale = float(max((np.linalg.norm(g) for g in ev.grads[k:]),
                                           default=0.0))
@@ -227,21 +224,39 @@ class Session:
         report = self.kkt(state, ev)
         return bool(self.algorithm.kkt_test(report)), report
 
-    def _curvature(self, w, ev):
-        """The secant curvature of F_0 + R between the start point and the first point the
-        KKT test is run at, |(g(w) - g(x0)).(w - x0)| / |w - x0|^2 (no extra evaluation: both
-        gradients are at hand), fixed from then on and kept in checkpoints; None before it
-        is known. It caps the stationarity scale's floor (``kkt_report``): 1 % of the start
-        gradient means nothing once the start is far from the solution."""
-        if self.curvature is None and self._start is not None and ev.grads is not None:
-            w0, g0 = self._start
-            d = np.asarray(w, dtype=float) - w0
-            dd = float(d @ d)
-            if dd > 0:
-                g = self.evaluator.objective_gradient(ev, w)
-                self.curvature = abs(float((g - g0) @ d)) / dd
-                self.runner.meta["curvature"] = self.curvature
-        return self.curvature
+    def _inside_domain(self, x0):
+        """x0, or its projection onto the domain (:meth:`DeterministicPart.project`) with a
+        warning when x0 is outside it: the functions may not be defined there (a start below
+        a bound x >= 0 of log x raised 'non-finite value' in the gradient check)."""
+        det = self.problem.deterministic
+        if not det.has_domain:
+            return x0
+        violation = det.domain_violation(x0)
+        if not violation > 0.0:
+            return x0
+        x = det.project(x0, self.solver)
+        moved = float(np.linalg.norm(x - x0))
+        if moved > 1e-9 * max(1.0, float(np.linalg.norm(x0))):
+            warnings.warn(f"x0 is outside the domain (violation {violation:.3g}): starting "
+                          f"from its projection onto the domain, {moved:.3g} away",
+                          RuntimeWarning, stacklevel=2)
+        return x
+
+    @property
+    def grad_scale(self) -> float:
+        """|grad (F_0 + R)| at the start point (0 before :meth:`measure_scale`)."""
+        return self.floor.grad_scale
+
+    def _floor(self, w, ev) -> float:
+        """The stationarity scale's floor at ``w`` (:class:`StationarityFloor`: the start
+        gradient, the secant curvatures from the start and between the last two tested
+        points, the objective's size), updated from this evaluation and kept in the
+        checkpoints' metadata."""
+        g = self.evaluator.objective_gradient(ev, w)
+        value = self.evaluator.split(ev.values, w)[0]
+        floor = self.floor.at(w, g, value)
+        self.runner.meta.update(self.floor.meta())
+        return floor
 
     def kkt(self, state, ev):
         """The KKT report at ``state.w`` from a full-data evaluation with gradients; a report
@@ -250,9 +265,9 @@ class Session:
         (:func:`diagnostic_failure`), so a diagnostic never loses the run; it then fails the
         stopping test."""
         try:
-            return kkt_report(state.w, ev, self.evaluator.terms, self.solver, self.grad_scale,
-                              self.algorithm.kkt_metric(state),
-                              curvature=self._curvature(state.w, ev))
+            return kkt_report(state.w, ev, self.evaluator.terms, self.solver,
+                              metric=self.algorithm.kkt_metric(state),
+                              floor=self._floor(state.w, ev))
         except Exception as exc:
             if not diagnostic_failure(exc):
                 raise

@@ -150,19 +150,51 @@ class DeterministicPart:
         self._w.value = np.asarray(w, dtype=float)
         return float(max(np.max(np.atleast_1d(c.violation())) for c in self._cons))
 
-    def linearized_step(self, w, g0, G, cons, solver: str = "CLARABEL", equality=None):
+    def project(self, w, solver: str = "CLARABEL") -> np.ndarray:
+        """The point of the domain D nearest to ``w`` (``w`` itself when it is in D):
+        argmin |u - w|^2 subject to u in D, solved with CVXPY in the step v = u - w (no large
+        constants when |w| is large). A start point outside D goes here before round 1 (as
+        SciPy's minimize clips x0 to its bounds). ModelError when D is empty or the solver
+        fails."""
+        w = np.asarray(w, dtype=float)
+        if not self._domain or self.domain_violation(w) <= 0.0:
+            return w
+        v = cp.Variable(self.dim)
+        _, dom = self.instantiate(w + v)
+        prob = cp.Problem(cp.Minimize(cp.sum_squares(v)), dom)
+        statuses = []
+        for options in ({"tol_gap_abs": 1e-12, "tol_gap_rel": 1e-12, "tol_feas": 1e-12}
+                        if solver.upper() == "CLARABEL" else {}, {}):
+            try:
+                prob.solve(solver=solver, **options)
+            except cp.error.SolverError as exc:
+                statuses.append(f"solver error ({exc})")
+                continue
+            statuses.append(str(prob.status))
+            if prob.status in ("optimal", "optimal_inaccurate") and v.value is not None:
+                return w + np.asarray(v.value, dtype=float).ravel()
+            if prob.status in ("infeasible", "infeasible_inaccurate"):
+                break
+        raise ModelError(f"the start point is outside the domain and its projection onto "
+                         f"the domain failed ({solver}: {', '.join(statuses)})"
+                         + ("; the domain's constraints have no common point"
+                            if statuses and statuses[-1].startswith("infeasible") else ""))
+
+    def linearized_step(self, w, g0, G, cons, solver: str = "CLARABEL", equality=None,
+                        step: float = 1.0):
         """The KKT step of Problem 3 linearised at ``w``, with its multipliers.
 
         Solves the convex problem (a step of an SQP method with identity Hessian)
 
-            minimise    g_0.(u - w) + R(u) + |u - w|^2 / 2 + P sum_m e_m
+            minimise    g_0.(u - w) + R(u) + |u - w|^2 / (2 t) + P sum_m e_m
             subject to  F_m(w) - U_m + G_m.(u - w) <= e_m,  e_m >= 0,   u in D,
                         (an equality: |F_m(w) - U_m + G_m.(u - w)| <= e_m, free-sign mu_m)
 
         with g_0 the full-data gradient of F_0, G_m those of F_m and R, D the deterministic
         terms and domain (exact). At a KKT point of Problem 3, u = w and the duals are its
         multipliers: ``mu`` for the stochastic constraints and one array per domain constraint.
-        |u - w| is the KKT residual (it reduces to |grad L| without domain and constraints).
+        |u - w| / t is the KKT residual (it reduces to |grad L| without domain and
+        constraints); t is ``step`` (1: an identity Hessian).
         The elastic variables e (weight P, far above any sensible multiplier) keep the problem
         feasible where the linearised constraints are not; ``elastic`` is their sum.
 
@@ -182,6 +214,9 @@ class DeterministicPart:
         G = np.asarray(G, dtype=float).reshape(self.dim, M)
         w = np.asarray(w, dtype=float)
         cons = np.asarray(cons, dtype=float)
+        t = float(step)
+        if not (np.isfinite(t) and t > 0):
+            raise ValueError(f"linearized_step: step = {step!r} must be positive")
         P = 1e6 * max(1.0, float(np.max(np.abs(g0), initial=0.0)),
                       float(np.max(np.abs(G), initial=0.0)))
         # the step |u - w| is the residual the stopping test reads at 1e-4 relative: solve
@@ -194,11 +229,13 @@ class DeterministicPart:
                 v = cp.Variable(self.dim)
                 u = w + v
                 expr, dom = self.instantiate(u)
-                obj = g0 @ v + 0.5 * cp.sum_squares(v) + (expr if expr is not None else 0)
+                obj = g0 @ v + (0.5 / t) * cp.sum_squares(v) + (expr if expr is not None
+                                                                 else 0)
             else:
                 u = cp.Variable(self.dim)
                 expr, dom = self.instantiate(u)
-                obj = g0 @ u + 0.5 * cp.sum_squares(u - w) + (expr if expr is not None else 0)
+                obj = g0 @ u + (0.5 / t) * cp.sum_squares(u - w) + (expr if expr is not None
+                                                                     else 0)
             cons_lin = []
             if M:
                 e = cp.Variable(M, nonneg=True)

@@ -54,6 +54,9 @@ PROBE_TASK = "ssca.probe"
 METRIC_TASK = "ssca.metric"
 METRIC_ROWS = 64        # rows per client whose per-sample gradients give the diagonal metric
 METRIC_SPREAD = 1e6     # a diagonal metric when the curvature estimates span more than this
+#: a rejected trial step above this fraction of the rejected one before it (tau doubled in
+#: between) drops the diagonal metric (SSCA._metric_or_not): the steps are not shrinking
+METRIC_SHRINK = 0.7
 CHECK_RTOL = 1e-2       # relative disagreement that fails the gradient check
 CHECK_ROUNDING = 1e3 * np.finfo(float).eps  # rounding allowance of a difference at step h:
 #                        CHECK_ROUNDING max(1, |f|) / h (the check's rounding floor)

@@ -346,9 +346,29 @@ class SSCA(FrontDoor):
                  and merit > state.merit + max(rtol * max(1.0, abs(state.merit)), noise))
         if worse:                                    # reject w_t
             k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
+            state = self._metric_or_not(state)
         else:
             k, base_w, base, base_merit = ad.TAU_DOWN, state.w, stats, merit
+            self._rejected_trial = None
         return self._retry(state, k, base_w, base, base_merit, worse)
+
+    def _metric_or_not(self, state):
+        """After a rejected step: the state without its diagonal metric (isotropic proximal
+        terms from then on) when doubling tau did not shorten the rejected trial steps (the
+        second rejection in a row, or later, with a trial step above METRIC_SHRINK of the one
+        before). Backtracking rests on steps that shrink as tau grows; a coordinate with a
+        metric entry near 0 (squared gradients that vanish along it: an objective linear in
+        it) costs nothing to move along, and a linearised equality then pins the trial step
+        however large tau becomes (min -x_1 s.t. |x|^2 = 1 from (1.1, 0.1): every trial
+        about 1.1 long, 8 rejections, a stop at violation 1.2 -- S2MPJ's MARATOS)."""
+        trial = float(np.linalg.norm(state.w - state.prev_w))
+        before = getattr(self, "_rejected_trial", None)
+        self._rejected_trial = trial
+        if (state.metric.size and state.rejects >= 1 and before is not None
+                and trial > ad.METRIC_SHRINK * before):
+            self._rejected_trial = None
+            return state._replace(metric=np.zeros((0, 0)))
+        return state
 
     def _retry(self, state, k, base_w, base, base_merit, worse):
         """The subproblem at ``base_w`` with tau multiplied by ``k`` (the backtracking's next

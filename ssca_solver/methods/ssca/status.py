@@ -17,6 +17,7 @@ from ... import status as st
 from ...diagnostics.evaluation import excess
 from ...diagnostics.kkt import PHASE1_TOL, violation_stationarity
 from ...diagnostics.result import Stage
+from .adaptive import MAX_REJECTS
 from .step import stage_slack
 
 #: a drop of the violation's second difference above this (relative) makes the point a saddle
@@ -114,6 +115,20 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
             "or their multipliers exceed c: if they can be met, give larger penalties")
     if not o.eval_every:
         return st.untested(state.t, (name, value, tol), kkt)
+    if reason == st.SETTLED and getattr(state, "rejects", 0) >= MAX_REJECTS:
+        return st.MAX_ITER, (f"the iterates stopped moving at round {state.t}: no step improved "
+                            "the exact penalty F_0 + R + c (violation) in "
+                            f"{MAX_REJECTS} tries in a row (tau doubled at each), and the "
+                            f"full-data KKT test did not pass: {name} = {value:.3g} > {tol:g} "
+                            "(relative); the point may sit at a kink of a nonsmooth function, "
+                            "the penalised problem's rounding may hide the decrease, or c "
+                            f"= {state.penalty:g} may be below the multipliers: try larger "
+                            "penalties" if M else
+                            f"the iterates stopped moving at round {state.t}: no step improved "
+                            f"the objective in {MAX_REJECTS} tries in a row (tau doubled at "
+                            f"each), and the full-data KKT test did not pass: {name} = "
+                            f"{value:.3g} > {tol:g} (relative); the point may sit at a kink of "
+                            "a nonsmooth function, or rounding may hide the decrease")
     if reason == st.SETTLED:
         return st.MAX_ITER, (f"the iterates stopped moving at round {state.t} (full batches: the "
                             "penalised problem is solved) but the full-data KKT test did not "
