@@ -354,3 +354,16 @@ def test_inconsistent_contents_are_refused_naming_the_field(written, tmp_path, e
     assert err.field == field
     assert not isinstance(err, ss.UserFunctionError)
 
+
+
+def test_a_long_client_error_in_the_dropouts_still_resumes(written, tmp_path):
+    """A guard on the size limits (passes at a6c4ee9 too): a dropout's error text has no
+    length limit (a client's traceback), and a checkpoint holding a long one resumes."""
+    prob, good = written
+    long = "ClientError: " + "x" * 1_500_000      # beyond 16384 characters a dropout
+    path = _rewrite(good, tmp_path / "drops.npz", arrays={
+        "dropouts/client": np.array([1], dtype=np.int64),
+        "dropouts/round": np.array([2], dtype=np.int64),
+        "dropouts/task": np.array(["ssca.round"]), "dropouts/error": np.array([long])})
+    res = prob.solve(resume=path, **{**OPTS, "seed": None})
+    assert res.nit == 6 and [d.error for d in res.dropouts] == [long]

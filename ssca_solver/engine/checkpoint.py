@@ -47,6 +47,7 @@ HEADER_BYTES = 4096
 META_BYTES = 1 << 20
 PER_ITEM_META = 1024
 #: characters allowed per dropout's error text and task name (unicode: 4 bytes a character)
+#: in a compressed member (a stored one, as written here, is bounded by the file's size)
 ERROR_CHARS = 1 << 14
 TASK_CHARS = 64
 _DROPOUT_STRINGS = {"dropouts/task": TASK_CHARS, "dropouts/error": ERROR_CHARS}
@@ -453,6 +454,10 @@ def load(path: str, layout: Optional[Layout] = None,
                          else st.st_size)
                 if limit == 0:
                     raise CheckpointError("is not a member this library writes", field=name)
+                if name in _DROPOUT_STRINGS and info.compress_type == zipfile.ZIP_STORED:
+                    # clients' error texts have no length limit; a stored member is no
+                    # larger than the file, so it cannot be a decompression bomb
+                    limit = max(limit, st.st_size)
                 arrays[name] = _member_array(zf, info, name, limit)
     except CheckpointError as exc:
         if exc.path is not None:
