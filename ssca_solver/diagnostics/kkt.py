@@ -17,6 +17,9 @@ from .result import KKTReport
 
 #: the floor of the stationarity scale: this fraction of |grad (F_0 + R)| at the start point
 START_FLOOR = 1e-2
+#: the objective's typical size in the floor's value term: max(|f(w)|, VALUE_FLOOR |f(x0) -
+#: f(w)|) (Dennis and Schnabel's typf, from the decrease achieved)
+VALUE_FLOOR = 1e-1
 
 
 def stationarity_floor(grad_scale: float, curvature: Optional[float], w,
@@ -29,7 +32,7 @@ def stationarity_floor(grad_scale: float, curvature: Optional[float], w,
       points): |g| <= kkt_tol L max(1, |w|) says the Newton step |g| / L is below kkt_tol
       max(1, |w|);
     * ``value``: a size of F_0 + R itself over max(1, |w|) (:class:`StationarityFloor` gives
-      max(|f(w)|, START_FLOOR |f(x0) - f(w)|)), Dennis & Schnabel's relative gradient
+      max(|f(w)|, VALUE_FLOOR |f(x0) - f(w)|)), Dennis & Schnabel's relative gradient
       (Numerical Methods for Unconstrained Optimization, 1983, sec. 7.2): a relative change
       of w changes f by a small fraction of f.
 
@@ -105,7 +108,7 @@ class StationarityFloor:
         if np.isfinite(value):
             size = abs(float(value))
             if self.value_start is not None:
-                size = max(size, START_FLOOR * abs(self.value_start - float(value)))
+                size = max(size, VALUE_FLOOR * abs(self.value_start - float(value)))
         return stationarity_floor(self.grad_scale, self.curvature, w, self.local_curvature,
                                   size)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 
 from .. import status as st
-from ..errors import CheckpointError, SSCAError, SubproblemError
+from ..errors import CheckpointError, ModelError, SSCAError, SubproblemError
 from ..diagnostics.evaluation import Evaluator
 from ..diagnostics.kkt import StationarityFloor, kkt_report
 from ..diagnostics.result import Communication, KKTReport
@@ -234,7 +234,12 @@ class Session:
         violation = det.domain_violation(x0)
         if not violation > 0.0:
             return x0
-        x = det.project(x0, self.solver)
+        try:
+            x = det.project(x0, self.solver)
+        except ModelError:
+            # an empty domain, or a solver failure: the run's first subproblem meets the same
+            # and says so (EmptyDomainError with the state after round 0)
+            return x0
         moved = float(np.linalg.norm(x - x0))
         if moved > 1e-9 * max(1.0, float(np.linalg.norm(x0))):
             warnings.warn(f"x0 is outside the domain (violation {violation:.3g}): starting "

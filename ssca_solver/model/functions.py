@@ -182,6 +182,17 @@ def checked_grad(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray:
     return _valid_grad(fn.name, _call(fn, "grad", w, X, y, where), d, where)
 
 
+def mean_value_or_nan(fn: SampleFunction, w, X, y, n: int, where: str) -> float:
+    """The batch mean of ``fn.value`` at ``w``, NaN when a value is not finite (``w`` outside
+    the function's domain: a difference step may leave it); a wrong shape or an exception
+    still raises UserFunctionError."""
+    v = np.asarray(_call(fn, "value", w, X, y, where), dtype=float)
+    if v.shape != (n,):
+        _valid_values(fn.name, v, n, where)
+    m = float(v.mean()) if np.all(np.isfinite(v)) else float("nan")
+    return m if np.isfinite(m) else float("nan")
+
+
 def checked_value_and_grad(fn: SampleFunction, w, X, y, where: str):
     """(per-sample values, mean gradient), checked; one call when ``fn.value_and_grad`` exists."""
     n, d = X.shape[0], w.size

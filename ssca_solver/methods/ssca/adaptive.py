@@ -36,7 +36,8 @@ import numpy as np
 from ...errors import UserFunctionError
 from ...federated.messages import aggregation_weight, secagg_active
 from ...model.functions import (DIFFERENCE_STEPS, central_difference, checked_grad,
-                                checked_value_and_grad, checked_values, step_scale)
+                                checked_value_and_grad, checked_values, mean_value_or_nan,
+                                step_scale)
 from ...model.surrogates import Linearization, ProximalLinear
 
 START_BATCH = 32        # rows per client in the first rounds of batch_size="auto"
@@ -69,6 +70,36 @@ def fd_step(w: np.ndarray) -> float:
     return 1e-6 * max(1.0, float(np.max(np.abs(w), initial=0.0)))
 
 
+#: how many times the probe's difference step is divided by 10 while a side of it is outside
+#: the function's domain (non-finite values), before a one-sided difference
+FINITE_TRIES = 8
+#: the gradient check's second point, this far (relative to max(1, |x0|_inf)) from x0 in a
+#: fixed random direction, for the gradients that disagreed at x0 (SSCA._recheck_elsewhere)
+RECHECK_DISTANCE = 1e-3
+
+
+def finite_steps(fn, w, u, X, y, n: int, where: str):
+    """(h, mean value at w + h u, at w - h u) for the probe's step h = :func:`fd_step` (w),
+    divided by 10 up to FINITE_TRIES times while a side is not finite (a start on or near the
+    edge of a function's domain, e.g. x = 1e-12 of log x: the step of 1e-6 leaves it); the
+    values of the last try (NaN where not finite) when no step gives both sides."""
+    h0 = h = fd_step(w)
+    for k in range(FINITE_TRIES + 1):
+        up = mean_value_or_nan(fn, w + h * u, X, y, n, where)
+        down = mean_value_or_nan(fn, w - h * u, X, y, n, where)
+        if np.isfinite(up) and np.isfinite(down):
+            if k == 0:
+                return h, up, down
+            # the domain's edge is within about h: the function changes on that scale, so
+            # two decades shorter (when still finite) keeps the truncation error small
+            short = (h / 100.0, mean_value_or_nan(fn, w + h / 100.0 * u, X, y, n, where),
+                     mean_value_or_nan(fn, w - h / 100.0 * u, X, y, n, where))
+            return short if np.isfinite(short[1]) and np.isfinite(short[2]) else (h, up, down)
+        h /= 10.0
+    return (h0, mean_value_or_nan(fn, w + h0 * u, X, y, n, where),
+            mean_value_or_nan(fn, w - h0 * u, X, y, n, where))
+
+
 class ProbeTask:
     """Client side of the probe: per function, ``"probe:m"`` = [d/dh of the batch mean along
     u = g/|g| by grad, the same by a central difference of value at step :func:`fd_step`, the
@@ -91,7 +122,6 @@ class ProbeTask:
         w, n = request.w, X.shape[0]
         where = f"client {client.index}, before round 1 (gradient check)"
         check = bool(request.config.get("check"))
-        h = fd_step(w)
         arrays = {}
         for m, fn in enumerate(self.functions):
             v, g = checked_value_and_grad(fn, w, X, y, where)
@@ -100,14 +130,30 @@ class ProbeTask:
                 arrays[f"probe:{m}"] = np.array([0.0, 0.0, float(v.mean()), 0.0])
                 continue
             u = g / norm
-            up = checked_values(fn, w + h * u, X, y, n, where).mean()
-            down = checked_values(fn, w - h * u, X, y, n, where).mean()
-            g2 = checked_grad(fn, w + h * u, X, y, w.size, where)
-            fd = (up - down) / (2 * h)
+            h, up, down = finite_steps(fn, w, u, X, y, n, where)
+            if np.isfinite(up) and np.isfinite(down):
+                fd, side = (up - down) / (2 * h), h
+            elif np.isfinite(up) or np.isfinite(down):
+                # w on the edge of the function's domain: a one-sided difference at the
+                # probe's step, on the side where the function is defined
+                side = h if np.isfinite(up) else -h
+                fd = ((up if side > 0 else v.mean()) - (v.mean() if side > 0 else down)) / h
+            else:
+                # no step along the gradient stays where the function is finite: nothing to
+                # compare (NaN: the server warns instead of checking) and no secant
+                arrays[f"probe:{m}"] = np.array([norm, np.nan, float(v.mean()), 0.0])
+                continue
+            g2 = checked_grad(fn, w + side * u, X, y, w.size, where)
             arrays[f"probe:{m}"] = np.array([norm, fd, float(v.mean()),
-                                             float(np.linalg.norm(g2 - g)) / h])
-            if check and not agrees(norm, fd, float(v.mean()), h):
-                arrays[f"recheck:{m}"] = retry_steps(fn, w, X, y, v, g, where)
+                                             float(np.linalg.norm(g2 - g)) / abs(side)])
+            if check:
+                # a step other than fd_step(w) (shortened, or one-sided) goes first among the
+                # further steps: the server judges each comparison at the step it was made at
+                rows = ([] if side == fd_step(w) else [[abs(side), norm, fd, float(v.mean())]])
+                if not agrees(norm, fd, float(v.mean()), abs(side)):
+                    rows += retry_steps(fn, w, X, y, v, g, where).tolist()
+                if rows:
+                    arrays[f"recheck:{m}"] = np.array(rows, dtype=float).reshape(-1, 4)
         if secagg_active(request):
             if check:
                 for m, fn in enumerate(self.functions):
@@ -139,15 +185,15 @@ def retry_steps(fn, w, X, y, v, g, where: str) -> np.ndarray:
     s = step_scale(w, u)
 
     def F(p):
-        return float(checked_values(fn, p, X, y, n, where).mean())
+        return mean_value_or_nan(fn, p, X, y, n, where)
 
     rows, agreed = [], False
     for c in DIFFERENCE_STEPS:
         if c * s < shortest:
             break
         got = central_difference(F, g, w, c * s * u)
-        if got is None:
-            continue
+        if got is None or not np.isfinite(got[1]):
+            continue              # lost in w's rounding, or outside the function's domain
         an, fd, h = got
         rows.append([h, an, fd, size])
         if agrees(an, fd, size, h):
@@ -236,6 +282,10 @@ def check_gradient(fn, client: int, batch_size: int, w, an, fd, value, retries=N
     rows = [(h, an, fd, value)]
     if retries is not None:
         rows += [tuple(float(x) for x in r) for r in np.asarray(retries).reshape(-1, 4)]
+        if len(rows) > 1 and rows[1][1:3] == (float(an), float(fd)):
+            # the client made its first comparison at a shorter step (the probe's step left
+            # the function's domain, :func:`finite_steps`): judge it at that step only
+            rows = rows[1:]
     ok = [agrees(a, f, s, t) for t, a, f, s in rows]
     if ok[0] or (len(rows) > 1 and ok[-1]) or any(a and b for a, b in zip(ok[1:], ok[2:])):
         return
@@ -244,7 +294,7 @@ def check_gradient(fn, client: int, batch_size: int, w, an, fd, value, retries=N
     ratio = an / fd if fd != 0 else float("inf")
     hint = (" (a sign error?)" if abs(ratio + 1) < 0.1 else
             f" (a sum instead of a mean over the {batch_size} rows?)"
-            if abs(ratio - batch_size) < 0.1 * batch_size else "")
+            if batch_size > 1 and abs(ratio - batch_size) < 0.1 * batch_size else "")
     others = ""
     if len(rows) > 1:
         others = ("; at the other steps tried, h = " + ", ".join(f"{t:.3g}" for t, *_ in rows[:-1])

@@ -17,11 +17,15 @@ from ... import status as st
 from ...diagnostics.evaluation import excess
 from ...diagnostics.kkt import PHASE1_TOL, violation_stationarity
 from ...diagnostics.result import Stage
+from ...errors import UserFunctionError
 from .adaptive import MAX_REJECTS
 from .step import stage_slack
 
 #: a drop of the violation's second difference above this (relative) makes the point a saddle
 SADDLE_TOL = 1e-12
+#: the saddle probe's step factors, tried in turn while the functions are not finite at one
+#: side (a point near the edge of their domain)
+SADDLE_SHRINK = (1.0, 1e-2, 1e-4)
 
 
 def relative_slack_rows(slack_rows, bound_scale):
@@ -91,6 +95,15 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
             "infeasibility (with a fixed mini-batch the iterates scatter around the "
             "constraint): try batch_size='auto' with the default tau, or more rounds")
     drop = saddle() if at_most else 0.0
+    if at_most and not np.isfinite(drop):
+        return st.MAX_ITER, (
+            f"no feasible point was found in {state.t} rounds (relative violation "
+            f"{np.max(kkt.feasibility_rel):.3g} at the end), and the violation's gradient "
+            f"vanishes at the returned point ({r1:.2g} of the constraints' gradient at the "
+            "start), but whether it is a minimiser of the violation or a saddle could not be "
+            "tested: the functions were not finite (or raised) at every probe point around it. "
+            "So this is no evidence of infeasibility: start elsewhere (x0), or give larger "
+            "penalties")
     if at_most and drop > SADDLE_TOL * max(1.0, float(np.sum(kkt.feasibility_rel))):
         return st.MAX_ITER, (
             f"no feasible point was found in {state.t} rounds (relative violation "
@@ -210,14 +223,20 @@ def violation_curvature(session, state, probes: int = 8, step: float = 1e-2) -> 
     rng = np.random.default_rng(np.random.SeedSequence(session.seed,
                                                        spawn_key=(2 ** 31 - 1,)))
     h = step * max(1.0, float(np.linalg.norm(w)))
-    drop = 0.0
+    drop, probed = 0.0, 0
     for _ in range(probes):
         u = rng.standard_normal(w.size)
         u *= h / np.linalg.norm(u)
-        sides = [violation(session.runner.evaluate(w + s * u, with_grad=False).values)
-                 for s in (1.0, -1.0)]
-        drop = max(drop, base - 0.5 * (sides[0] + sides[1]))
-    return drop
+        for shrink in SADDLE_SHRINK:       # shorter when a side is outside a domain
+            try:
+                sides = [violation(session.runner.evaluate(w + s * shrink * u,
+                                                           with_grad=False).values)
+                         for s in (1.0, -1.0)]
+            except UserFunctionError:       # a function not finite (or raising) there
+                continue
+            drop, probed = max(drop, base - 0.5 * (sides[0] + sides[1])), probed + 1
+            break
+    return drop if probed else float("nan")
 
 def violation_stationarity_at(session, state, feas_tol: float, solver: str = "CLARABEL"):
     """:func:`ssca_solver.diagnostics.kkt.violation_stationarity` at the returned point (after

@@ -1,0 +1,153 @@
+"""Cases from the public S2MPJ collection (benchmarks/nlp_collection.py) that fooled the KKT
+test or lost a run, rebuilt here from their published formulas or as the smallest program
+with the same mechanism (issue 18): a stationarity floor a far start or a curved valley
+inflates, a linearised step measured in the units of w over a gradient scale, a diagonal
+metric that pins rejected trial steps, a start outside the domain, difference steps that
+leave a function's domain, a gradient check across a kink."""
+
+import warnings
+
+import cvxpy as cp
+import numpy as np
+import pytest
+
+import ssca_solver as ss
+from ssca_solver.diagnostics.evaluation import Evaluation, ProblemTerms
+from ssca_solver.diagnostics.kkt import START_FLOOR, VALUE_FLOOR, StationarityFloor, kkt_report
+from ssca_solver.model.deterministic import DeterministicPart
+
+ONE_ROW = ss.FederatedData([np.zeros((1, 1))])
+
+
+def fn(value, grad, name):
+    """A SampleFunction of w only, on the one dummy row."""
+    return ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], value(w)),
+                             lambda w, X, y: np.asarray(grad(w), dtype=float), name=name)
+
+
+# -- the stationarity floor -----------------------------------------------------------------------
+
+def test_the_floor_is_the_smallest_of_its_candidates():
+    """Start gradient 3.3e7 (LUKVLE4's): 1 % of it is 3.3e5, far above |g| = 78 at the
+    tested points. The secant between the last two tested points (curvature 98) and the
+    objective's size each bring the floor down; the floor is their minimum."""
+    fl = StationarityFloor()
+    w0 = np.array([5.0, 0.0])
+    fl.start(w0, np.array([3.3e7, 0.0]), 5.8e6)
+    assert fl.grad_scale == pytest.approx(3.3e7)
+    w1, g1 = np.array([3.0, 0.0]), np.array([78.0, 0.0])
+    first = fl.at(w1, g1, 20.0)
+    L_start = (3.3e7 - 78.0) / 2.0                   # |(g1 - g0).d| / |d|^2
+    value = max(20.0, VALUE_FLOOR * (5.8e6 - 20.0)) / 3.0
+    assert first == pytest.approx(min(START_FLOOR * 3.3e7, L_start * 3.0, value))
+    w2, g2 = np.array([2.9, 0.0]), np.array([68.2, 0.0])
+    second = fl.at(w2, g2, 19.0)
+    L_local = (78.0 - 68.2) / 0.1
+    assert fl.local_curvature == pytest.approx(L_local)
+    assert second == pytest.approx(min(START_FLOOR * 3.3e7, L_start * 2.9, L_local * 2.9,
+                                       max(19.0, VALUE_FLOOR * (5.8e6 - 19.0)) / 2.9))
+    # the same point again: no secant, the last local curvature stays
+    assert fl.at(w2, g2, 19.0) == pytest.approx(second)
+    # kept in checkpoints
+    again = StationarityFloor.from_meta(fl.meta())
+    assert again.meta() == fl.meta()
+
+
+def test_a_point_in_a_curved_valley_is_not_certified_by_a_start_floor():
+    """The relative gradient |g| max(1,|w|) / |f| of Dennis and Schnabel: at f = 1.42,
+    |w| = 11.5, |g| = 3e-3 (S2MPJ's SINROSNB, whose optimum is 0) the point is not
+    stationary, although |g| is 6e-7 of the start gradient and the secant curvature across
+    the valley is 4e3."""
+    fl = StationarityFloor()
+    fl.start(np.full(4, 15.0), np.full(4, 2426.0), 1351.0)
+    w = np.full(4, 5.75)
+    floor = fl.at(w, np.full(4, 1.5e-3), 1.42)
+    g = np.full(4, 1.5e-3)
+    assert np.linalg.norm(g) / max(np.linalg.norm(g), floor) > 1e-4     # fails kkt_tol
+    assert START_FLOOR * fl.grad_scale > 1e4 * np.linalg.norm(g)        # the old floor passed
+
+
+def test_the_linearised_step_is_measured_in_gradient_units():
+    """min -5800 w over w <= 1 at w = 0.43: 0.57 from the bound its gradient pushes it to.
+    With a unit step the residual |u - w| = 0.57 was divided by |g| = 5800 (9.8e-5: passed,
+    S2MPJ's QC 15 % above its optimum); now the step has length max(1, |w|) / scale and the
+    ratio is |u - w| / max(1, |w|)."""
+    det = DeterministicPart((), (lambda w: [w <= 1.0],), 1)
+    terms = ProblemTerms(True, np.zeros(0), det)
+    w = np.array([0.43])
+    ev = Evaluation(np.array([-5800 * 0.43]), np.array([[-5800.0]]), 0, 0, True)
+    rep = kkt_report(w, ev, terms)
+    assert rep.stationarity_kind == "linearized step"
+    assert rep.stationarity_rel == pytest.approx(0.57, rel=1e-4)
+    at_bound = kkt_report(np.array([1.0]), Evaluation(np.array([-5800.0]),
+                                                      np.array([[-5800.0]]), 0, 0, True), terms)
+    assert at_bound.stationarity_rel < 1e-6
+
+
+# -- runs that ended wrongly or raised ------------------------------------------------------------
+
+def test_maratos_with_a_linear_objective_converges():
+    """S2MPJ's MARATOS: min -x1 + 1e-6 (|x|^2 - 1) s.t. |x|^2 = 1 from (1.1, 0.1). The
+    diagonal metric from squared gradients gave x2 a proximal weight of 4e-14, the linearised
+    equality pinned every trial step near (0, -1.1) however large tau became, and the run
+    stopped with 'max_iter ... the penalised problem is solved' at violation 1.2."""
+    a = 1e-6
+    f = fn(lambda w: -w[0] + a * (w @ w - 1), lambda w: np.array([-1 + 2 * a * w[0],
+                                                                   2 * a * w[1]]), "f")
+    h = fn(lambda w: w @ w - 1, lambda w: 2 * w, "h")
+    res = ss.Problem(f, [h == 0.0], dim=2, data=ONE_ROW).solve(
+        x0=np.array([1.1, 0.1]), seed=0, batch_size="full")
+    assert res.status == "converged", res.message
+    assert np.allclose(res.x, [1.0, 0.0], atol=1e-5)
+
+
+def test_a_start_outside_the_domain_starts_from_its_projection():
+    """min -log(w1) - log(w2) + |w|^2 over w >= 1e-3, from (-1, 2): log is not defined at
+    x0 (the gradient check raised 'non-finite value'); the run starts from the projection
+    (1e-3, 2), warns, and finds w = (1/sqrt 2, 1/sqrt 2)."""
+    f = fn(lambda w: -np.sum(np.log(w)) + w @ w, lambda w: -1.0 / w + 2 * w, "f")
+    prob = ss.Problem(f, dim=2, data=ONE_ROW, domain=lambda w: [w >= 1e-3])
+    with pytest.warns(RuntimeWarning, match="outside the domain"):
+        res = prob.solve(x0=np.array([-1.0, 2.0]), seed=0, batch_size="full")
+    assert res.status == "converged", res.message
+    assert np.allclose(res.x, np.sqrt(0.5), atol=1e-5)
+
+
+def test_difference_steps_that_leave_the_domain_are_shortened():
+    """At w1 = 1e-12 on the bound w1 >= 1e-12 of log w1 (S2MPJ's LIN), the probe's step of
+    1e-6 leaves log's domain (NaN: 'f.value returned a non-finite value ... gradient check');
+    the step is shortened until both sides are finite, and the correct gradient passes."""
+    f = fn(lambda w: np.sum(w * np.log(w)), lambda w: np.log(w) + 1.0, "entropy")
+    prob = ss.Problem(f, dim=2, data=ONE_ROW, domain=lambda w: [w >= 1e-12])
+    res = prob.solve(x0=np.array([1e-12, 0.5]), seed=0, batch_size="full", max_iter=50)
+    assert res.status in ("converged", "max_iter")
+    assert res.nit > 0
+
+
+def test_a_wrong_gradient_near_the_domain_edge_is_still_caught():
+    f = fn(lambda w: np.sum(w * np.log(w)), lambda w: 2.0 * np.log(w) + 1.0, "entropy")
+    prob = ss.Problem(f, dim=2, data=ONE_ROW, domain=lambda w: [w >= 1e-12])
+    with pytest.raises(ss.UserFunctionError, match="does not match"):
+        prob.solve(x0=np.array([1e-7, 0.5]), seed=0, batch_size="full", max_iter=5)
+
+
+def test_a_gradient_check_across_a_kink_warns_and_runs():
+    """f = 5 max(w1, 0) + w1 + (w2 - 1)^2 at w1 = 0: the central difference along the
+    gradient averages both sides of the kink and disagrees with the (right-sided) gradient;
+    1e-3 away it agrees, so the function has a kink at x0 and the run goes on (S2MPJ's
+    HELIXNE and S365 raised)."""
+    f = fn(lambda w: 5 * max(w[0], 0.0) + w[0] + (w[1] - 1) ** 2,
+           lambda w: np.array([6.0 if w[0] >= 0 else 1.0, 2 * (w[1] - 1)]), "kinked")
+    c = fn(lambda w: -w[0], lambda w: np.array([-1.0, 0.0]), "c")
+    prob = ss.Problem(f, [c <= 1.0], dim=2, data=ONE_ROW)
+    with pytest.warns(RuntimeWarning, match="kink or a jump"):
+        res = prob.solve(x0=np.array([0.0, 0.0]), seed=0, batch_size="full", max_iter=100)
+    assert res.nit > 0
+
+
+def test_a_gradient_wrong_everywhere_still_raises_after_the_second_point():
+    f = fn(lambda w: 5 * max(w[0], 0.0) + w[0] + (w[1] - 1) ** 2,
+           lambda w: np.array([3.0, 2 * (w[1] - 1)]), "wrong")
+    prob = ss.Problem(f, dim=2, data=ONE_ROW)
+    with pytest.raises(ss.UserFunctionError, match="does not match"):
+        prob.solve(x0=np.array([0.5, 0.0]), seed=0, batch_size="full", max_iter=5)
