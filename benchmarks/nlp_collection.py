@@ -42,6 +42,8 @@ residual (kkt_residual below), wall time, ratio to SLSQP's wall time. Outcome:
 
 Usage:  python benchmarks/nlp_collection.py --s2mpj DIR [--quick] [--problems NAME ...]
                          [--time-limit 30] [--out NAME] [--replot] [--list] [--resume]
+                         [--held-out]
+--held-out runs the HS family (the held-out check) instead, into NAME_held_out.
 Writes benchmarks/results/NAME[_quick][_problems].json (rewritten after every problem) and .png
 (NAME: nlp_collection; _problems with --problems); progress on stderr. --quick: 10 problems of
 different kinds (a smoke test, about 30 s). The full run (404 problems) took 66 min on 2 shared
@@ -110,8 +112,9 @@ def _alarm(*_):
     raise _Timeout()
 
 
-def select(s2mpj: Path, names=None) -> list[dict]:
-    """The problems of the benchmark, each {name, classification, n, m, sized_by}."""
+def select(s2mpj: Path, names=None, held_out: bool = False) -> list[dict]:
+    """The problems of the benchmark, each {name, classification, n, m, sized_by}; with
+    ``held_out`` the HS family only (the independent check), else every family but HS."""
     files = sorted((s2mpj / "python_problems").glob("*.py"))
     if not files:
         raise SystemExit(f"no python_problems/*.py under {s2mpj}: give the S2MPJ directory "
@@ -128,7 +131,7 @@ def select(s2mpj: Path, names=None) -> list[dict]:
         kind = parts[1]
         if kind[0] != "C" or kind[2] not in "LNQO" or kind[3] != "R":
             continue
-        if name.upper().startswith("HS"):
+        if name.upper().startswith("HS") != bool(held_out):
             continue
         n_cl, m_cl = parts[3], parts[4]
         if n_cl != "V" and m_cl != "V" and (int(n_cl) > MAX_N or int(m_cl) > MAX_M):
@@ -629,10 +632,13 @@ def main() -> None:
     ap.add_argument("--out", default="nlp_collection")
     ap.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON")
     ap.add_argument("--list", action="store_true", help="print the selection and stop")
+    ap.add_argument("--held-out", action="store_true",
+                    help="run the held-out HS family instead (output NAME_held_out)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the problems already in the JSON (same options), run the rest")
     args = ap.parse_args()
-    name = args.out + ("_quick" if args.quick else "") + ("_problems" if args.problems else "")
+    name = (args.out + ("_held_out" if args.held_out else "") + ("_quick" if args.quick else "")
+            + ("_problems" if args.problems else ""))
     if args.replot:
         import json
         payload = json.loads((RESULTS / f"{name}.json").read_text())
@@ -643,7 +649,7 @@ def main() -> None:
     s2mpj = args.s2mpj.resolve()
     wanted = set(args.problems) if args.problems else (set(QUICK) if args.quick else None)
     log(f"selecting from {s2mpj} ...")
-    probs = select(s2mpj, wanted)
+    probs = select(s2mpj, wanted, held_out=args.held_out)
     if wanted:
         missing = wanted - {p["name"] for p in probs}
         if missing:

@@ -124,8 +124,10 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
             f"(smallest {first:.4g} in the first half of the last stage's evaluations, "
             f"{second:.4g} in the second), and the returned point is a stationary point of "
             f"the violation (its gradient {r1:.2g} of the constraints' gradient at the "
-            f"start). Either the constraints cannot be met (certain when they are convex), "
-            "or their multipliers exceed c: if they can be met, give larger penalties")
+            f"start) and not a saddle of it: the constraints cannot be met near this point. "
+            "When they are convex they cannot be met at all; when they are not, this may be "
+            "a local minimum of the violation with feasible points elsewhere (start from "
+            "another x0), or their multipliers exceed c (give larger penalties)")
     if not o.eval_every:
         return st.untested(state.t, (name, value, tol), kkt)
     if reason == st.SETTLED and getattr(state, "rejects", 0) >= MAX_REJECTS:
