@@ -132,8 +132,13 @@ class RunOptions:
         history (None or 0: never; the final point is always evaluated).
       transport: "inprocess" (default), "process" (each client in its own process), or a
         name given to :func:`ssca_solver.federated.register_transport`.
-      client_timeout: seconds a client process may take to answer one request before the
-        solve stops with ClientError (default 600; None waits forever). Process and Flower
+      client_timeout: how long a client may take to answer one request before the solve
+        stops with ClientError (or, with ``on_client_failure="drop"``, leaves it out): seconds
+        (honoured exactly), None (wait forever) or "auto" (the default), which follows the
+        answer times measured in the run, task by task: the first request of a task (a
+        round, a full-data evaluation, a probe) may take 300 s (imports, JIT compiling), each
+        later one the larger of 60 s and 10 times the slowest answer of the last 20 requests
+        of that task (:class:`ssca_solver.federated.ClientTimeout`). Process and Flower
         transports: in-process clients cannot be interrupted.
       flower_engine, flower_superlink, flower_bridge, flower_start_timeout: the options of
         ``transport="flower"`` (:mod:`ssca_solver.federated.flower_options`, docs/engines.md);
@@ -184,7 +189,7 @@ class RunOptions:
     x0: Any = None
     eval_every: Optional[int] = 10
     transport: str = "inprocess"
-    client_timeout: Optional[float] = DEFAULT_CLIENT_TIMEOUT
+    client_timeout: Any = DEFAULT_CLIENT_TIMEOUT
     callback: Optional[Callable] = None
     progress: bool = False
     checkpoint: Any = None
@@ -245,8 +250,9 @@ def parse(cls, options: dict, method: str):
     if every is not None and not (not isinstance(every, (bool, np.bool_)) and every == 0):
         every = integer("eval_every (None or 0: never)", every, low=1)
     timeout = opts.client_timeout
-    if timeout is not None:
-        timeout = real("client_timeout (seconds, or None)", timeout, low=0.0, low_open=True)
+    if timeout is not None and not (isinstance(timeout, str) and timeout == "auto"):
+        timeout = real("client_timeout (seconds, None or 'auto')", timeout, low=0.0,
+                       low_open=True)
     if opts.callback is not None and not callable(opts.callback):
         raise TypeError("callback must be callable(iteration) -> bool | None")
     per_round = opts.clients_per_round

@@ -8,10 +8,11 @@ registered (:mod:`ssca_solver.methods`) and brings the replies back; it knows no
 from .client import Client, TaskHandler, build_clients
 from .messages import AGGREGATE, Dropout, Reply, Request, aggregation_weight, array
 from .registry import make_transport, register_transport, transport_names
-from .transports import (DEFAULT_CLIENT_TIMEOUT, InProcessTransport, ProcessTransport,
-                         Transport)
+from .transports import (DEFAULT_CLIENT_TIMEOUT, ClientTimeout, InProcessTransport,
+                         ProcessTransport, Transport)
 
 __all__ = ["Client", "TaskHandler", "build_clients", "AGGREGATE", "Dropout", "Reply", "Request",
            "aggregation_weight", "array",
-           "DEFAULT_CLIENT_TIMEOUT", "InProcessTransport", "ProcessTransport", "Transport",
+           "DEFAULT_CLIENT_TIMEOUT", "ClientTimeout", "InProcessTransport", "ProcessTransport",
+           "Transport",
            "make_transport", "register_transport", "transport_names"]

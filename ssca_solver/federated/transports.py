@@ -10,8 +10,10 @@ with False (the default) such a client ends the stream with an exception, as bel
 * :class:`InProcessTransport`: clients in this process, run one after the other when the server
   asks for their reply.
 * :class:`ProcessTransport`: each client in its own forked process; requests and replies cross
-  a pipe. A client that does not answer within ``timeout`` seconds, or whose process dies, raises
-  :class:`~ssca_solver.errors.ClientError` naming the client and the round; an exception raised
+  a pipe. A client that does not answer within ``timeout`` seconds (:class:`ClientTimeout`: a
+  number is honoured exactly; the default "auto" follows the measured answer times), or whose
+  process dies, raises :class:`~ssca_solver.errors.ClientError` naming the client and the
+  round; an exception raised
   in a client reaches the server as itself (or, when it cannot be pickled, as a ClientError with
   its type and traceback text). No read or write of a pipe waits longer than ``timeout``. After
   any failure every client process is stopped (killed if it does not exit), and so at ``close``,
@@ -23,6 +25,7 @@ with False (the default) such a client ends the stream with an exception, as bel
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import errno
 import multiprocessing as mp
@@ -45,14 +48,89 @@ from ..errors import ClientError, ResourceLimitError
 from .client import Client
 from .messages import Dropout, Reply, Request, describe_error
 
-#: Default seconds a client process may take to answer one request (option ``client_timeout``).
-DEFAULT_CLIENT_TIMEOUT = 600.0
+#: The default ``client_timeout``: "auto", chosen from the measured answer times
+#: (:class:`ClientTimeout`).
+DEFAULT_CLIENT_TIMEOUT = "auto"
+#: client_timeout="auto": seconds allowed for the first request of each task (a client's
+#: first call imports modules and compiles JIT code), ...
+AUTO_FIRST = 300.0
+#: ... then the larger of AUTO_FLOOR seconds and AUTO_FACTOR times the slowest answer of the
+#: last AUTO_WINDOW requests of the same task
+AUTO_FLOOR = 60.0
+AUTO_FACTOR = 10.0
+AUTO_WINDOW = 20
 
 #: File descriptors the server process holds per client of a :class:`ProcessTransport`: its
 #: end of the client's pipe, and the two ends multiprocessing keeps of its process handle
 #: (the sentinel that tells the process's exit, and the pipe whose closing tells the client
 #: that the server died). Forking one more client needs 3 more for a moment.
 FDS_PER_CLIENT = 3
+
+
+class ClientTimeout:
+    """``client_timeout`` as the transports apply it: how long a client may take to answer one
+    request.
+
+    Args:
+      value: seconds (a positive number, honoured exactly), None (wait forever) or "auto"
+        (the default, :data:`DEFAULT_CLIENT_TIMEOUT`).
+
+    With "auto" the limit follows the answer times measured on this transport, task by task
+    (a round, a full-data evaluation, a probe each have their own): the first request of a
+    task may take :data:`AUTO_FIRST` seconds (300: imports and JIT compiling happen in a
+    client's first call); after that the limit is the larger of :data:`AUTO_FLOOR` (60 s) and
+    :data:`AUTO_FACTOR` (10) times the slowest answer among the last :data:`AUTO_WINDOW` (20)
+    requests of that task. An answer time runs from sending the request until the client's
+    reply is read (the slowest client of a request sets it); failed clients are not measured.
+    So a frozen client stops a run of 0.1-second rounds after about a minute, not ten, and a
+    run whose rounds slowly grow (a growing batch) keeps ten times its recent pace.
+    """
+
+    def __init__(self, value="auto"):
+        if isinstance(value, ClientTimeout):
+            value = value.value
+        if value is not None and not (isinstance(value, str) and value == "auto"):
+            if (isinstance(value, (bool, np.bool_, str))
+                    or not isinstance(value, (int, float, np.integer, np.floating))
+                    or not value > 0):
+                raise ValueError(f"client_timeout must be positive seconds, None or 'auto', "
+                                 f"got {value!r}")
+            value = float(value)
+        self.value = value
+        self._times: dict = {}
+
+    @property
+    def auto(self) -> bool:
+        return isinstance(self.value, str)
+
+    def seconds(self, task: str) -> Optional[float]:
+        """The limit for one client's answer to a request of ``task`` (None: no limit)."""
+        if not self.auto:
+            return self.value
+        times = self._times.get(task)
+        if not times:
+            return AUTO_FIRST
+        return max(AUTO_FLOOR, AUTO_FACTOR * max(times))
+
+    def record(self, task: str, seconds: float) -> None:
+        """The slowest answer time of one request of ``task`` (with "auto")."""
+        if self.auto:
+            if task not in self._times:
+                self._times[task] = collections.deque(maxlen=AUTO_WINDOW)
+            self._times[task].append(float(seconds))
+
+    def describe(self, task: str) -> str:
+        """The limit in force for ``task``, for a message: "client_timeout=2 s", or with "auto"
+        the number and how it was chosen."""
+        limit = self.seconds(task)
+        if not self.auto:
+            return f"client_timeout={limit:g} s"
+        times = self._times.get(task)
+        how = (f"the allowance for the first request of task {task!r}" if not times else
+               f"the larger of {AUTO_FLOOR:g} s and {AUTO_FACTOR:g} x the slowest answer, "
+               f"{max(times):.3g} s, of the last {len(times)} {task!r} request(s)")
+        return (f"{limit:.3g} s (client_timeout='auto': {how}; pass client_timeout=SECONDS to "
+                "set it)")
 
 
 class Transport:
@@ -419,9 +497,9 @@ class ProcessTransport(Transport):
 
     Args:
       clients: the clients (forked with their rows; the server process only reads replies).
-      timeout: seconds each client may take to answer a request (default
-        :data:`DEFAULT_CLIENT_TIMEOUT`); None waits forever. It bounds sending the request and
-        reading the reply as well.
+      timeout: seconds each client may take to answer a request (honoured exactly), None
+        (wait forever) or "auto" (the default: chosen from the answer times measured,
+        :class:`ClientTimeout`). It bounds sending the request and reading the reply as well.
 
     File descriptors: :data:`FDS_PER_CLIENT` = 3 file descriptors per client in the server
     process (its end of the client's pipe and two of the process handle), 3 more for a moment
@@ -438,7 +516,7 @@ class ProcessTransport(Transport):
     clients keep no state between rounds that the server relies on).
     """
 
-    def __init__(self, clients: Sequence[Client], timeout: Optional[float] = DEFAULT_CLIENT_TIMEOUT):
+    def __init__(self, clients: Sequence[Client], timeout=DEFAULT_CLIENT_TIMEOUT):
         self._ctx = mp.get_context("fork")
         self.timeout = timeout
         self._clients = tuple(clients)
@@ -503,8 +581,18 @@ class ProcessTransport(Transport):
         """The client processes' PIDs, in client order (a restarted client has a new one)."""
         return [p.pid for p in self._procs]
 
-    def _deadline(self) -> Optional[float]:
-        return None if self.timeout is None else time.monotonic() + self.timeout
+    @property
+    def timeout(self):
+        """``client_timeout``: seconds, None or "auto" (:class:`ClientTimeout`); settable."""
+        return self._timeout.value
+
+    @timeout.setter
+    def timeout(self, value) -> None:
+        self._timeout = ClientTimeout(value)
+
+    def _deadline(self, request: Request) -> Optional[float]:
+        limit = self._timeout.seconds(request.task)
+        return None if limit is None else time.monotonic() + limit
 
     @staticmethod
     def _where(request: Request):
@@ -536,17 +624,17 @@ class ProcessTransport(Transport):
                 return f"its process (pid {p.pid}) was killed by {signal.Signals(-code).name}"
         return f"its process (pid {p.pid}) exited with code {code}"
 
-    def _late(self, i: int, what: str) -> str:
+    def _late(self, i: int, what: str, request: Request) -> str:
         p = self._procs[i]
-        return (f"{what} within client_timeout={self.timeout:g} s (process pid {p.pid} is "
-                f"{_process_state(p)})")
+        return (f"{what} within {self._timeout.describe(request.task)} (process pid {p.pid} "
+                f"is {_process_state(p)})")
 
     def _receive(self, i: int, request: Request, tolerate: bool = False):
         """("ok", reply) or ("error", description) from client i. When it does not answer in
         time or its process died: ("dropout", Dropout) with ``tolerate`` (client i restarted),
         else ClientError (the transport is closed)."""
         conn, proc = self._conns[i], self._procs[i]
-        deadline = self._deadline()
+        deadline = self._deadline(request)
 
         def fail(cause, kill=False):
             out = self._fail(i, request, cause, kill=kill, tolerate=tolerate)
@@ -556,13 +644,13 @@ class ProcessTransport(Transport):
 
         ready = wait([conn, proc.sentinel], timeout=_left(deadline))
         if not ready:
-            return fail(self._late(i, "no answer"), kill=True)
+            return fail(self._late(i, "no answer", request), kill=True)
         if conn not in ready and not conn.poll(0):
             return fail("the client process died: " + self._dead(i))
         try:
             return _recv(conn, deadline)
         except _Late:
-            return fail(self._late(i, "its answer did not arrive whole"), kill=True)
+            return fail(self._late(i, "its answer did not arrive whole", request), kill=True)
         except (EOFError, OSError) as exc:
             return fail("the client process died: " + self._dead(i)
                         + f" ({type(exc).__name__})")
@@ -591,9 +679,9 @@ class ProcessTransport(Transport):
     def _send(self, i: int, message, request: Request, tolerate: bool):
         """Write the framed request to client i: None, or a Dropout (``tolerate``)."""
         try:
-            _write(self._conns[i].fileno(), message, self._deadline())
+            _write(self._conns[i].fileno(), message, self._deadline(request))
         except _Late:
-            out = self._fail(i, request, self._late(i, "the request could not be sent"),
+            out = self._fail(i, request, self._late(i, "the request could not be sent", request),
                              kill=True, tolerate=tolerate)
         except (OSError, ValueError) as exc:
             out = self._fail(i, request, "cannot send to the client: " + self._dead(i)
@@ -616,6 +704,9 @@ class ProcessTransport(Transport):
         tolerate = bool(tolerate_failures)
         message = _frame(ForkingPickler.dumps(request))     # pickled once for every client
         unsent = {}         # client -> its Dropout when the request could not be sent
+        sent = time.monotonic()
+        away = 0.0          # seconds the consumer held the stream (not the clients' time)
+        slowest = None      # the slowest answer, from `sent`, less the consumer's time
         for i in order:
             out = self._send(i, message, request, tolerate)
             if out is not None:
@@ -630,6 +721,9 @@ class ProcessTransport(Transport):
                     kind, payload = "dropout", unsent[i]
                 else:
                     kind, payload = self._receive(i, request, tolerate)
+                    if kind == "ok":
+                        took = time.monotonic() - sent - away
+                        slowest = took if slowest is None else max(slowest, took)
                 read, clean = k + 1, True
                 if kind == "error":
                     name, text, tb, exc = payload
@@ -642,8 +736,12 @@ class ProcessTransport(Transport):
                     else:
                         raise exc from _RemoteTraceback(
                             f"raised in client {i}, round {request.round}:\n{tb}")
+                left = time.monotonic()
                 yield payload         # the consumer may leave here (GeneratorExit): drain
+                away += time.monotonic() - left
                 clean = False
+            if slowest is not None:
+                self._timeout.record(request.task, slowest)
         except BaseException as exc:
             why = exc
             raise

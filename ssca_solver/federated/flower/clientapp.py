@@ -5,9 +5,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
-from typing import Sequence
+import os
+import signal
+import threading
+import time
+from typing import Optional, Sequence
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -28,6 +33,43 @@ def _read_only(request: Request) -> Request:
 
 
 _STATE = "ssca.secagg-state"
+
+#: Seconds past the server's deadline after which a client still busy has its process ended
+#: (simulation: the Ray actor's worker; Ray starts a new one).
+KILL_GRACE = 1.0
+
+
+@contextlib.contextmanager
+def deadline_guard(deadline: Optional[float]):
+    """End this process if the code in the block still runs ``KILL_GRACE`` seconds after
+    ``deadline`` (a ``time.time()``; None: no limit): the server has given up on the answer by
+    then, and a user function that never returns must not hold the actor, the simulation's
+    shutdown or the interpreter. From the main thread with SIGALRM at its default action the
+    kernel ends the process (ITIMER_REAL), even inside C code that holds the GIL; otherwise a
+    watchdog thread sends SIGKILL."""
+    if deadline is None:
+        yield
+        return
+    left = max(0.001, deadline + KILL_GRACE - time.time())
+    if (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL):
+        signal.setitimer(signal.ITIMER_REAL, left)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        return
+    done = threading.Event()
+
+    def watch():
+        if not done.wait(left):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="ssca-deadline", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _restore_state(client: Client, context: Context) -> None:
@@ -63,10 +105,15 @@ def _answer(message: Message, context: Context, client_for) -> Message:
         if int(extra["client"]) != partition:
             raise RuntimeError(f"a request for client {extra['client']} reached the node of "
                                f"partition-id {partition}")
+        deadline = extra.get("deadline")
+        if deadline is not None and time.time() > deadline:
+            raise TimeoutError("the request reached the client after the server's deadline "
+                               "(client_timeout): not run")
         client = client_for(partition, context, extra, message.content)
         _restore_state(client, context)
         try:
-            reply = client.handle(_read_only(request))
+            with deadline_guard(deadline):
+                reply = client.handle(_read_only(request))
         finally:
             _save_state(client, context)
         return Message(pack(reply), reply_to=message)

@@ -104,7 +104,12 @@ class _Failure:
 def _outcome(msg: Message, node: int):
     """A reply Message -> Reply, or a _Failure."""
     if msg.has_error():
-        return _Failure(f"its Flower node {node} failed: {msg.error.reason}")
+        reason = msg.error.reason
+        if "ActorDiedError" in reason or "ActorUnavailableError" in reason:
+            # the Ray actor's process ended (it died, or was ended past its deadline)
+            return _Failure(f"its Flower node {node} failed: its Ray actor's process died "
+                            f"({reason})")
+        return _Failure(f"its Flower node {node} failed: {reason}")
     content = msg.content
     meta = content[_META]
     if "error" in meta:

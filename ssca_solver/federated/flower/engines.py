@@ -5,6 +5,7 @@ connects back to this process and relays its calls to the Grid, :func:`_relay_ma
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401  (its exit hook first, so ours runs before it)
 import contextlib
 import hashlib
 import json
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from multiprocessing.connection import Client as _ConnClient
 from multiprocessing.connection import Listener
 from typing import Optional, Sequence
@@ -54,6 +56,23 @@ def _same_blas_threads() -> dict:
     return saved
 
 
+#: seconds close() waits for the Simulation Runtime to stop before it shuts Ray down
+CLOSE_WAIT = 15.0
+#: simulations not closed yet: closed at interpreter exit before Python joins the Simulation
+#: Runtime's worker threads (concurrent.futures does at exit, and would wait for them forever)
+_LIVE: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _close_live() -> None:
+    for sim in list(_LIVE):
+        with contextlib.suppress(Exception):
+            sim.close()
+
+
+if hasattr(threading, "_register_atexit"):     # runs before concurrent.futures' exit hook
+    threading._register_atexit(_close_live)
+
+
 class _Simulation:
     """Flower's Simulation Runtime in a thread; its ServerApp hands over the Grid and waits."""
 
@@ -72,7 +91,9 @@ class _Simulation:
             self._stop.wait()
 
         config = backend_config if backend_config is not None else {
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            # max_restarts: an actor whose process ended (a client past its deadline, a node
+            # that died) is started again, so the pool keeps its size
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0, "max_restarts": -1},
             "init_args": {"logging_level": "error", "log_to_driver": False}}
 
         def run():
@@ -86,6 +107,7 @@ class _Simulation:
 
         self._thread = threading.Thread(target=run, name="ssca-flower-simulation",
                                         daemon=True)
+        _LIVE.add(self)
         saved = _same_blas_threads()
         try:
             self._thread.start()
@@ -111,8 +133,18 @@ class _Simulation:
                     os.environ[k] = v
 
     def close(self) -> None:
+        """Let the ServerApp return and the Simulation Runtime stop (its workers finish the
+        messages in progress: a client past its deadline is ended by its node,
+        :func:`~.clientapp.deadline_guard`); if it is still running after CLOSE_WAIT seconds
+        (a client without a deadline, client_timeout=None), shut Ray down under it."""
+        _LIVE.discard(self)
         self._stop.set()
-        self._thread.join(timeout=60)
+        self._thread.join(timeout=CLOSE_WAIT)
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                import ray
+                ray.shutdown()
+            self._thread.join(timeout=CLOSE_WAIT)
 
 
 def _free_port() -> int:
@@ -292,7 +324,7 @@ class _Deployment:
         return self._result(wait)
 
     def send(self, request, participants, ttl):
-        return self._call("send", request, list(participants), ttl, wait=self.timeout)
+        return self._call("send", request, list(participants), ttl, wait=ttl)
 
     def poll(self, token, wait):
         return self._call("poll", token, wait, wait=wait + 60)

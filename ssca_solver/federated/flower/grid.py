@@ -78,11 +78,16 @@ class GridSession:
                 time.sleep(0.02)
         return found
 
-    def send(self, request: Request, participants: Sequence[int], ttl: float) -> int:
-        """Push one message per participant; a token for :meth:`poll`."""
+    def send(self, request: Request, participants: Sequence[int], ttl: float,
+             deadline: Optional[float] = None) -> int:
+        """Push one message per participant; a token for :meth:`poll`. ``deadline`` (a
+        ``time.time()``, or None): when the server stops waiting for the answers; the
+        simulation's ClientApp ends a client still busy shortly after it
+        (:func:`~.clientapp.deadline_guard`)."""
         msgs = []
+        due = {} if deadline is None else {"deadline": float(deadline)}
         for i in participants:
-            content = pack(request, {**self.extra.get(i, {}), "client": int(i)})
+            content = pack(request, {**self.extra.get(i, {}), "client": int(i), **due})
             if self.tasks_blob is not None:
                 content["ssca.tasks"] = ConfigRecord({"tasks": self.tasks_blob[i]})
             msgs.append(Message(content, dst_node_id=self.nodes[i], message_type=MESSAGE_TYPE,

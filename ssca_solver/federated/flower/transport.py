@@ -12,7 +12,7 @@ from ... import errors
 from ...errors import ClientError
 from ..client import Client
 from ..messages import Dropout, Reply, Request
-from ..transports import DEFAULT_CLIENT_TIMEOUT, Transport, participant_order
+from ..transports import DEFAULT_CLIENT_TIMEOUT, ClientTimeout, Transport, participant_order
 from .codec import _Failure
 from .engines import ENGINES, _Deployment, _Simulation
 
@@ -42,8 +42,13 @@ class FlowerTransport(Transport):
     Args:
       clients: the clients (simulation: shipped to the ClientApp; deployment: only their seed
         and task table are used, each node loads its own rows).
-      timeout: seconds a client may take to answer one request (``client_timeout``); None
-        waits forever.
+      timeout: seconds a client may take to answer one request (``client_timeout``,
+        honoured exactly), None (wait forever) or "auto" (the default: chosen from the
+        answer times measured, :class:`~ssca_solver.federated.ClientTimeout`). It counts from
+        sending the request (plus the time the server itself spent on the replies already
+        yielded). In the simulation a client still busy :data:`~.clientapp.KILL_GRACE`
+        seconds after its limit has its Ray actor's process ended (Ray starts a new one), so
+        a user function that never returns holds neither the run nor the interpreter.
       engine: "simulation" or "deployment".
       superlink: the SuperLink's address (deployment), e.g. "127.0.0.1:9093".
       bridge: where this process listens for the deployment ServerApp ("host:port", port 0: a
@@ -52,7 +57,7 @@ class FlowerTransport(Transport):
       backend_config: the simulation's Ray backend config (None: one CPU per node, quiet).
     """
 
-    def __init__(self, clients: Sequence[Client], timeout: Optional[float] = DEFAULT_CLIENT_TIMEOUT,
+    def __init__(self, clients: Sequence[Client], timeout=DEFAULT_CLIENT_TIMEOUT,
                  engine: str = "simulation", superlink: Optional[str] = None,
                  bridge: str = "127.0.0.1:0", start_timeout: float = DEFAULT_START_TIMEOUT,
                  backend_config: Optional[dict] = None):
@@ -71,6 +76,15 @@ class FlowerTransport(Transport):
             self._engine = _Deployment(clients, superlink, bridge, start_timeout, timeout)
         self._session = self._engine.session
 
+    @property
+    def timeout(self):
+        """``client_timeout``: seconds, None or "auto" (:class:`ClientTimeout`); settable."""
+        return self._timeout.value
+
+    @timeout.setter
+    def timeout(self, value) -> None:
+        self._timeout = ClientTimeout(value)
+
     def stream(self, request: Request, participants=None,
                tolerate_failures: bool = False) -> Iterator:
         """Yield, in the order of ``participants`` (None: every client), each one's Reply, or a
@@ -78,30 +92,49 @@ class FlowerTransport(Transport):
         if self._closed:
             raise RuntimeError("this transport is closed")
         order = participant_order(participants, self.num_clients)
-        ttl = 3600.0 if self.timeout is None else max(self.timeout + 60.0, 60.0)
-        token = self._session.send(request, order, ttl)
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        limit = self._timeout.seconds(request.task)
+        ttl = 3600.0 if limit is None else max(limit + 60.0, 60.0)
+        if self.engine == "simulation":     # the node ends a client busy past its limit
+            due = None if limit is None else time.time() + limit
+            token = self._session.send(request, order, ttl, due)
+        else:
+            token = self._session.send(request, order, ttl)
+        sent = time.monotonic()
+        away = 0.0          # seconds the consumer held the stream: not counted against clients
+        slowest = None
         got: dict = {}
         try:
             for i in order:
                 while i not in got:
-                    left = 1.0 if deadline is None else deadline - time.monotonic()
-                    if left <= 0:
-                        cause = f"no answer within client_timeout={self.timeout:g} s"
+                    left = (1.0 if limit is None
+                            else sent + away + limit - time.monotonic())
+                    if left <= 0:       # a last look: replies may wait unread
+                        for j, outcome in self._session.poll(token, 0.0):
+                            got[j] = outcome
+                        if i in got:
+                            break
+                        cause = f"no answer within {self._timeout.describe(request.task)}"
                         for j in order:
                             got.setdefault(j, _Failure(cause))
                         break
                     for j, outcome in self._session.poll(token, min(left, 1.0)):
                         got[j] = outcome
+                        if isinstance(outcome, Reply):
+                            took = time.monotonic() - sent - away
+                            slowest = took if slowest is None else max(slowest, took)
                 outcome = got.pop(i)
                 if isinstance(outcome, Reply) and outcome.client != i:
                     outcome = _Failure(f"it answered as client {outcome.client}")
                 if isinstance(outcome, Reply):
+                    gone = time.monotonic()
                     yield outcome
+                    away += time.monotonic() - gone
                 elif tolerate_failures:
                     yield Dropout(i, request.task, request.round, outcome.cause)
                 else:
                     _raise_failure(i, request, outcome)
+            if slowest is not None:
+                self._timeout.record(request.task, slowest)
         finally:
             with contextlib.suppress(Exception):
                 self._session.forget(token)
