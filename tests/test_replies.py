@@ -240,3 +240,16 @@ def test_too_few_descriptors_for_the_clients_says_what_to_raise(tmp_path):
     assert "client processes had started" in during
     assert issubclass(ResourceLimitError, OSError) and issubclass(ResourceLimitError,
                                                                   ss.SSCAError)
+
+
+def test_under_secure_aggregation_a_masked_reply_of_the_wrong_length_names_the_client():
+    """Today: a raw NumPy broadcasting error from adding the masked vectors."""
+    pytest.importorskip("cryptography")
+
+    def shorter(r):
+        return _arrays(r, masked=r.arrays["masked"][:-1]) if "masked" in r.arrays else r
+
+    with pytest.raises(ss.SecureAggregationError, match=r"client 1: its masked reply to "
+                       r"'ssca.round' has \d+ numbers, the others' \d+"):
+        _problem().solve(transport=_transport(_at(1, 3), shorter), secure_aggregation=True,
+                         **OPTS)

@@ -428,12 +428,22 @@ class SecureAggregation:
             if "overflow" in item.arrays:
                 overflow.append(item)
                 continue
+            if not (isinstance(item, Reply) and isinstance(item.arrays.get("masked"), np.ndarray)
+                    and item.arrays["masked"].dtype == np.uint64
+                    and item.arrays["masked"].ndim == 1 and "layout" in item.arrays):
+                raise SecureAggregationError(
+                    f"client {item.client}: its masked reply to {request.task!r} is not one "
+                    "uint64 vector with its layout")
             if layout is None:
                 layout = _untext(item.arrays["layout"])
             elif _untext(item.arrays["layout"]) != layout:
                 raise SecureAggregationError(f"client {item.client}: its reply to "
                                              f"{request.task!r} has other arrays than the rest")
-            x = np.asarray(item.arrays["masked"], dtype=np.uint64)
+            x = item.arrays["masked"]
+            if total is not None and x.shape != total.shape:
+                raise SecureAggregationError(
+                    f"client {item.client}: its masked reply to {request.task!r} has "
+                    f"{x.size} numbers, the others' {total.size}")
             total = x.copy() if total is None else np.add(total, x, out=total)
             del item, x          # only the running sum (uniform while masked) is kept
         if overflow:
