@@ -151,3 +151,18 @@ def test_a_gradient_wrong_everywhere_still_raises_after_the_second_point():
     prob = ss.Problem(f, dim=2, data=ONE_ROW)
     with pytest.raises(ss.UserFunctionError, match="does not match"):
         prob.solve(x0=np.array([0.5, 0.0]), seed=0, batch_size="full", max_iter=5)
+
+
+def test_iterates_that_stop_moving_at_an_unsatisfiable_point_say_so():
+    """|x|^2 + 1 <= 0.5 from x = 0 with F_0 = 0: the linearised constraint cannot be met, the
+    step is zero from round 1, and every stage settles after a few rounds, too few for four
+    evaluations. That ended 'max_iter: the penalised problem is solved' (S2MPJ's EIGENB);
+    the settled iterates are the stalled violation the 'infeasible' rule asks for, with its
+    other evidence (a minimiser of the violation, not a saddle)."""
+    zero = fn(lambda w: 0.0, lambda w: np.zeros(2), "0")
+    c = fn(lambda w: w @ w + 1.0, lambda w: 2 * w, "c")
+    res = ss.Problem(zero, [c <= 0.5], dim=2, data=ONE_ROW).solve(
+        x0=np.zeros(2), seed=0, batch_size="full")
+    assert res.status == "infeasible", res.message
+    assert "stopped moving" in res.message and "penalised problem is solved" not in res.message
+    assert res.nit < 100

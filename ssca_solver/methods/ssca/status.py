@@ -81,6 +81,19 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
     ever_feasible = bool(M and len(evaluated) and np.any(np.max(evaluated, axis=1)
                                                           <= o.feas_tol))
     stalled, first, second = violation_stalled(history, bound_scale, M, equality)
+    # iterates that stopped moving (full batches, unit steps) stalled the violation too,
+    # however few evaluations the last stage had
+    settled = reason == st.SETTLED
+    stalled = stalled or settled
+    if settled and np.isfinite(first):
+        how = (f"(smallest {first:.4g} in the first half of the last stage's evaluations, "
+               f"{second:.4g} in the second, and the iterates stopped moving at round "
+               f"{state.t})")
+    elif settled:
+        how = f"(the iterates stopped moving at round {state.t})"
+    else:
+        how = (f"(smallest {first:.4g} in the first half of the last stage's evaluations, "
+               f"{second:.4g} in the second)")
     at_most = (M and np.max(kkt.feasibility_rel) > o.feas_tol and not ever_feasible and stalled
                and stages and stages[-1].slack_norm > o.slack_tol
                and stages[-1].penalty == o.penalty[-1])
@@ -121,8 +134,7 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
             f"(constraint {m + 1} violated by {kkt.feasibility[m]:.3g} at the end); at the "
             f"largest penalty c = {stages[-1].penalty:g} the subproblem kept a positive slack "
             f"({stages[-1].slack_norm:.3g}, relative) and the violation stopped decreasing "
-            f"(smallest {first:.4g} in the first half of the last stage's evaluations, "
-            f"{second:.4g} in the second), and the returned point is a stationary point of "
+            f"{how}, and the returned point is a stationary point of "
             f"the violation (its gradient {r1:.2g} of the constraints' gradient at the "
             f"start) and not a saddle of it: the constraints cannot be met near this point. "
             "When they are convex they cannot be met at all; when they are not, this may be "
@@ -130,7 +142,18 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
             "another x0), or their multipliers exceed c (give larger penalties)")
     if not o.eval_every:
         return st.untested(state.t, (name, value, tol), kkt)
-    if reason == st.SETTLED and getattr(state, "rejects", 0) >= MAX_REJECTS:
+    violated = bool(M and np.max(kkt.feasibility_rel) > o.feas_tol)
+    if reason == st.SETTLED and violated and not ever_feasible:
+        pass                          # the no-feasible-point messages below say what happened
+    elif reason == st.SETTLED and violated:
+        return st.MAX_ITER, (f"the iterates stopped moving at round {state.t} at c = "
+                            f"{state.penalty:g} with the constraints violated ({name} = "
+                            f"{value:.3g} > {tol:g}, relative), although an earlier "
+                            "evaluated iterate was feasible: c may be below the multipliers "
+                            "(give larger penalties), or the point is a stationary point of "
+                            "the penalised problem that is no KKT point of the constrained "
+                            "one (start elsewhere)")
+    elif reason == st.SETTLED and getattr(state, "rejects", 0) >= MAX_REJECTS:
         return st.MAX_ITER, (f"the iterates stopped moving at round {state.t}: no step improved "
                             "the exact penalty F_0 + R + c (violation) in "
                             f"{MAX_REJECTS} tries in a row (tau doubled at each), and the "
@@ -144,7 +167,7 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
                             f"each), and the full-data KKT test did not pass: {name} = "
                             f"{value:.3g} > {tol:g} (relative); the point may sit at a kink of "
                             "a nonsmooth function, or rounding may hide the decrease")
-    if reason == st.SETTLED:
+    elif reason == st.SETTLED:
         return st.MAX_ITER, (f"the iterates stopped moving at round {state.t} (full batches: the "
                             "penalised problem is solved) but the full-data KKT test did not "
                             f"pass: {name} = {value:.3g} > {tol:g} (relative); the point may "
@@ -158,8 +181,7 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
         return st.MAX_ITER, (
             f"no feasible point was found in {state.t} rounds (relative violation "
             f"{np.max(kkt.feasibility_rel):.3g} at the end); the violation stopped falling "
-            f"(smallest {first:.4g} in the first half of the last stage's evaluations, "
-            f"{second:.4g} in the second) but {missing}, so this is no evidence of "
+            f"{how} but {missing}, so this is no evidence of "
             "infeasibility: try more rounds (max_iter), a larger batch or larger penalties")
     if (M and not ever_feasible and np.max(kkt.feasibility_rel) > o.feas_tol
             and not np.isfinite(first)):
