@@ -7,6 +7,7 @@ Implements Algorithms 1 and 2 of Ye & Cui, "Sample-based Federated Learning via 
 from . import status
 from .diagnostics.result import Communication, KKTReport, Result, SSCAResult, Stage
 from .diagnostics.history import History
+from .diagnostics.result_io import ResultFileError, load as load_result
 from .engine.method import Method
 from .engine.options import RunOptions
 from .engine.runner import Iteration
@@ -44,5 +45,6 @@ __all__ = [
     "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder", "Statistic",
     "ProximalLinear", "DiagonalCurvature", "Linearization", "SSCAError", "DataError", "ModelError",
     "UserFunctionError", "ScheduleError", "SubproblemError", "ClientError", "DivergenceError",
-    "RoundFailedError", "SecureAggregationError", "CheckpointError", "__version__",
+    "RoundFailedError", "SecureAggregationError", "CheckpointError", "load_result",
+    "ResultFileError", "__version__",
 ]

@@ -293,6 +293,45 @@ class Result:
                      f"(+ {c.eval_up_total:,} up / {c.eval_down_total:,} down for evaluations)")
         return "\n".join(lines)
 
+    # -- keeping and looking at a result (ssca_solver/diagnostics/result_io.py, plot.py) -------
+    def save(self, path) -> str:
+        """Write the result to ``path``, one ``.npz`` archive of arrays and JSON metadata (no
+        pickles; the versions of the software that wrote it included), and return the path;
+        ``ss.load_result(path)`` reads it back, every field as it was (an exception in
+        ``extras`` comes back as its text). See :mod:`ssca_solver.diagnostics.result_io`."""
+        from .result_io import save
+        return save(self, path)
+
+    def to_dict(self) -> dict:
+        """The result as plain data: dicts, lists, Python scalars and NumPy arrays (copies),
+        one key per field plus ``success``; ``history`` is a dict of its arrays (per round and
+        per evaluation: see :meth:`history_columns` for one table). JSON: :meth:`to_json`."""
+        from .result_io import to_dict
+        return to_dict(self)
+
+    def to_json(self, **kwargs) -> str:
+        """:meth:`to_dict` as standard JSON text (arrays as lists; NaN and infinities as
+        ``null``); ``kwargs`` go to ``json.dumps``, e.g. ``indent=2``."""
+        from .result_io import to_json
+        return to_json(self, **kwargs)
+
+    def history_columns(self) -> dict:
+        """The history as one row per round: a dict of equal-length 1-D arrays, e.g.
+        ``pandas.DataFrame(res.history_columns())`` (pandas is not needed otherwise). 2-D
+        columns are split (``slack[0]``, ...); the evaluations' ``objective`` and
+        ``constraints[m]`` are NaN in rounds without one (``evaluated`` says which)."""
+        from .result_io import history_columns
+        return history_columns(self)
+
+    def plot(self, **kwargs):
+        """A matplotlib Figure of the run against the rounds (and the floats sent, on the top
+        axis): objective, largest violation, stationarity, penalty stages and batch size, as
+        far as the run recorded them. Needs matplotlib (``pip install
+        'ssca-solver[plot]'``); never calls ``plt.show()``. Options:
+        :func:`ssca_solver.diagnostics.plot.plot_result`."""
+        from .plot import plot_result
+        return plot_result(self, **kwargs)
+
     def __repr__(self) -> str:
         return (f"Result(method={self.method!r}, status={self.status!r}, fun={self.fun:.6g}, nit={self.nit}, "
                 f"max_constraint={np.max(self.constraints, initial=-np.inf):.3g}, "
