@@ -64,3 +64,17 @@ def test_split_errors():
         ss.FederatedData.split(np.ones((3, 2)), np.ones(4), num_clients=2)
     with pytest.raises(ss.DataError, match="alpha"):
         ss.FederatedData.dirichlet(np.ones((4, 2)), np.array([0, 1, 0, 1]), 2, alpha=0)
+
+
+def test_integer_features_are_computed_in_floating_point():
+    """int8 features of 100: X * X wrapped to 16 in int8, so a diagonal curvature from
+    squared features was 33 % off (issue 20); X is converted to float64, y keeps its dtype."""
+    rng = np.random.default_rng(0)
+    X = rng.integers(-100, 101, size=(40, 3)).astype(np.int8)
+    y = rng.integers(0, 2, size=40).astype(np.int8)
+    data = ss.FederatedData([(X[:20], y[:20]), (X[20:], y[20:])])
+    for c in data.clients:
+        assert c.X.dtype == np.float64 and c.y.dtype == np.int8
+    sq = np.concatenate([c.X for c in data.clients]) ** 2
+    np.testing.assert_array_equal(sq, X.astype(float) ** 2)
+    assert sq.max() > 127            # would have wrapped in int8

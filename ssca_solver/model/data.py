@@ -45,6 +45,10 @@ def _as_client(item, index: int) -> ClientData:
     if X.shape[0] == 0:
         raise DataError(f"client {index} has no rows; every client must hold at least one sample")
     _check_values(X, "X", f"client {index}", allow_bool=False)
+    if not np.issubdtype(X.dtype, np.inexact):
+        # products of features (X * X in curvatures, X' X) overflow in small integer types
+        # (int8: 100 * 100 wraps to 16): integer features are computed in float64
+        X = X.astype(np.float64)
     if y is not None:
         y = _as_array(y, "y", f"client {index}")
         if y.ndim == 0 or y.shape[0] != X.shape[0]:
@@ -102,7 +106,8 @@ class FederatedData:
     Args:
       clients: a sequence of ``(X_i, y_i)`` pairs (or arrays ``X_i`` when there are no
         targets), one per client, of any sizes >= 1. All clients must agree on the trailing
-        shape of X (and of y).
+        shape of X (and of y). Integer features X are converted to float64 (one copy: their
+        products overflow in small integer types); y keeps its dtype (labels may index).
 
     Examples:
       >>> import numpy as np
