@@ -100,7 +100,9 @@ def plot_result(result: Result, figsize=None, title=None):
         v = violation(cons, _equalities(result))
         ax.plot(at, v, "o-", ms=3, color="C3", label="largest violation")
         if np.any(v > 0):
-            ax.set_yscale("symlog", linthresh=max(float(np.min(v[v > 0])), 1e-12))
+            # zeros shown at the bottom; a log axis over at most six decades below the largest
+            ax.set_yscale("symlog", linthresh=max(float(np.min(v[v > 0])),
+                                                  1e-6 * float(np.max(v)), 1e-300))
         ax.set_ylabel("largest\nviolation")
 
     ax = axes["stationarity"]
