@@ -6,6 +6,7 @@ is never unpickled, and malformed files are refused naming the file and the fiel
 
 import dataclasses
 import json
+import os
 import sys
 import tomllib
 import zipfile
@@ -341,6 +342,11 @@ def test_files_that_are_no_saved_result(runs, tmp_path):
     flip.write_bytes(bytes(flipped))
     with pytest.raises(result_io.ResultFileError, match="history/rho"):
         ss.load_result(flip)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(result_io.ResultFileError, match="is a special file"):
+        ss.load_result(tmp_path / "fifo")                    # refused without opening it
+    with pytest.raises(result_io.ResultFileError, match="is a directory"):
+        ss.load_result(tmp_path)
     no_meta = tmp_path / "no_meta.npz"
     np.savez(no_meta, x=np.zeros(3))
     with pytest.raises(result_io.ResultFileError, match="'__meta__' is missing"):
@@ -402,6 +408,21 @@ def test_history_columns_are_one_row_per_round(runs, monkeypatch):
     # none evaluated
     plain = runs("dropout").history_columns()
     assert "constraints[0]" not in plain and not plain["evaluated"].any()
+
+
+def test_an_evaluation_without_a_round_gets_a_row_of_its_own(runs):
+    """An evaluation at round 0 (no round row): a row with NaN in the round columns."""
+    res = runs("stages")
+    h = res.history.as_dict()
+    h["eval_t"] = np.r_[0, h["eval_t"]]
+    h["objective"] = np.r_[7.0, h["objective"]]
+    h["constraints"] = np.vstack([[[-1.0]], h["constraints"]])
+    cols = dataclasses.replace(res, history=ss.History(h)).history_columns()
+    assert {np.shape(c) for c in cols.values()} == {(res.nit + 1,)}
+    assert cols["t"][0] == 0 and np.isnan(cols["stage"][0]) and np.isnan(cols["rho"][0])
+    assert cols["evaluated"][0] and cols["objective"][0] == 7.0
+    assert cols["constraints[0]"][0] == -1.0
+    np.testing.assert_array_equal(cols["stage"][1:], res.history.stage)
 
 
 def test_history_columns_make_a_dataframe(runs):

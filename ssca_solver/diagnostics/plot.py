@@ -134,9 +134,9 @@ def plot_result(result: Result, figsize=None, title=None):
         b = np.asarray(h["batch_size"], dtype=float)
         ax.step(t, b, where="mid", color="C1", label="rows per client")
         full = np.isnan(b)
-        for start, end in _runs(full):
+        for i, (start, end) in enumerate(_runs(full)):
             ax.axvspan(t[start] - 0.5, t[end] + 0.5, color="C1", alpha=0.15, lw=0,
-                       label="full batch" if start == _runs(full)[0][0] else None)
+                       label="full batch" if i == 0 else None)
         if np.any(full) or np.any(np.isfinite(b)):
             ax.legend(loc="best", fontsize="small")
         ax.set_ylabel("batch size")

@@ -378,6 +378,9 @@ def _read(path: str) -> tuple[dict, dict]:
         raise FileNotFoundError(2, "load_result: no saved Result at this path", path) from None
     if stat.S_ISDIR(info.st_mode):
         raise ResultFileError(f"load_result: {path!r} is a directory, not a saved Result", path)
+    if not stat.S_ISREG(info.st_mode):
+        raise ResultFileError(f"load_result: {path!r} is a special file (a FIFO, a device or a "
+                              "socket), not a saved Result", path)
     if info.st_size == 0:
         raise ResultFileError(f"load_result: {path!r} is empty (0 bytes), not a saved Result",
                               path)
