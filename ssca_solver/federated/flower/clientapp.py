@@ -34,42 +34,94 @@ def _read_only(request: Request) -> Request:
 
 _STATE = "ssca.secagg-state"
 
-#: Seconds past the server's deadline after which a client still busy has its process ended
-#: (simulation: the Ray actor's worker; Ray starts a new one).
-KILL_GRACE = 1.0
+#: A client still busy this many seconds past the server's deadline, or as long again as its
+#: limit if that is longer, ends its own process (simulation: the Ray actor's worker; Ray starts
+#: a new one): a late client may still finish by itself, a stuck one does not hold its actor.
+KILL_GRACE = 5.0
+
+
+def kill_time(deadline: float, limit: float) -> float:
+    """When a client busy with a request due at ``deadline`` (limit ``limit`` seconds) ends its
+    process: ``deadline + max(KILL_GRACE, limit)``."""
+    return deadline + max(KILL_GRACE, limit)
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The start time of process ``pid`` (field 22 of /proc/PID/stat), None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 @contextlib.contextmanager
-def deadline_guard(deadline: Optional[float]):
-    """End this process if the code in the block still runs ``KILL_GRACE`` seconds after
-    ``deadline`` (a ``time.time()``; None: no limit): the server has given up on the answer by
-    then, and a user function that never returns must not hold the actor, the simulation's
+def deadline_guard(kill_at: Optional[float], busy: Optional[str] = None):
+    """End this process if the code in the block still runs at ``kill_at`` (a ``time.time()``;
+    None: never): a user function that never returns must not hold the actor, the simulation's
     shutdown or the interpreter. From the main thread with SIGALRM at its default action the
     kernel ends the process (ITIMER_REAL), even inside C code that holds the GIL; otherwise a
-    watchdog thread sends SIGKILL."""
-    if deadline is None:
-        yield
-        return
-    left = max(0.001, deadline + KILL_GRACE - time.time())
-    if (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL):
-        signal.setitimer(signal.ITIMER_REAL, left)
+    watchdog thread sends SIGKILL.
+
+    ``busy``: a directory where, while the block runs, a file named by this process's PID
+    holds its start time, so that the server can end the process at once when it closes
+    (:func:`end_busy`)."""
+    mark = None
+    if busy is not None:
+        with contextlib.suppress(OSError):
+            mark = os.path.join(busy, str(os.getpid()))
+            with open(mark, "w") as f:
+                f.write(_start_time(os.getpid()) or "")
+    try:
+        if kill_at is None:
+            yield
+            return
+        left = max(0.001, kill_at - time.time())
+        if (hasattr(signal, "setitimer")
+                and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL):
+            signal.setitimer(signal.ITIMER_REAL, left)
+            try:
+                yield
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            return
+        done = threading.Event()
+
+        def watch():
+            if not done.wait(left):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=watch, name="ssca-deadline", daemon=True).start()
         try:
             yield
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        return
-    done = threading.Event()
-
-    def watch():
-        if not done.wait(left):
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="ssca-deadline", daemon=True).start()
-    try:
-        yield
+            done.set()
     finally:
-        done.set()
+        if mark is not None:
+            with contextlib.suppress(OSError):
+                os.remove(mark)
+
+
+def end_busy(busy: str) -> list:
+    """SIGKILL every process that :func:`deadline_guard` marks busy in ``busy`` (checked by its
+    start time, so a PID used again by another process is left alone); their PIDs."""
+    ended = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(busy):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            try:
+                with open(os.path.join(busy, name)) as f:
+                    started = f.read().strip()
+            except OSError:
+                continue
+            if started and _start_time(pid) == started:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    ended.append(pid)
+    return ended
 
 
 def _restore_state(client: Client, context: Context) -> None:
@@ -112,7 +164,7 @@ def _answer(message: Message, context: Context, client_for) -> Message:
         client = client_for(partition, context, extra, message.content)
         _restore_state(client, context)
         try:
-            with deadline_guard(deadline):
+            with deadline_guard(extra.get("kill_at"), extra.get("busy")):
                 reply = client.handle(_read_only(request))
         finally:
             _save_state(client, context)

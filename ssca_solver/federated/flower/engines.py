@@ -29,7 +29,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from ...errors import ClientError
 from ..client import Client
-from .clientapp import client_app
+from .clientapp import client_app, end_busy
 from .grid import GridSession
 
 ENGINES = ("simulation", "deployment")
@@ -81,6 +81,8 @@ class _Simulation:
         from flwr.simulation import run_simulation
 
         self._stop = threading.Event()
+        #: where a client busy with a request marks its process (clientapp.deadline_guard)
+        self.busy = tempfile.mkdtemp(prefix="ssca-flower-busy-")
         grids: queue.Queue = queue.Queue()
         self._failure: list = []
         server = ServerApp()
@@ -133,18 +135,21 @@ class _Simulation:
                     os.environ[k] = v
 
     def close(self) -> None:
-        """Let the ServerApp return and the Simulation Runtime stop (its workers finish the
-        messages in progress: a client past its deadline is ended by its node,
-        :func:`~.clientapp.deadline_guard`); if it is still running after CLOSE_WAIT seconds
-        (a client without a deadline, client_timeout=None), shut Ray down under it."""
+        """End the clients still busy (their answers are not wanted any more:
+        :func:`~.clientapp.end_busy`), let the ServerApp return and the Simulation Runtime
+        stop; if it still runs after CLOSE_WAIT seconds (a client busy where its mark could
+        not be written), shut Ray down under it."""
         _LIVE.discard(self)
         self._stop.set()
+        end_busy(self.busy)
         self._thread.join(timeout=CLOSE_WAIT)
         if self._thread.is_alive():
+            end_busy(self.busy)
             with contextlib.suppress(Exception):
                 import ray
                 ray.shutdown()
             self._thread.join(timeout=CLOSE_WAIT)
+        shutil.rmtree(self.busy, ignore_errors=True)
 
 
 def _free_port() -> int:

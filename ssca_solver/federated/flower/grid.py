@@ -79,13 +79,13 @@ class GridSession:
         return found
 
     def send(self, request: Request, participants: Sequence[int], ttl: float,
-             deadline: Optional[float] = None) -> int:
-        """Push one message per participant; a token for :meth:`poll`. ``deadline`` (a
-        ``time.time()``, or None): when the server stops waiting for the answers; the
-        simulation's ClientApp ends a client still busy shortly after it
-        (:func:`~.clientapp.deadline_guard`)."""
+             guard: Optional[dict] = None) -> int:
+        """Push one message per participant; a token for :meth:`poll`. ``guard`` (the
+        simulation's; None: none): ``deadline``, when the server stops waiting for the answers
+        (a ``time.time()``); ``kill_at``, when a client still busy ends its process; ``busy``,
+        the directory where a busy client marks its process (:func:`~.clientapp.deadline_guard`)."""
         msgs = []
-        due = {} if deadline is None else {"deadline": float(deadline)}
+        due = dict(guard or {})
         for i in participants:
             content = pack(request, {**self.extra.get(i, {}), "client": int(i), **due})
             if self.tasks_blob is not None:

@@ -13,6 +13,7 @@ from ...errors import ClientError
 from ..client import Client
 from ..messages import Dropout, Reply, Request
 from ..transports import DEFAULT_CLIENT_TIMEOUT, ClientTimeout, Transport, participant_order
+from .clientapp import kill_time
 from .codec import _Failure
 from .engines import ENGINES, _Deployment, _Simulation
 
@@ -46,9 +47,10 @@ class FlowerTransport(Transport):
         honoured exactly), None (wait forever) or "auto" (the default: chosen from the
         answer times measured, :class:`~ssca_solver.federated.ClientTimeout`). It counts from
         sending the request (plus the time the server itself spent on the replies already
-        yielded). In the simulation a client still busy :data:`~.clientapp.KILL_GRACE`
-        seconds after its limit has its Ray actor's process ended (Ray starts a new one), so
-        a user function that never returns holds neither the run nor the interpreter.
+        yielded). In the simulation a client still busy max(:data:`~.clientapp.KILL_GRACE`,
+        its limit) seconds past its limit ends its Ray actor's process (Ray starts a new
+        one), and when the transport closes every client still busy is ended at once, so a
+        user function that never returns holds neither the run nor the interpreter.
       engine: "simulation" or "deployment".
       superlink: the SuperLink's address (deployment), e.g. "127.0.0.1:9093".
       bridge: where this process listens for the deployment ServerApp ("host:port", port 0: a
@@ -94,9 +96,12 @@ class FlowerTransport(Transport):
         order = participant_order(participants, self.num_clients)
         limit = self._timeout.seconds(request.task)
         ttl = 3600.0 if limit is None else max(limit + 60.0, 60.0)
-        if self.engine == "simulation":     # the node ends a client busy past its limit
-            due = None if limit is None else time.time() + limit
-            token = self._session.send(request, order, ttl, due)
+        if self.engine == "simulation":     # the node ends a client stuck past its limit
+            guard = {"busy": self._engine.busy}
+            if limit is not None:
+                due = time.time() + limit
+                guard.update(deadline=due, kill_at=kill_time(due, limit))
+            token = self._session.send(request, order, ttl, guard)
         else:
             token = self._session.send(request, order, ttl)
         sent = time.monotonic()
