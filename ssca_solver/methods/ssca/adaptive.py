@@ -38,7 +38,7 @@ from ...federated.messages import aggregation_weight, secagg_active
 from ...model.functions import (DIFFERENCE_STEPS, central_difference, checked_grad,
                                 checked_value_and_grad, checked_values, mean_value_or_nan,
                                 step_scale)
-from ...model.surrogates import Linearization, ProximalLinear
+from ...model.surrogates import DiagonalCurvature, Linearization, ProximalLinear
 
 START_BATCH = 32        # rows per client in the first rounds of batch_size="auto"
 SAMPLED_TAU_FLOOR = 0.05  # least tau="auto" on sampled rounds (SSCA.sampled_tau)
@@ -48,6 +48,9 @@ NOISE_AVERAGING = 0.3   # weight of the newest round in that average
 MIN_ROUNDS = 10         # rounds between two increases by the norm test
 GROW_EVERY = 50          # and an increase at least this often: the batch reaches the full data
 TAU_UP, TAU_DOWN = 2.0, 0.9
+#: tau's factor after an accepted step lost in rounding, and how many such steps in a row
+#: settle the point (SSCA._backtracking_step, SSCA.settled)
+TAU_TINY, TINY_ROUNDS = 0.1, 12
 MAX_REJECTS = 8         # rejected steps in a row after which the point is settled
 MERIT_RTOL = {"closed_form": 1e-12, "cvxpy": 1e-10}  # merit increases below this are rounding
 MERIT_ROUNDING = 1e-14  # and below this times the size of the terms the merit is made of
@@ -346,6 +349,11 @@ def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float) -> dic
     return {"quad": np.asarray(k * quad),
             "lin": np.asarray(stats["lin"]) - 2.0 * (k - 1.0) * quad * w,
             "const": np.asarray(float(stats["const"]) + (k - 1.0) * quad * float(w @ w))}
+
+
+def own_curvature(builder) -> bool:
+    """The builder adds a curvature of its own to the proximal term (DiagonalCurvature)."""
+    return type(builder) is DiagonalCurvature
 
 
 def adaptable(builders) -> bool:

@@ -177,6 +177,12 @@ class SSCA(FrontDoor):
             return self.tau
         if self.sampled:
             return self.sampled_tau(curvature, batch)
+        if not self.adapt_tau and any(ad.own_curvature(b) for b in self.builders):
+            # a builder that carries its own curvature (DiagonalCurvature's h): tau only keeps
+            # its surrogate strongly convex, and nothing adapts it later; the probe's
+            # curvature along the gradient (1e12 with one column scaled by 1e6) added to every
+            # coordinate froze the flat ones (error 1.0 after 200 rounds where 0.1 gives 2e-9)
+            return self.tau
         return curvature if np.isfinite(curvature) and curvature > 0 else self.tau
 
     def _recheck_elsewhere(self, exchange, x0, batch, failed) -> None:
@@ -398,6 +404,16 @@ class SSCA(FrontDoor):
         else:
             k, base_w, base, base_merit = ad.TAU_DOWN, state.w, stats, merit
             self._rejected_trial = None
+            if len(state.prev_w) and _tiny(state.w - state.prev_w, state.w):
+                # an accepted step lost in rounding: a fixed point, or a tau far above the
+                # curvature (a DiagonalCurvature surrogate's own h of 1e12 on one column and
+                # the probe's tau on all: steps of 1e-13 along the flat columns); tau falls
+                # by TAU_TINY, not TAU_DOWN, until the steps are measurable again, and the
+                # point is settled only after TINY_ROUNDS such steps (tau 1e-12 of what it was)
+                k = ad.TAU_TINY
+                self._tiny = getattr(self, "_tiny", 0) + 1
+            else:
+                self._tiny = 0
         return self._retry(state, k, base_w, base, base_merit, worse)
 
     def _metric_or_not(self, state):
@@ -436,7 +452,7 @@ class SSCA(FrontDoor):
             return False
         if state.rejects >= ad.MAX_REJECTS:    # no step improves the merit at this precision
             return True
-        return (info.rejected == 0
+        return (info.rejected == 0 and getattr(self, "_tiny", 0) >= ad.TINY_ROUNDS
                 and info.step.step_norm <= 1e-12 * max(1.0, float(np.linalg.norm(state.w))))
 
     def record(self, info) -> dict:
@@ -515,3 +531,8 @@ class _Info:
     @property
     def step_norm(self):
         return self.step.step_norm
+
+
+def _tiny(step, w) -> bool:
+    """A step of relative length <= 1e-12: lost in the rounding of w."""
+    return float(np.linalg.norm(step)) <= 1e-12 * max(1.0, float(np.linalg.norm(w)))
