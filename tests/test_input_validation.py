@@ -93,8 +93,9 @@ def test_valid_data_is_accepted_without_copies():
               rng.integers(0, 2, 50).astype(bool), rng.integers(0, 9, 50).astype(np.uint8)):
         data = ss.FederatedData([(X, y), (X[:7], y[:7])])
         assert data.clients[0].X is X and data.clients[0].y is y
-    Xi = rng.integers(0, 255, size=(10, 3))  # integer features, e.g. pixel values
-    assert ss.FederatedData([Xi]).clients[0].X is Xi
+    Xi = rng.integers(0, 255, size=(10, 3))  # integer features, e.g. pixel values: computed
+    Xc = ss.FederatedData([Xi]).clients[0].X  # in float64 (one copy; int8 X * X wraps)
+    assert Xc.dtype == np.float64 and np.array_equal(Xc, Xi)
     X16 = np.full((3, 2), 6e4, dtype=np.float16)  # finite, but its sum overflows float16
     assert ss.FederatedData([X16]).clients[0].X is X16
 

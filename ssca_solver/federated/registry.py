@@ -6,7 +6,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from . import flower_options
 from .client import Client
-from .transports import InProcessTransport, ProcessTransport, Transport
+from .transports import AUTO_FIRST, InProcessTransport, ProcessTransport, Transport
 
 
 def _flower(clients, timeout, **options):
@@ -23,6 +23,9 @@ _TRANSPORTS: dict[str, Callable[..., Transport]] = {
     "flower": _flower,
 }
 
+#: the transports the library ships (they take client_timeout="auto" as it is)
+_BUILTIN = frozenset(_TRANSPORTS)
+
 #: name -> (its own solve options {name: default}, check(given) -> values): the factory takes
 #: the checked values as keywords
 _OPTIONS: dict[str, tuple[Mapping, Callable[[dict], dict]]] = {
@@ -37,7 +40,9 @@ def _defaults(defaults: Mapping) -> Callable[[dict], dict]:
 def register_transport(name: str, factory: Callable[..., Transport],
                        options: Optional[Mapping] = None,
                        check: Optional[Callable[[dict], dict]] = None) -> None:
-    """Make ``solve(transport=name)`` use ``factory(clients, client_timeout, **options)``.
+    """Make ``solve(transport=name)`` use ``factory(clients, client_timeout, **options)``
+    (``client_timeout``: seconds or None; the default "auto", which only the shipped
+    transports adapt to measured answer times, reaches a registered one as 300 s).
 
     ``options``: the transport's own solve options {name: default} (names that no method
     option uses; a solve with another transport refuses them); ``check(given) -> values``
@@ -97,4 +102,8 @@ def make_transport(name: str, clients: Sequence[Client], timeout: Optional[float
         raise ValueError(f"transport must be one of {', '.join(map(repr, _TRANSPORTS))}, got "
                          f"{name!r}") from None
     extra = dict(opts.transport_options) if opts is not None else {}
+    if name not in _BUILTIN and isinstance(timeout, str) and timeout == "auto":
+        # a registered transport receives seconds or None, as before "auto" existed: the
+        # first-request allowance of the built-in ones (only they adapt the limit)
+        timeout = AUTO_FIRST
     return factory(clients, timeout, **extra)
