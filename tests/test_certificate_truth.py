@@ -166,3 +166,41 @@ def test_iterates_that_stop_moving_at_an_unsatisfiable_point_say_so():
     assert res.status == "infeasible", res.message
     assert "stopped moving" in res.message and "penalised problem is solved" not in res.message
     assert res.nit < 100
+
+
+def test_the_second_order_correction_pulls_a_trial_point_back_to_a_curved_constraint():
+    """SSCA._second_order_correction (the rejected step's retry when doubling tau does not
+    shorten the trial steps: S2MPJ's ALLINITC lost its run at tau 2e13): from the feasible
+    base (1, 0) of |w|^2 = 1 a trial step (0, -0.5) along the tangent leaves the circle by
+    0.25 where the linearisation said 0. Shifted by that model error, the linearised
+    constraint asks 2 (w1 - 1) + 0.25 = 0, and the corrected trial point violates by 0.016
+    (an SQP second-order correction), with the base point and statistics kept for further
+    backtracking."""
+    from ssca_solver.methods.ssca import SSCA
+    from ssca_solver.methods.ssca.step import SSCAState
+
+    f = fn(lambda w: w[1], lambda w: np.array([0.0, 1.0]), "f")
+    h = fn(lambda w: w @ w - 1.0, lambda w: 2 * w, "h")
+    prob = ss.Problem(f, [h == 0.0], dim=2, data=ONE_ROW)
+    options = {"seed": 0, "batch_size": "full"}
+    opts = SSCA.parse(prob, options)
+    method = SSCA.build(prob, opts, options)
+    X, y = np.zeros((1, 1)), None
+    tau = 1.0
+
+    def stats_at(w):
+        return tuple(b.statistics(g, w, X, y, tau if b.tau is None else b.tau, "test")
+                     for b, g in zip(method.builders, prob.functions))
+
+    base_w, trial = np.array([1.0, 0.0]), np.array([1.0, -0.5])
+    state = SSCAState(t=1, w=trial, stats=stats_at(trial), penalty=100.0, tau=tau,
+                      prev_w=base_w, prev_stats=stats_at(base_w), merit=0.0)
+    new, info = method._second_order_correction(state, stats_at(trial))
+    violation = abs(new.w @ new.w - 1.0)
+    assert violation < 0.02 < 0.25                      # the plain trial's 0.25
+    assert new.w[0] == pytest.approx(0.875, abs=1e-6)   # on the shifted linearisation
+    np.testing.assert_array_equal(new.prev_w, base_w)
+    assert new.prev_stats is state.prev_stats and new.rejects == 1
+    # a trial whose violation did not grow is not corrected
+    same = state._replace(w=np.array([0.99, 0.0]), stats=stats_at(np.array([0.99, 0.0])))
+    assert method._second_order_correction(same, same.stats) is None

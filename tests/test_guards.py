@@ -43,7 +43,7 @@ def test_a_run_that_settled_at_a_kink_with_a_failing_kkt_test_is_not_converged()
         lambda w, X, y: np.array([np.sign(w[0]) + w[0] - 0.5]), name="kink")
     prob = ss.Problem(kink, dim=1, data=data)
     res = prob.solve(batch_size=None, max_iter=500, seed=0, x0=np.array([1.0]))
-    assert res.nit < 500, "the run was meant to settle (measured: round 69)"
+    assert res.nit < 500, "the run was meant to settle (measured: round 163)"
     assert abs(res.x[0]) < 1e-9                       # at the kink
     assert res.kkt.stationarity > 0.4                 # |grad| >= 0.5 on either side of 0
     assert res.status == "max_iter" and not res.success, (res.status, res.message)

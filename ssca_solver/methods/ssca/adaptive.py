@@ -48,9 +48,9 @@ NOISE_AVERAGING = 0.3   # weight of the newest round in that average
 MIN_ROUNDS = 10         # rounds between two increases by the norm test
 GROW_EVERY = 50          # and an increase at least this often: the batch reaches the full data
 TAU_UP, TAU_DOWN = 2.0, 0.9
-#: tau's factor after an accepted step lost in rounding, and how many such steps in a row
-#: settle the point (SSCA._backtracking_step, SSCA.settled)
-TAU_TINY, TINY_ROUNDS = 0.1, 12
+#: an accepted step of relative length <= TINY_STEP is lost in rounding: tau is then cut by
+#: TAU_TINY, and TINY_ROUNDS of them settle the point (SSCA._backtracking_step, .settled)
+TINY_STEP, TAU_TINY, TINY_ROUNDS = 1e-12, 0.1, 12
 MAX_REJECTS = 8         # rejected steps in a row after which the point is settled
 MERIT_RTOL = {"closed_form": 1e-12, "cvxpy": 1e-10}  # merit increases below this are rounding
 MERIT_ROUNDING = 1e-14  # and below this times the size of the terms the merit is made of

@@ -398,41 +398,101 @@ class SSCA(FrontDoor):
         noise = ad.MERIT_ROUNDING * self._merit_size(stats, state.w)
         worse = (np.isfinite(state.merit) and len(state.prev_stats)
                  and merit > state.merit + max(rtol * max(1.0, abs(state.merit)), noise))
+        corrected, self._corrected = getattr(self, "_corrected", False), False
         if worse:                                    # reject w_t
+            if not corrected and self._pinned(state):
+                # doubling tau did not shorten the trial steps: without the diagonal metric
+                # if there is one, else one second-order correction before tau doubles again
+                if state.metric.size:
+                    state = state._replace(metric=np.zeros((0, 0)))
+                else:
+                    correction = self._second_order_correction(state, stats)
+                    if correction is not None:
+                        return correction
             k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
-            state = self._metric_or_not(state)
         else:
             k, base_w, base, base_merit = ad.TAU_DOWN, state.w, stats, merit
             self._rejected_trial = None
-            if len(state.prev_w) and _tiny(state.w - state.prev_w, state.w):
+            step = (float(np.linalg.norm(state.w - state.prev_w))
+                    / max(1.0, float(np.linalg.norm(state.w))) if len(state.prev_w) else 1.0)
+            if step <= ad.TINY_STEP:
                 # an accepted step lost in rounding: a fixed point, or a tau far above the
-                # curvature (a DiagonalCurvature surrogate's own h of 1e12 on one column and
-                # the probe's tau on all: steps of 1e-13 along the flat columns); tau falls
-                # by TAU_TINY, not TAU_DOWN, until the steps are measurable again, and the
-                # point is settled only after TINY_ROUNDS such steps (tau 1e-12 of what it was)
+                # curvature (w of size 1e-6 on features scaled by 1e6: steps of 1e-13 are
+                # progress there); tau falls by TAU_TINY, not TAU_DOWN, and the point is
+                # settled only after TINY_ROUNDS such steps with none longer than
+                # 100 TINY_STEP in between (at a kink the steps hover about TINY_STEP)
                 k = ad.TAU_TINY
                 self._tiny = getattr(self, "_tiny", 0) + 1
-            else:
+            elif step > 100 * ad.TINY_STEP:
                 self._tiny = 0
         return self._retry(state, k, base_w, base, base_merit, worse)
 
-    def _metric_or_not(self, state):
-        """After a rejected step: the state without its diagonal metric (isotropic proximal
-        terms from then on) when doubling tau did not shorten the rejected trial steps (the
+    def _second_order_correction(self, state, stats):
+        """After a rejected step that made the constraints' violation worse than the model
+        said: the same subproblem at the last accepted point and the same tau, with every
+        constraint's surrogate shifted by its model error at the trial point, F_m(w_t) -
+        p_m(w_t) (the statistics at w_t give F_m(w_t); the base statistics give the model).
+        This is the second-order correction of SQP methods (Fletcher; Nocedal & Wright,
+        Numerical Optimization, sec. 15.6): near a curved constraint the linearised step
+        restores feasibility only to first order, the exact penalty then rises, and a larger
+        tau does not shorten a step that the linearised constraints pin (S2MPJ's ALLINITC:
+        8 rejections with trial steps of 0.02 to 0.05 at tau 41 to 5300, then c raised three
+        times and tau 2e13, then a subproblem the solver called unbounded). One round; if its
+        point is rejected too, the backtracking doubles tau as before. None when it does not
+        apply (no constraints, a builder without a constant statistic, or the violation did
+        not grow)."""
+        k0 = 1 if self.problem.objective is not None else 0
+        if not self.M or not len(state.prev_stats) or len(state.prev_w) == 0:
+            return None
+        base = state.prev_stats
+        if not all("const" in base[m] for m in range(k0, len(self.builders))):
+            return None
+        true = np.array([self.builders[m].evaluate(stats[m], state.w)
+                         for m in range(k0, len(self.builders))])
+        model = np.array([self.builders[m].evaluate(base[m], state.w)
+                          for m in range(k0, len(self.builders))])
+        before = np.array([self.builders[m].evaluate(base[m], state.prev_w)
+                           for m in range(k0, len(self.builders))])
+        bounds = self.problem.bounds
+
+        def violation(v):
+            return float(np.sum(np.maximum(excess(v - bounds, self.equality), 0.0)
+                                / self.bound_scale))
+
+        if not (np.all(np.isfinite(true)) and violation(true) > violation(before)
+                and violation(true) > violation(model)):
+            return None
+        corrected = list(base)
+        for j, m in enumerate(range(k0, len(self.builders))):
+            st = dict(base[m])
+            st["const"] = np.asarray(np.asarray(st["const"], dtype=float) + (true[j] - model[j]))
+            corrected[m] = st
+        start = state._replace(w=state.prev_w)
+        new, info = ssca_step.move(start, tuple(corrected), 1.0, 1.0,
+                                   self._solver(state, state.prev_w))
+        new = new._replace(tau=self._tau(state), merit=state.merit,
+                           prev_w=state.prev_w.copy(), prev_stats=base,
+                           rejects=state.rejects + 1)
+        self._corrected = True
+        return new, _Info(info, None, self._tau(state), 0.0, 1)
+
+    def _pinned(self, state) -> bool:
+        """After a rejected step: doubling tau did not shorten the rejected trial steps (the
         second rejection in a row, or later, with a trial step above METRIC_SHRINK of the one
-        before). Backtracking rests on steps that shrink as tau grows; a coordinate with a
-        metric entry near 0 (squared gradients that vanish along it: an objective linear in
-        it) costs nothing to move along, and a linearised equality then pins the trial step
-        however large tau becomes (min -x_1 s.t. |x|^2 = 1 from (1.1, 0.1): every trial
-        about 1.1 long, 8 rejections, a stop at violation 1.2 -- S2MPJ's MARATOS)."""
+        before). Backtracking rests on steps that shrink as tau grows. Two things pin them:
+        a diagonal metric entry near 0 (squared gradients that vanish along a coordinate: an
+        objective linear in it), along which moving costs nothing, and linearised constraints
+        that the step must restore (min -x_1 s.t. |x|^2 = 1 from (1.1, 0.1) with the metric:
+        every trial about 1.1 long, 8 rejections, a stop at violation 1.2 -- S2MPJ's MARATOS;
+        ALLINITC without one). The caller drops the metric, or else tries a second-order
+        correction."""
         trial = float(np.linalg.norm(state.w - state.prev_w))
         before = getattr(self, "_rejected_trial", None)
         self._rejected_trial = trial
-        if (state.metric.size and state.rejects >= 1 and before is not None
-                and trial > ad.METRIC_SHRINK * before):
+        if state.rejects >= 1 and before is not None and trial > ad.METRIC_SHRINK * before:
             self._rejected_trial = None
-            return state._replace(metric=np.zeros((0, 0)))
-        return state
+            return True
+        return False
 
     def _retry(self, state, k, base_w, base, base_merit, worse):
         """The subproblem at ``base_w`` with tau multiplied by ``k`` (the backtracking's next
@@ -445,15 +505,15 @@ class SSCA(FrontDoor):
         return new, _Info(info, None, self._tau(state) * k, 0.0, int(bool(worse)))
 
     def settled(self, state, info) -> bool:
-        """Deterministic SCA (full batches, unit steps) at a fixed point: an accepted step of
-        relative length <= 1e-12. The penalised problem at this c is solved; more rounds at
-        this c change nothing."""
+        """Deterministic SCA (full batches, unit steps) at a fixed point: TINY_ROUNDS accepted
+        steps of relative length <= TINY_STEP (1e-12) with none above 100 TINY_STEP in
+        between (tau cut by TAU_TINY after each), or MAX_REJECTS rejected steps in a row.
+        More rounds at this c change nothing."""
         if not (info.batch is None and self.unit_steps and (self.auto_batch or self.auto_tau)):
             return False
         if state.rejects >= ad.MAX_REJECTS:    # no step improves the merit at this precision
             return True
-        return (info.rejected == 0 and getattr(self, "_tiny", 0) >= ad.TINY_ROUNDS
-                and info.step.step_norm <= 1e-12 * max(1.0, float(np.linalg.norm(state.w))))
+        return info.rejected == 0 and getattr(self, "_tiny", 0) >= ad.TINY_ROUNDS
 
     def record(self, info) -> dict:
         sol = info.step.solution
@@ -532,7 +592,3 @@ class _Info:
     def step_norm(self):
         return self.step.step_norm
 
-
-def _tiny(step, w) -> bool:
-    """A step of relative length <= 1e-12: lost in the rounding of w."""
-    return float(np.linalg.norm(step)) <= 1e-12 * max(1.0, float(np.linalg.norm(w)))

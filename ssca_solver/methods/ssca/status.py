@@ -168,8 +168,9 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
                             f"{value:.3g} > {tol:g} (relative); the point may sit at a kink of "
                             "a nonsmooth function, or rounding may hide the decrease")
     elif reason == st.SETTLED:
-        return st.MAX_ITER, (f"the iterates stopped moving at round {state.t} (full batches: the "
-                            "penalised problem is solved) but the full-data KKT test did not "
+        solved = "the penalised problem is solved" if M else "a fixed point of the surrogates"
+        return st.MAX_ITER, (f"the iterates stopped moving at round {state.t} (full batches: "
+                            f"{solved}) but the full-data KKT test did not "
                             f"pass: {name} = {value:.3g} > {tol:g} (relative); the point may "
                             "sit at a kink of a nonsmooth function, or the tolerance is "
                             "below what rounding allows for this problem")
