@@ -49,6 +49,15 @@ class SampleFunction:
             raise TypeError("value_and_grad must be callable(w, X, y) -> (values, grad)")
         self.value_and_grad = value_and_grad
 
+    @classmethod
+    def from_jax(cls, loss: Callable, name: Optional[str] = None, **options):
+        """A SampleFunction from the JAX loss ``loss(w, x, y) -> scalar`` of one sample, by
+        automatic differentiation: :func:`ssca_solver.model.autodiff.from_jax` (options
+        ``batched``, ``buckets``, ``dtype``, ``surrogate``; docs/autodiff.md)."""
+        from .autodiff import from_jax
+
+        return from_jax(loss, name, **options)
+
     def __le__(self, bound) -> "StochasticConstraint":
         return StochasticConstraint(self, _as_bound(bound))
 
