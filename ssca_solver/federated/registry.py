@@ -6,20 +6,45 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from . import flower_options
 from .client import Client
-from .transports import AUTO_FIRST, InProcessTransport, ProcessTransport, Transport
+from .transports import (AUTO_FIRST, DEFAULT_CLIENT_THREADS, InProcessTransport,
+                         ProcessTransport, Transport, check_client_threads)
+
+#: ``client_threads`` of transport="flower": None, the Ray actors keep the thread count the
+#: simulation gives them (this process's, so that the iterates equal the in-process ones bit
+#: for bit); "auto" or a number limits them (docs/engines.md, "Threads")
+FLOWER_CLIENT_THREADS = None
 
 
-def _flower(clients, timeout, **options):
+def _flower(clients, timeout, client_threads=FLOWER_CLIENT_THREADS, **options):
     """``transport="flower"``: imported when used (Flower is an optional extra)."""
     from .flower import make
+    from .flower.clientapp import set_client_threads
 
+    set_client_threads(clients, client_threads)
     return make(clients, timeout, **options)
+
+
+def _check_process(given: dict) -> dict:
+    return {"client_threads": check_client_threads(
+        given.get("client_threads", DEFAULT_CLIENT_THREADS))}
+
+
+def _check_flower(given: dict) -> dict:
+    threads = check_client_threads(given.get("client_threads", FLOWER_CLIENT_THREADS))
+    values = flower_options.check({k: v for k, v in given.items() if k != "client_threads"})
+    if threads is not None and values["flower_engine"] == "deployment":
+        raise ValueError("client_threads does not reach the SuperNodes of "
+                         "flower_engine='deployment' (they run on their own machines): set "
+                         "it where each node starts, in its node config (--node-config "
+                         "\"partition-id=0 data='...' client-threads=1\")")
+    return {**values, "client_threads": threads}
 
 
 #: name -> factory(clients, client_timeout, **its options) -> Transport
 _TRANSPORTS: dict[str, Callable[..., Transport]] = {
     "inprocess": lambda clients, timeout: InProcessTransport(clients),
-    "process": lambda clients, timeout: ProcessTransport(clients, timeout),
+    "process": lambda clients, timeout, client_threads=DEFAULT_CLIENT_THREADS: ProcessTransport(
+        clients, timeout, client_threads),
     "flower": _flower,
 }
 
@@ -27,9 +52,12 @@ _TRANSPORTS: dict[str, Callable[..., Transport]] = {
 _BUILTIN = frozenset(_TRANSPORTS)
 
 #: name -> (its own solve options {name: default}, check(given) -> values): the factory takes
-#: the checked values as keywords
+#: the checked values as keywords. ``client_threads`` (clients in other processes: their
+#: BLAS/OpenMP/Numba threads) belongs to "process" and "flower".
 _OPTIONS: dict[str, tuple[Mapping, Callable[[dict], dict]]] = {
-    "flower": (flower_options.DEFAULTS, flower_options.check),
+    "process": ({"client_threads": DEFAULT_CLIENT_THREADS}, _check_process),
+    "flower": ({**flower_options.DEFAULTS, "client_threads": FLOWER_CLIENT_THREADS},
+               _check_flower),
 }
 
 
@@ -77,7 +105,7 @@ def transport_options(name: str) -> tuple[str, ...]:
 def transport_option_names() -> tuple[str, ...]:
     """Every registered transport's own options (the names a solve accepts besides the
     method's)."""
-    return tuple(k for defaults, _ in _OPTIONS.values() for k in defaults)
+    return tuple(dict.fromkeys(k for defaults, _ in _OPTIONS.values() for k in defaults))
 
 
 def check_transport_options(name: str, given: dict) -> dict:
@@ -86,9 +114,14 @@ def check_transport_options(name: str, given: dict) -> dict:
     mine = transport_options(name)
     other = [k for k in given if k not in mine]
     if other:
-        owner = next((t for t, (d, _) in _OPTIONS.items() if other[0] in d), "?")
-        raise ValueError(f"{', '.join(other)} only apply to transport={owner!r} (the "
-                         f"transport is {name!r})")
+        owners = [repr(t) for t, (d, _) in _OPTIONS.items() if other[0] in d] or ["'?'"]
+        hint = ""
+        if "client_threads" in other and name == "inprocess":
+            hint = ("; in-process clients run in your own process: limit its threads around "
+                    "the solve, e.g. `with threadpoolctl.threadpool_limits(1): "
+                    "prob.solve(...)` (docs/engines.md, \"Threads\")")
+        raise ValueError(f"{', '.join(other)} only apply to transport={' or '.join(owners)} "
+                         f"(the transport is {name!r}){hint}")
     return _OPTIONS[name][1](dict(given)) if name in _OPTIONS else {}
 
 

@@ -19,7 +19,9 @@ with False (the default) such a client ends the stream with an exception, as bel
   any failure every client process is stopped (killed if it does not exit), and so at ``close``,
   when the transport is garbage-collected and at interpreter exit: nothing is left behind. The
   clients hold no copy of the server's ends of the pipes, so when the server process dies they
-  read end-of-file and exit.
+  read end-of-file and exit. Each client process limits its own BLAS, OpenMP and Numba thread
+  pools (``client_threads``, :func:`limit_threads`; default "auto": the CPUs shared out among
+  the clients), so that N clients do not start N times as many threads as there are cores.
 """
 
 from __future__ import annotations
@@ -59,6 +61,92 @@ AUTO_FIRST = 300.0
 AUTO_FLOOR = 60.0
 AUTO_FACTOR = 10.0
 AUTO_WINDOW = 20
+
+#: ``client_threads`` of :class:`ProcessTransport` (solve option of ``transport="process"``):
+#: "auto", each client process's thread pools get at most max(1, CPUs // clients) threads
+DEFAULT_CLIENT_THREADS = "auto"
+
+#: Environment variables that thread pools read when they start: set in a client process by
+#: :func:`limit_threads` for the libraries it loads later (those already loaded are limited
+#: through threadpoolctl)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask where the system tells it (a
+    container or ``taskset`` may allow fewer than the machine has), else ``os.cpu_count()``."""
+    with contextlib.suppress(AttributeError, OSError):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def check_client_threads(value):
+    """``client_threads`` checked: None, "auto" or an integer >= 1 (returned as int)."""
+    if value is None or (isinstance(value, str) and value == "auto"):
+        return value
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+            or value < 1):
+        raise ValueError(f"client_threads must be a positive integer, 'auto' (the CPUs shared "
+                         f"out among the client processes) or None (leave the threads alone), "
+                         f"got {value!r}")
+    return int(value)
+
+
+def client_thread_count(value, processes: int) -> Optional[tuple]:
+    """``client_threads`` for ``processes`` client processes running at once, as
+    (threads, at_most) for :func:`limit_threads`; None: leave the threads alone.
+
+    "auto" gives at most max(1, :func:`available_cpus` // processes) threads (a pool already
+    smaller, e.g. under ``OMP_NUM_THREADS=1``, is not enlarged); an integer n gives exactly n.
+    """
+    value = check_client_threads(value)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return max(1, available_cpus() // max(1, int(processes))), True
+    return value, False
+
+
+def limit_threads(threads: int, at_most: bool = False) -> dict:
+    """Limit this process's thread pools to ``threads`` threads (``at_most``: only lower the
+    ones above it), for the rest of its life: meant for a process that only runs clients (a
+    forked client, a Flower ClientApp's process), not for the user's.
+
+    * BLAS and OpenMP libraries already loaded (OpenBLAS, MKL, BLIS, libgomp, ...), through
+      ``threadpoolctl.threadpool_limits``;
+    * Numba's parallel threads (``numba.set_num_threads``; it applies to the calling thread,
+      so call this from the thread that runs the client);
+    * libraries loaded later, through :data:`THREAD_VARIABLES` in ``os.environ``.
+
+    Returns {library prefix or "numba": threads} for what was limited. Never raises: a client
+    whose threads cannot be limited still answers.
+    """
+    n = max(1, int(threads))
+    done = {}
+    for var in THREAD_VARIABLES:
+        old = os.environ.get(var, "")
+        if not at_most or not old.isdigit() or int(old) > n:
+            os.environ[var] = str(n)
+    with contextlib.suppress(Exception):
+        from threadpoolctl import threadpool_info, threadpool_limits
+
+        limits = {}
+        for lib in threadpool_info():
+            have = lib.get("num_threads")
+            if lib.get("prefix") and (not at_most or have is None or have > n):
+                limits[lib["prefix"]] = n
+        if limits:
+            threadpool_limits(limits=limits)        # not as a context: for good
+        done.update(limits)
+    with contextlib.suppress(Exception):
+        import numba
+
+        k = min(n, int(numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(k)
+        done["numba"] = k
+    return done
+
 
 #: File descriptors the server process holds per client of a :class:`ProcessTransport`: its
 #: end of the client's pipe, and the two ends multiprocessing keeps of its process handle
@@ -279,10 +367,12 @@ def _describe(exc: BaseException) -> tuple:
     return name, text, traceback.format_exc(), _picklable(exc)
 
 
-def _client_loop(conn, client: Client) -> None:
+def _client_loop(conn, client: Client, threads: Optional[tuple] = None) -> None:
     # Ctrl-C goes to the whole process group: the server handles it and stops the clients
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _forget_pools()                 # done at fork already; again in case fork hooks did not run
+    if threads is not None:         # (threads, at_most): client_threads
+        limit_threads(*threads)
     while True:
         try:
             request = conn.recv()
@@ -500,6 +590,15 @@ class ProcessTransport(Transport):
       timeout: seconds each client may take to answer a request (honoured exactly), None
         (wait forever) or "auto" (the default: chosen from the answer times measured,
         :class:`ClientTimeout`). It bounds sending the request and reading the reply as well.
+      client_threads: the threads each client process's BLAS, OpenMP and Numba pools may use
+        (:func:`limit_threads`, applied in the client process when it starts): "auto" (the
+        default) at most max(1, CPUs // number of clients), so that the clients together do
+        not start more threads than there are cores; an integer n exactly n; None leaves the
+        pools as the clients inherit them from this process (one per core, by default, in
+        every client). The chosen value is :attr:`client_threads`. A matrix product split
+        over another number of threads may round differently (in the last bits): the
+        iterates equal those of ``transport="inprocess"`` bit for bit when this process runs
+        with the clients' thread count (docs/engines.md, "Threads").
 
     File descriptors: :data:`FDS_PER_CLIENT` = 3 file descriptors per client in the server
     process (its end of the client's pipe and two of the process handle), 3 more for a moment
@@ -516,11 +615,13 @@ class ProcessTransport(Transport):
     clients keep no state between rounds that the server relies on).
     """
 
-    def __init__(self, clients: Sequence[Client], timeout=DEFAULT_CLIENT_TIMEOUT):
+    def __init__(self, clients: Sequence[Client], timeout=DEFAULT_CLIENT_TIMEOUT,
+                 client_threads=DEFAULT_CLIENT_THREADS):
         self._ctx = mp.get_context("fork")
         self.timeout = timeout
         self._clients = tuple(clients)
         self.num_clients = len(self._clients)
+        self._threads = client_thread_count(client_threads, self.num_clients)
         self._broken = None
         self._pool = pool = _Pool()
         self._conns, self._procs = pool.conns, pool.procs
@@ -548,8 +649,8 @@ class ProcessTransport(Transport):
             pool.conns[i] = parent
         else:
             pool.conns.append(parent)          # in the pool before the fork: the child closes it
-        p = self._ctx.Process(target=_client_loop, args=(child, c), daemon=True,
-                              name=f"ssca-client-{c.index}")
+        p = self._ctx.Process(target=_client_loop, args=(child, c, self._threads),
+                              daemon=True, name=f"ssca-client-{c.index}")
         try:
             p.start()
         finally:
@@ -575,6 +676,12 @@ class ProcessTransport(Transport):
             if exc.errno not in (errno.EMFILE, errno.ENFILE):
                 raise
             raise _descriptor_error(self.num_clients, self.num_clients - 1, exc) from exc
+
+    @property
+    def client_threads(self) -> Optional[int]:
+        """The thread limit of each client process (None: left alone); with "auto", at most
+        this many (a pool already smaller is kept)."""
+        return None if self._threads is None else self._threads[0]
 
     @property
     def pids(self) -> list[int]:

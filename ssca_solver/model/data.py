@@ -7,12 +7,27 @@ server never sees them again.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 
 from ..errors import DataError
+
+#: ``FederatedData.dirichlet``'s default ``min_rows``: 10, the default ``batch_size`` of
+#: fedavg, primal_dual and augmented_lagrangian (a client with fewer rows cannot draw it)
+MIN_CLIENT_ROWS = 10
+
+#: ``FederatedData.dirichlet(on_small_client=...)``
+ON_SMALL_CLIENT = ("warn", "raise", "redraw")
+
+#: draws of ``FederatedData.dirichlet`` before it gives up giving every client its minimum
+DIRICHLET_DRAWS = 1000
+
+
+class SmallClientWarning(UserWarning):
+    """``FederatedData.dirichlet`` made a client with fewer rows than ``min_rows``."""
 
 
 @dataclass(frozen=True)
@@ -149,20 +164,57 @@ class FederatedData:
 
     @classmethod
     def dirichlet(cls, X, y, num_clients: int = 10, alpha: float = 0.5, seed=None,
-                  labels=None) -> "FederatedData":
+                  labels=None, min_rows: int = MIN_CLIENT_ROWS,
+                  on_small_client: str = "warn") -> "FederatedData":
         """Label-skewed non-IID split: class proportions per client drawn from Dir(alpha).
 
         For each class, the fraction of its rows sent to each client is drawn from a symmetric
         Dirichlet(alpha); small alpha gives clients dominated by few classes, large alpha tends
         to the IID split. Draws are repeated until every client holds at least one row.
 
+        Small alpha on a small data set easily gives a client 1 or 2 rows: too few for a
+        mini-batch (``batch_size`` must not exceed any client's rows) and a noisy share of
+        the statistics. A client with fewer than ``min_rows`` rows is therefore reported:
+
+        * ``on_small_client="warn"`` (default): a :class:`SmallClientWarning` naming the
+          clients and their sizes; the split is returned as drawn (the same split as
+          without the check, for the same seed).
+        * ``"raise"``: :class:`~ssca_solver.errors.DataError` instead.
+        * ``"redraw"``: the draws are repeated until every client holds ``min_rows`` rows
+          (at most 1000 draws, then DataError). The split is then a Dirichlet draw
+          conditioned on the sizes: somewhat less skewed than Dir(alpha) itself.
+
         Args:
           labels: the class of each row when ``y`` is not a label vector (e.g. one-hot rows);
             by default ``y`` itself (or its argmax when y is 2-D).
+          min_rows: the smallest client size accepted without a report (default 10: the
+            default ``batch_size`` of fedavg, primal_dual and augmented_lagrangian; SSCA's
+            default batch starts at 32 rows, or N_i when a client holds fewer). 1 turns the
+            check off.
+          on_small_client: "warn", "raise" or "redraw", as above.
+
+        Examples:
+          >>> import numpy as np, warnings
+          >>> X, y = np.arange(60.0).reshape(30, 2), np.repeat([0, 1, 2], 10)
+          >>> with warnings.catch_warnings(record=True) as caught:
+          ...     warnings.simplefilter("always")
+          ...     data = FederatedData.dirichlet(X, y, num_clients=3, alpha=0.1, seed=0)
+          >>> data.client_sizes, caught[0].category.__name__
+          ((10, 2, 18), 'SmallClientWarning')
+          >>> FederatedData.dirichlet(X, y, num_clients=3, alpha=0.1, seed=0, min_rows=5,
+          ...                         on_small_client="redraw").client_sizes
+          (16, 8, 6)
         """
         X, y, n = _check_split_args(X, y, num_clients)
         if not (np.isfinite(alpha) and alpha > 0):
             raise DataError(f"dirichlet: alpha must be > 0, got {alpha!r}")
+        if (isinstance(min_rows, (bool, np.bool_)) or not isinstance(min_rows, (int, np.integer))
+                or min_rows < 1):
+            raise DataError(f"dirichlet: min_rows must be a positive integer, got {min_rows!r}")
+        if on_small_client not in ON_SMALL_CLIENT:
+            raise DataError(f"dirichlet: on_small_client must be one of {ON_SMALL_CLIENT}, got "
+                            f"{on_small_client!r}")
+        min_rows = int(min_rows)
         if labels is None:
             if y is None:
                 raise DataError("dirichlet: a label-skew split needs labels (y or labels=)")
@@ -171,9 +223,13 @@ class FederatedData:
         labels = np.asarray(labels)
         if labels.shape != (n,):
             raise DataError(f"dirichlet: labels must have shape ({n},), got {labels.shape}")
+        if min_rows * num_clients > n and on_small_client != "warn":
+            raise DataError(f"dirichlet: {n} rows cannot give each of {num_clients} clients "
+                            f"min_rows={min_rows} rows; use fewer clients or a smaller min_rows")
+        need = min_rows if on_small_client == "redraw" else 1
         rng = np.random.default_rng(seed)
         classes = np.unique(labels)
-        for _ in range(1000):
+        for _ in range(DIRICHLET_DRAWS):
             parts = [[] for _ in range(num_clients)]
             for k in classes:
                 idx = rng.permutation(np.flatnonzero(labels == k))
@@ -181,10 +237,27 @@ class FederatedData:
                 cuts = (np.cumsum(p)[:-1] * idx.size).astype(int)
                 for i, chunk in enumerate(np.split(idx, cuts)):
                     parts[i].extend(chunk.tolist())
-            if all(parts):
-                return cls._from_index_sets(X, y, [np.sort(np.array(p)) for p in parts])
-        raise DataError(f"dirichlet: could not give every one of {num_clients} clients a row "
-                        f"with alpha={alpha}; use fewer clients or a larger alpha")
+            if min(map(len, parts)) >= need:
+                break
+        else:
+            raise DataError(f"dirichlet: could not give every one of {num_clients} clients "
+                            f"{need} row{'s' if need > 1 else ''} in {DIRICHLET_DRAWS} draws "
+                            f"with alpha={alpha}; use fewer clients or a larger alpha"
+                            + (" (or a smaller min_rows)" if need > 1 else ""))
+        small = [(i, len(p)) for i, p in enumerate(parts) if len(p) < min_rows]
+        if small:
+            sizes = ", ".join(f"client {i}: {k}" for i, k in small)
+            what = (f"dirichlet (alpha={alpha}, {num_clients} clients, {n} rows) made "
+                    f"{len(small)} client{'s' if len(small) > 1 else ''} with fewer than "
+                    f"min_rows={min_rows} rows ({sizes})")
+            advice = ("a batch_size larger than a client's rows is refused, and a tiny client's "
+                      "statistics are noisy. Use fewer clients, a larger alpha or another "
+                      "seed; on_small_client='redraw' draws until every client has min_rows, "
+                      "min_rows=1 accepts them")
+            if on_small_client == "raise":
+                raise DataError(f"{what}: {advice}")
+            warnings.warn(f"{what}: {advice}", SmallClientWarning, stacklevel=2)
+        return cls._from_index_sets(X, y, [np.sort(np.array(p)) for p in parts])
 
     @classmethod
     def _from_index_sets(cls, X, y, parts) -> "FederatedData":

@@ -21,6 +21,7 @@ from flwr.clientapp import ClientApp
 from ...model.data import ClientData
 from ..client import Client
 from ..messages import Request
+from ..transports import available_cpus, client_thread_count, limit_threads
 from .codec import _META, _error_record, pack, unpack
 
 
@@ -124,6 +125,60 @@ def end_busy(busy: str) -> list:
     return ended
 
 
+#: the attribute of a simulation's Client that carries ``client_threads`` to its ClientApp (the
+#: clients travel to the Ray actors in the app's closure): (threads, at_most) or absent
+_THREADS = "_ssca_client_threads"
+#: a deployment node's option: ``--node-config "... client-threads=N"`` (N or "auto")
+NODE_THREADS = "client-threads"
+
+
+def set_client_threads(clients: Sequence[Client], value) -> Optional[tuple]:
+    """Make the simulation's ClientApp limit the thread pools of the processes that run
+    ``clients`` (``client_threads``: None leaves them alone; "auto": at most
+    max(1, CPUs // actors), the actors being min(clients, CPUs), Ray's one CPU each; n:
+    exactly n). Returns (threads, at_most) or None."""
+    threads = client_thread_count(value, min(len(clients), available_cpus()))
+    for c in clients:
+        if threads is None:
+            if hasattr(c, _THREADS):
+                delattr(c, _THREADS)
+        else:
+            setattr(c, _THREADS, threads)
+    return threads
+
+
+def _threads_for(client: Client, context: Context) -> Optional[tuple]:
+    """(threads, at_most) for the process answering as ``client``: the simulation's
+    ``client_threads``, or a deployment node's ``client-threads`` (its node config; "auto":
+    the CPUs of its machine, which may host other nodes: give a number there)."""
+    threads = getattr(client, _THREADS, None)
+    if threads is None and NODE_THREADS in context.node_config:
+        value = context.node_config[NODE_THREADS]
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        threads = client_thread_count(value, 1)
+    return threads
+
+
+#: (pid, (threads, at_most)) last applied in this process by :func:`_limit`
+_LIMITED: list = [None]
+
+
+def _limit(threads: Optional[tuple]) -> None:
+    """Apply ``threads`` in this process: the pools and the environment once per process,
+    Numba's count (per thread) on every message, in the thread that runs the client."""
+    if threads is None:
+        return
+    if _LIMITED[0] != (os.getpid(), threads):
+        limit_threads(*threads)
+        _LIMITED[0] = (os.getpid(), threads)
+        return
+    with contextlib.suppress(Exception):
+        import numba
+
+        numba.set_num_threads(min(threads[0], int(numba.config.NUMBA_NUM_THREADS)))
+
+
 def _restore_state(client: Client, context: Context) -> None:
     """Secure aggregation's secrets of this node, from its Flower Context (kept by the node's
     own SuperNode, or the simulation, between messages: a ClientApp process or Ray actor does
@@ -162,6 +217,7 @@ def _answer(message: Message, context: Context, client_for) -> Message:
             raise TimeoutError("the request reached the client after the server's deadline "
                                "(client_timeout): not run")
         client = client_for(partition, context, extra, message.content)
+        _limit(_threads_for(client, context))
         _restore_state(client, context)
         try:
             with deadline_guard(extra.get("kill_at"), extra.get("busy")):
