@@ -308,11 +308,14 @@ class JaxSampleFunction(SampleFunction):
 
         try:
             if which == 0:
-                return np.array(programs[0](w, X, y)[:n], dtype=np.float64)
-            v, g = programs[1](w, X, y, np.int32(n))
+                v = programs[0](w, X, y)
+            else:
+                v, g = programs[1](w, X, y, np.int32(n))
         except (jax.errors.JAXTypeError, jax.errors.JAXIndexError) as exc:
             raise _not_traceable(self.name, exc) from exc
-        return np.array(v[:n], dtype=np.float64), np.array(g, dtype=np.float64)
+        # slice on the host: a slice of a JAX array is one more dispatched computation
+        v = np.array(np.asarray(v)[:n], dtype=np.float64)
+        return v if which == 0 else (v, np.array(g, dtype=np.float64))
 
     def _values(self, w, X, y):
         """The per-sample values f(w, x_n) of the rows of X: shape (n,)."""
