@@ -1,0 +1,204 @@
+"""The paper's network by automatic differentiation (JAX) against its Numba kernels: issue 22.
+
+The same K-J-L network (Section V: swish, softmax, cross-entropy; problems/mlp.py with its
+hand-written gradient in Numba kernels, problems/mlp_jax.py as a JAX loss of one sample handed to
+``ss.SampleFunction.from_jax``), side by side:
+
+1. Client kernel: the median time of one ``value_and_grad`` on a batch of B rows (what a
+   client computes per round and function), JAX with power-of-two buckets (the default; B = 10
+   and 100 are padded to 16 and 128) and with exact shapes, against Numba; and JAX's first
+   call at each B (tracing and compiling).
+2. Round: Algorithm 1 (min F(w) + 1e-5 |w|^2, 10 clients, in-process transport, closed-form
+   subproblem, the paper's fixed B with tau = 0.1) for T rounds: the median time of a round
+   (between consecutive callbacks, so the first round's compiling is left out), the solve's
+   wall time, and the largest difference between the two runs' iterates.
+
+Each figure is given with its ratio JAX / Numba. Both run on ``--threads`` threads (default 1:
+BLAS through threadpoolctl for the kernels' np.dot, XLA_FLAGS for JAX's CPU backend, set before
+JAX starts), as the other benchmarks do: on a shared 2-core machine, two BLAS threads competing
+with other jobs made single Numba calls 50 times slower at random. The load average is recorded
+before and after.
+
+Usage:  python benchmarks/autodiff.py [--quick] [--data fashion-mnist|digits]
+        (--quick: digits, a 64-32-10 network, 10 rounds: seconds)
+Writes benchmarks/results/autodiff.json and autodiff.png (autodiff_quick.* with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import ssca_solver as ss  # noqa: E402
+from benchmarks._common import (RESULTS, log, machine, machine_title, median_time,  # noqa: E402
+                                write_json)
+from problems import mlp, mlp_jax  # noqa: E402
+from ssca_solver.datasets import image_dataset  # noqa: E402
+from ssca_solver.model.autodiff import bucket_size  # noqa: E402
+
+LAM = 1e-5
+
+
+def kernel_times(net, X, y, batches, repeats):
+    """Per B: median seconds of one value_and_grad (Numba, JAX pow2, JAX exact), the first
+    JAX call (trace + compile), and the largest gradient difference."""
+    rng = np.random.default_rng(0)
+    w = net.init(0)
+    numba_f = net.cross_entropy()
+    jax_f = {b: mlp_jax.cross_entropy(net, buckets=b) for b in ("pow2", "exact")}
+    rows = []
+    for B in batches:
+        idx = rng.choice(len(y), B, replace=False)
+        Xb, yb = np.ascontiguousarray(X[idx]), y[idx]
+        t_numba, (_, g_numba) = median_time(lambda: numba_f.value_and_grad(w, Xb, yb), repeats)
+        row = {"B": B, "numba_s": t_numba}
+        for b, f in jax_f.items():
+            t0 = time.perf_counter()
+            f.value_and_grad(w, Xb, yb)
+            row[f"jax_{b}_first_call_s"] = time.perf_counter() - t0
+            t, (_, g) = median_time(lambda: f.value_and_grad(w, Xb, yb), repeats)
+            row[f"jax_{b}_s"] = t
+            row[f"jax_{b}_over_numba"] = t / t_numba
+            row[f"jax_{b}_max_grad_diff"] = float(np.max(np.abs(g - g_numba)))
+        row["padded_to"] = bucket_size(B)
+        log(f"  kernel B={B:>5}: Numba {1e3 * t_numba:8.3f} ms, JAX (pow2, {row['padded_to']} "
+            f"rows) {1e3 * row['jax_pow2_s']:8.3f} ms (x{row['jax_pow2_over_numba']:.2f}), "
+            f"JAX exact {1e3 * row['jax_exact_s']:8.3f} ms (x{row['jax_exact_over_numba']:.2f})"
+            f"; first JAX call {row['jax_pow2_first_call_s']:.2f} s")
+        rows.append(row)
+    return rows
+
+
+def solve_times(net, data, B, T):
+    """Algorithm 1 with the Numba and the JAX cross-entropy: median round time, wall time,
+    and the largest difference of the iterates."""
+    out, xs = {"B": B, "T": T}, {}
+    for which, module in (("numba", mlp), ("jax", mlp_jax)):
+        stamps, its = [], []
+
+        def keep(it):
+            stamps.append(time.perf_counter())
+            its.append(it.x.copy())
+
+        prob = module.classification_uncon(data, net, LAM)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ss.ScheduleWarning)
+            res = prob.solve(method="ssca", max_iter=T, x0=net.init(0), seed=0, batch_size=B,
+                             tau=0.1, eval_every=None, callback=keep)
+        out[f"{which}_wall_s"] = time.perf_counter() - t0
+        out[f"{which}_round_s"] = float(np.median(np.diff(stamps)))
+        out[f"{which}_first_round_s"] = stamps[0] - t0
+        out["subproblem"] = res.subproblem
+        xs[which] = np.array(its)
+    out["round_jax_over_numba"] = out["jax_round_s"] / out["numba_round_s"]
+    out["max_iterate_diff"] = float(np.max(np.abs(xs["jax"] - xs["numba"])))
+    out["max_iterate"] = float(np.max(np.abs(xs["numba"])))
+    log(f"  solve B={B:>4}, T={T}: round Numba {1e3 * out['numba_round_s']:.2f} ms, JAX "
+        f"{1e3 * out['jax_round_s']:.2f} ms (x{out['round_jax_over_numba']:.2f}); first round "
+        f"{out['numba_first_round_s']:.2f} s / {out['jax_first_round_s']:.2f} s; iterates "
+        f"differ by {out['max_iterate_diff']:.1e}")
+    return out
+
+
+def plot(kernels, solves, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    ax = axes[0]
+    Bs = [r["B"] for r in kernels]
+    x = np.arange(len(Bs))
+    for k, (key, label, color) in enumerate((("numba_s", "Numba kernels", "C0"),
+                                             ("jax_pow2_s", "JAX, pow2 buckets", "C1"),
+                                             ("jax_exact_s", "JAX, exact shapes", "C2"))):
+        vals = [1e3 * r[key] for r in kernels]
+        bars = ax.bar(x + (k - 1) * 0.27, vals, 0.27, color=color, label=label)
+        if key != "numba_s":
+            ratio = key.replace("_s", "_over_numba")
+            for bar, r in zip(bars, kernels):
+                ax.annotate(f"x{r[ratio]:.1f}", (bar.get_x() + bar.get_width() / 2,
+                                                 bar.get_height()),
+                            ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, [f"B={B}" for B in Bs])
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per value_and_grad (median)")
+    ax.set_title("client kernel: one batch")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    Bs = [r["B"] for r in solves]
+    x = np.arange(len(Bs))
+    for k, (key, label, color) in enumerate((("numba_round_s", "Numba kernels", "C0"),
+                                             ("jax_round_s", "JAX (from_jax)", "C1"))):
+        bars = ax.bar(x + (k - 0.5) * 0.35, [1e3 * r[key] for r in solves], 0.35, color=color,
+                      label=label)
+        if key == "jax_round_s":
+            for bar, r in zip(bars, solves):
+                ax.annotate(f"x{r['round_jax_over_numba']:.2f}",
+                            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [f"B={B}" for B in Bs])
+    ax.set_ylabel("ms per round (median)")
+    ax.set_title("Algorithm 1, 10 clients in process, closed form")
+    ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="digits, 64-32-10, 10 rounds")
+    ap.add_argument("--data", default=None, choices=["fashion-mnist", "mnist", "digits"])
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--rounds", type=int, default=None, help="T (default 30; 10 with --quick)")
+    ap.add_argument("--threads", type=int, default=1, help="BLAS and XLA threads (default 1)")
+    args = ap.parse_args(argv)
+    if args.threads == 1:           # before JAX starts: XLA reads its flags once
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_"
+                                   "eigen=false intra_op_parallelism_threads=1").strip()
+    from threadpoolctl import threadpool_limits
+    q = args.quick
+    name = args.data or ("digits" if q else "fashion-mnist")
+    T = args.rounds or (10 if q else 30)
+    (X, y), _ = image_dataset(name, args.data_dir)
+    net = mlp.MLP(X.shape[1], 32 if q else 128, 10)
+    data = ss.FederatedData.split(X, y, num_clients=10, seed=0)
+    batches = (10, 100) if q else (1, 10, 100, 1000)
+    solve_batches = (10, 100) if q else (10, 100)
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    log(f"autodiff benchmark: {name}, network {net.K}-{net.J}-{net.L} (d = {net.dim}), "
+        f"load average {load_before[0]:.2f}")
+    with threadpool_limits(args.threads):
+        kernels = kernel_times(net, X, y, batches, repeats=5 if q else 30)
+        solves = [solve_times(net, data, B, T) for B in solve_batches]
+    m = machine()
+    import jax
+    m["jax"] = jax.__version__
+    suffix = "_quick" if q else ""
+    payload = {"command": "python benchmarks/autodiff.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]), "machine": m, "data": name,
+        "network": [net.K, net.J, net.L], "dim": net.dim, "clients": 10,
+        "threads": args.threads, "xla_flags": os.environ.get("XLA_FLAGS"),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "kernel": kernels, "solve": solves, "wall_time_s": time.perf_counter() - start}
+    path = write_json("autodiff" + suffix, payload)
+    plot(kernels, solves, RESULTS / f"autodiff{suffix}.png",
+         f"{name}, network {net.K}-{net.J}-{net.L}, JAX {jax.__version__} vs Numba, "
+         f"{args.threads} thread(s); "
+         f"{machine_title(m)}; load {load_before[0]:.1f}")
+    log(f"wrote {path} and the PNG ({payload['wall_time_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
