@@ -425,3 +425,24 @@ def test_negation_and_equality_work_on_a_jax_function(batch):
     c = f >= 0.1                                  # -f <= -0.1
     np.testing.assert_allclose(c.function.grad(w, X, y), -f.grad(w, X, y))
     assert (f == 0.5).equality and math.isclose((f == 0.5).bound, 0.5)
+
+
+@pytest.mark.slow                    # 27 s: Ray's start
+def test_flower_simulation_ships_the_loss_and_compiles_it_on_the_nodes(cancer_data):
+    """transport="flower" (Ray actors, fresh processes) pickles the function with cloudpickle:
+    the nodes rebuild the programs and give the in-process iterates (to 1e-13)."""
+    pytest.importorskip("flwr", reason="Flower is an optional extra")
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+    def loss(w, x, y):               # defined here: cloudpickle ships it by value
+        z = x @ w
+        return jnp.logaddexp(0.0, z) - y * z
+
+    f = ss.from_jax(loss, name="loss")
+    prob = ss.Problem(f, [f <= 0.3], dim=cancer_data.clients[0].X.shape[1], data=cancer_data,
+                      regularizer=lambda w: 1e-2 * __import__("cvxpy").sum_squares(w))
+    opts = dict(batch_size=10, tau=0.5, max_iter=6, seed=2, eval_every=3)
+    a = prob.solve(transport="inprocess", **opts)
+    b = prob.solve(transport="flower", **opts)
+    assert a.nit == b.nit == 6
+    np.testing.assert_allclose(b.x, a.x, rtol=0, atol=1e-13)
