@@ -110,6 +110,7 @@ def solve_times(net, data, B, T):
 
 
 def plot(kernels, solves, path, title):
+    """The figure: kernel times per B (three bars, ratios on top) and round times."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -156,6 +157,7 @@ def plot(kernels, solves, path, title):
 
 
 def main(argv=None):
+    """Run both parts, write the JSON and the PNG."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="digits, 64-32-10, 10 rounds")
     ap.add_argument("--data", default=None, choices=["fashion-mnist", "mnist", "digits"])
