@@ -30,7 +30,9 @@ def _demo(args) -> int:
     print(f"  SSCA: B = {args.batch_size} rows per client per round, tau = {args.tau}, up to "
           f"{args.rounds} rounds per penalty value, penalties {args.penalty}\n")
     prob = neyman_pearson(data, args.alpha, lam=args.lam)
-    res = prob.solve(method="ssca", batch_size=args.batch_size, max_iter=args.rounds,
+    # --rounds is per penalty value; max_iter bounds the whole run
+    res = prob.solve(method="ssca", batch_size=args.batch_size,
+                     max_iter=args.rounds * len(args.penalty),
                      tau=args.tau, penalty=args.penalty, seed=args.seed,
                      eval_every=max(1, args.rounds // 20), progress=True)
     print()

@@ -168,7 +168,7 @@ def test_nonconvex_equality_matches_slsqp():
     prob = ss.Problem(_squares(), [sq == 0.25], dim=X.shape[1], data=data,
                       regularizer=lambda w: 1e-2 * cp.sum_squares(w))
     x0 = np.full(X.shape[1], 0.05)
-    res = prob.solve(seed=0, max_iter=1000, x0=x0)
+    res = prob.solve(seed=0, max_iter=4000, x0=x0)
     assert res.status == "converged", res.message
 
     def f(w):
@@ -280,7 +280,7 @@ def test_the_cvxpy_path_and_a_domain_take_equalities(target):
         prob = ss.Problem(_squares(), [_mean_prediction() == target], dim=X.shape[1],
                           data=data, regularizer=lambda w: 1e-2 * cp.sum_squares(w),
                           domain=domain)
-        res = prob.solve(seed=0, subproblem="cvxpy", max_iter=600)
+        res = prob.solve(seed=0, subproblem="cvxpy", max_iter=2400)
         assert res.subproblem == "cvxpy" and res.status == "converged", res.message
         w = cp.Variable(X.shape[1])
         con = cp.sum(X[y == 0] @ w) / (y == 0).sum() == target

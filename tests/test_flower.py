@@ -92,7 +92,7 @@ def test_solve_on_flower_gives_the_in_process_iterates_bit_for_bit():
     X, y = rng.random((1600, 784)), rng.integers(0, 10, 1600)
     net = MLP(784, 32, 10)
     prob = classification_con(ss.FederatedData.split(X, y, num_clients=4, seed=0), net, U=2.0)
-    opts = dict(max_iter=10, penalty=(10.0, 100.0), batch_size=100, tau=0.1, seed=5,
+    opts = dict(max_iter=20, penalty=(10.0, 100.0), batch_size=100, tau=0.1, seed=5,
                 eval_every=5, x0=net.init(0), check_gradients=False)
     xa, a = _iterates(prob, "inprocess", **opts)
     xb, b = _iterates(prob, "flower", **opts)

@@ -116,7 +116,7 @@ def test_the_penalty_is_raised_on_the_relative_slack(slack, raised):
     s = 1000 w - 500 (0.25 or 2). slack_tol = 1e-3 is relative to max(1, |U|) = 500:
     0.25 / 500 = 5e-4 keeps c_1, 2 / 500 = 4e-3 raises it."""
     c1 = (1.5 - slack / 1000) / 1000
-    res = _slack_problem().solve(batch_size=None, penalty=(c1, 1.0), max_iter=40, seed=0,
+    res = _slack_problem().solve(batch_size=None, penalty=(c1, 1.0), max_iter=80, seed=0,
                                  x0=np.array([0.0]))
     first = res.stages[0]
     assert first.penalty == c1 and first.rounds == 40

@@ -56,3 +56,67 @@ def test_diagonal_curvature_on_features_scaled_by_1e6_with_the_default_tau():
         res = ss.Problem(f, dim=4, data=ss.FederatedData.split(X, y, 4, seed=0)).solve(seed=0)
     assert res.status == "converged", res.message
     assert np.abs(res.x - ref).max() <= 1e-9 * np.abs(ref).max()
+
+
+def test_max_iter_bounds_the_whole_run_of_algorithm_2():
+    """max_iter counts the rounds of the whole run, every penalty stage included (as scipy's
+    maxiter): 30 rounds over three penalties are three stages of 10 (equal shares of what
+    is left), not 3 x 30; the default budget of Algorithm 2 is 200 per penalty value."""
+    prob, _ = _least_squares(4)
+    c = ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], w @ w),
+                          lambda w, X, y: 2 * w, name="norm2")
+    con = ss.Problem(prob.objective, [c <= 0.5], dim=3, data=prob.data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = con.solve(batch_size=2, tau=0.5, penalty=[0.001, 0.01, 0.1], max_iter=30,
+                        seed=0)
+    assert res.nit == 30 and [s.rounds for s in res.stages] == [10, 10, 10]
+    assert len(res.history.t) == 30
+    # a budget that does not divide: the last stage takes what is left
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = con.solve(batch_size=2, tau=0.5, penalty=[0.001, 0.01, 0.1], max_iter=32,
+                        seed=0)
+    assert res.nit == 32 and [s.rounds for s in res.stages] == [10, 11, 11]
+    from ssca_solver.methods.ssca import SSCA
+    assert SSCA.parse(con, {}).max_iter == 800 and SSCA.parse(prob, {}).max_iter == 200
+
+
+def test_the_full_batch_advice_does_not_guess_at_the_model():
+    """The max_iter message on full batches advised standardising features and
+    ss.DiagonalCurvature on a standardised convex problem (issue 21): it now says only what
+    the run shows."""
+    prob, _ = _least_squares(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = prob.solve(batch_size="full", max_iter=2, seed=0, eval_every=1)
+    assert res.status == "max_iter"
+    assert "standardise" not in res.message and "DiagonalCurvature" not in res.message
+
+
+def test_a_slack_tol_below_feas_tol_says_what_it_does():
+    """slack_tol=1e-10 was accepted silently and had no effect on the stop ('converged' at a
+    violation of 3.9e-5, within feas_tol): it only decides when c is raised between stages.
+    Given below feas_tol it draws a warning naming what to set instead (issue 20); it still
+    works as documented (slack_tol=0: c raised after every stage with a positive slack)."""
+    import pytest
+    prob, _ = _least_squares(4)
+    c = ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], w @ w),
+                          lambda w, X, y: 2 * w, name="norm2")
+    con = ss.Problem(prob.objective, [c <= 0.5], dim=3, data=prob.data)
+    with pytest.warns(UserWarning, match="lower feas_tol"):
+        con.solve(slack_tol=1e-10, max_iter=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        con.solve(slack_tol=1e-3, feas_tol=1e-4, max_iter=2)        # the defaults' order
+        con.solve(feas_tol=1e-2, max_iter=2)      # slack_tol not given: no warning
+
+
+def test_a_fixed_tau_below_the_stability_bound_warns_before_round_1():
+    """A fixed tau of 1e-3 on full batches (curvature about 1) diverges in a few rounds; the
+    probe's curvature says so before round 1 (issue 20, item 5)."""
+    import pytest
+    prob, _ = _least_squares(2)
+    with pytest.warns(RuntimeWarning, match="below .* the smallest tau"):
+        with pytest.raises(ss.DivergenceError):
+            prob.solve(batch_size="full", tau=1e-3, seed=0)

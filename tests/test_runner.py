@@ -101,7 +101,7 @@ def test_penalty_is_the_c_of_the_stage_that_stopped(cancer_data):
     assert {s.penalty for s in res.stages} == {10.0}
     # mu* = 0.74 at alpha = 0.1: the slack stays positive at c = 0.1 and 0.3
     stopped = neyman_pearson(cancer_data, alpha=0.1).solve(
-        batch_size=50, max_iter=20, penalty=[0.1, 0.3, 10.0], seed=0,
+        batch_size=50, max_iter=60, penalty=[0.1, 0.3, 10.0], seed=0,
         eval_every=None, callback=lambda it: it.t == 25)
     assert stopped.status == "stopped" and stopped.penalty == 0.3
     assert [s.penalty for s in stopped.stages] == [0.1, 0.3]
@@ -126,7 +126,7 @@ def test_resume_gives_the_iterates_of_an_uninterrupted_run(cancer_data, tmp_path
     """Algorithm 2 with the continuation: stopped inside stage 1 (7), at its last round (30),
     inside stage 2 (45); resumed, every iterate and record equals the uninterrupted run's."""
     prob = neyman_pearson(cancer_data, alpha=0.1)
-    opts = dict(batch_size=10, max_iter=30, penalty=[0.1, 10.0, 100.0], seed=11, eval_every=4)
+    opts = dict(batch_size=10, max_iter=90, penalty=[0.1, 10.0, 100.0], seed=11, eval_every=4)
     full, res = _runs(prob, stop_at, tmp_path / "run.ckpt", **opts)
     assert res.nit == full.nit and res.status == full.status
     np.testing.assert_allclose(res.x, full.x, rtol=1e-12, atol=1e-12)

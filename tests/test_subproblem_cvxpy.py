@@ -22,7 +22,7 @@ def test_problem_is_compiled_once_and_resolved_by_parameter_updates(cancer_data,
     monkeypatch.setattr(SolvingChain, "apply", counting_apply)
     prob = neyman_pearson(cancer_data, alpha=0.2)
     progs = []
-    res = prob.solve(batch_size=10, max_iter=25, penalty=[10.0, 100.0], slack_tol=0.0, seed=0,
+    res = prob.solve(batch_size=10, max_iter=50, penalty=[10.0, 100.0], slack_tol=0.0, seed=0,
                      subproblem="cvxpy",
                      eval_every=None, callback=lambda it: progs.append(len(compiles)))
     assert res.nit == 50

@@ -124,7 +124,8 @@ class RunOptions:
     """Options every method shares (the runner's).
 
     Attributes:
-      max_iter: rounds (per penalty value c_j for Algorithm 2).
+      max_iter: rounds of the whole run, every penalty stage of Algorithm 2 included (as
+        scipy's maxiter); how they are spread over the stages is reported in ``res.stages``.
       seed: seeds the clients' mini-batches: anything ``np.random.default_rng`` accepts. The
         batch of client i at round t is drawn from ``SeedSequence(seed, spawn_key=(i, t, k))``.
       x0: starting point w_1 (default zeros).

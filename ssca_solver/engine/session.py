@@ -181,9 +181,11 @@ class Session:
         return state
 
     def run_stages(self, state):
-        """(state, reason): the method's stages, each up to ``max_iter`` rounds (resuming in
+        """(state, reason): the method's stages within ``max_iter`` rounds in all (resuming in
         the saved stage and round); the next stage starts only when the last ended with reason
-        "max_iter" or "settled"."""
+        "max_iter" or "settled". The rounds left are shared equally among the stages left
+        (:func:`stage_budget`): a stage that settles early leaves its rounds to the later ones,
+        and the last stage runs to the end of the budget."""
         reason = st.MAX_ITER
         alg, recorder = self.algorithm, self.runner.recorder
         for j in range(self.stage, alg.num_stages):
@@ -193,8 +195,11 @@ class Session:
                 except BaseException as exc:   # the last stage's end is the last good state
                     self.runner.failed(exc, state)
                     raise
-            done = int(np.count_nonzero(recorder.columns["stage"].view() == j))
-            state, reason = self.runner.run(state, self.opts.max_iter - done, stage=j)
+            stages = recorder.columns["stage"].view()
+            done = int(np.count_nonzero(stages == j))
+            before = int(np.count_nonzero(stages < j))
+            budget = stage_budget(self.opts.max_iter - before, alg.num_stages - j)
+            state, reason = self.runner.run(state, max(budget - done, 0), stage=j)
             if reason not in (st.MAX_ITER, st.SETTLED):
                 break
         return state, reason
@@ -335,3 +340,11 @@ class Session:
             fun, cons = self.evaluator.split(final.values, state.w)
             kkt = self.kkt(state, final)
         return fun, cons, kkt, self.communication(state.t), self.runner.recorder.history(), note
+
+
+def stage_budget(rounds_left: int, stages_left: int) -> int:
+    """The rounds of the next stage when ``rounds_left`` rounds of ``max_iter`` remain for
+    ``stages_left`` stages: an equal share (the last stage: all of them)."""
+    if stages_left <= 1:
+        return max(int(rounds_left), 0)
+    return max(int(rounds_left) // int(stages_left), 0)

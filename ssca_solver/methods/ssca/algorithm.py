@@ -174,6 +174,7 @@ class SSCA(FrontDoor):
         if failed:
             self._recheck_elsewhere(exchange, x0, batch, failed)
         if not self.auto_tau:
+            self._warn_unstable_tau(curvature, batch)
             return self.tau
         if self.sampled:
             return self.sampled_tau(curvature, batch)
@@ -242,6 +243,24 @@ class SSCA(FrontDoor):
                         failed.setdefault(m, exc)
                 curvature = max(curvature, secant)
         return curvature
+
+    def _warn_unstable_tau(self, curvature: float, batch) -> None:
+        """A fixed tau below the heavy-ball stability bound of round 1 (:meth:`sampled_tau`'s
+        formula without its floor) for the curvature the probe measured: the first steps are
+        longer than the curvature allows, and the iterates may diverge before the schedules
+        shorten them (on full batches with tau = 1e-3 and curvature 1: DivergenceError at
+        round 6). A warning before round 1 says so."""
+        if not (np.isfinite(curvature) and curvature > 0):
+            return
+        r, g = self._steps_at(batch, 1)
+        bound = g * r * curvature / (4.0 * (1.0 + (1.0 - r) * (1.0 - g)))
+        if self.tau < bound:
+            warnings.warn(
+                f"tau={self.tau:g} is below {bound:.3g}, the smallest tau at which round 1's "
+                f"step (rho_1 = {r:.3g}, gamma_1 = {g:.3g}) is stable for the curvature "
+                f"measured at x0 ({curvature:.3g}): the iterates may diverge before the "
+                "schedules shorten the steps; tau='auto' measures and adapts it",
+                RuntimeWarning, stacklevel=4)
 
     def sampled_tau(self, curvature: float, batch) -> float:
         """tau="auto" on sampled rounds (a fixed B, or K < I clients): the smallest tau at

@@ -43,9 +43,15 @@ class SSCAOptions(opt.RunOptions):
         rho was EpochStep(0.3, 0.4) before commit 23292e3.)
       penalty: c, a number or an increasing sequence c_1 < c_2 < ... (Theorem 2). Only used
         with stochastic constraints.
+      max_iter (shared, :class:`~ssca_solver.engine.options.RunOptions`): rounds of the whole
+        run. Default 200 for Algorithm 1 and 200 per penalty value for Algorithm 2 (800 with
+        the default four); the rounds left are shared equally among the stages left, and a
+        stage that ends early (its iterates settle) leaves its rounds to the later ones.
       slack_tol: the continuation raises c after a stage whose slack estimate (the mean over
-        the stage's last tenth of rounds of max_m s_m / max(1, |U_m|)) exceeds this; relative
-        to max(1, |U_m|) like ``feas_tol``.
+        the stage's last tenth of rounds of max_m s_m / max(1, |U_m|)) exceeds this and whose
+        violation stopped falling; relative to max(1, |U_m|) like ``feas_tol``. A slack_tol
+        given below ``feas_tol`` draws a warning: it raises c more eagerly, but the stop test
+        does not read it, so it cannot make the result more feasible; lower ``feas_tol``.
       feas_tol: the stopping test's feasibility tolerance: max(F_m - U_m, 0) <= feas_tol *
         max(1, |U_m|) on the full data (e.g. U = 0.2: a violation up to 1e-4; U = 50: up to
         5e-3). Default 1e-4.
@@ -89,6 +95,17 @@ class SSCAOptions(opt.RunOptions):
             raise ValueError(f"solver_options must be a dict, got {self.solver_options!r}")
         if not isinstance(self.solver, str):
             raise ValueError(f"solver must be a CVXPY solver name, got {self.solver!r}")
+        if ("slack_tol" in given and problem.num_constraints and opt.is_real(self.slack_tol)
+                and opt.is_real(self.feas_tol) and self.slack_tol < self.feas_tol):
+            warnings.warn(
+                f"slack_tol={self.slack_tol!r} is below feas_tol={self.feas_tol!r}: it raises c "
+                "more eagerly between penalty stages, but the run stops as soon as the KKT "
+                "test passes with violations up to feas_tol, whatever the slack; to ask for a "
+                "smaller violation lower feas_tol", UserWarning, stacklevel=5)
+        max_iter = self.max_iter
+        if "max_iter" not in given and problem.num_constraints:
+            # the default budget: ROUNDS_PER_STAGE rounds for each penalty value c_j
+            max_iter = ROUNDS_PER_STAGE * len(opt.penalties(self.penalty))
         B = opt.batch_size(self.batch_size, problem.data, allow_auto=True)
         if isinstance(B, int) and B >= max(problem.data.client_sizes):
             # every client's batch is all its rows: the statistics are exact, so the rounds
@@ -97,7 +114,7 @@ class SSCAOptions(opt.RunOptions):
             B = None
         return self.__class__(**{
             **vars(self),
-            "batch_size": B,
+            "batch_size": B, "max_iter": max_iter,
             "tau": _tau(self.tau),
             "rho": as_schedule(self.rho, "rho"), "gamma": as_schedule(self.gamma, "gamma"),
             "penalty": opt.penalties(self.penalty) if problem.num_constraints else (0.0,),
@@ -109,6 +126,11 @@ class SSCAOptions(opt.RunOptions):
                                      ("auto", "closed_form", "cvxpy")),
             "surrogate_init": opt.choice("surrogate_init", self.surrogate_init,
                                          ("tau", "zero"))})
+
+
+#: the default max_iter of Algorithm 2 is this many rounds per penalty value (800 with the
+#: default four); Algorithm 1's is RunOptions.max_iter (200)
+ROUNDS_PER_STAGE = 200
 
 
 def _tau(value):

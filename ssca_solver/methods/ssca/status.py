@@ -211,10 +211,8 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
                   "default options can certify it")
     elif o.batch_size == "auto" and len(history.t) and np.isnan(history.batch_size[-1]):
         advice = ("more rounds (max_iter); the batches are already full, so the steps are "
-                  "deterministic SCA's and their length limits the progress (a large "
-                  "nonconvex model needs many rounds; if the features have very different "
-                  "scales, standardise them or give the functions ss.DiagonalCurvature "
-                  "surrogates)")
+                  "deterministic SCA's (first order, their length set by tau) and the "
+                  "rounds limit the progress")
     elif o.batch_size is None:
         advice = ("more rounds, or the default tau='auto' (with full batches it is adapted "
                   "by backtracking)" if o.tau != "auto" else "more rounds (max_iter)")
