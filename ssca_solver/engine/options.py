@@ -144,6 +144,12 @@ class RunOptions:
       flower_engine, flower_superlink, flower_bridge, flower_start_timeout: the options of
         ``transport="flower"`` (:mod:`ssca_solver.federated.flower_options`, docs/engines.md);
         with another transport they are an error.
+      client_threads: ``transport="process"`` and ``"flower"``: the threads each client
+        process's BLAS, OpenMP and Numba pools may use: "auto" (the default of "process") at
+        most max(1, CPUs // client processes), an integer exactly that, None (the default of
+        "flower") as the processes inherit them (:func:`ssca_solver.federated.transports.
+        limit_threads`, docs/engines.md "Threads"). With "inprocess" an error: the clients
+        run in your process, whose threads you limit yourself (``threadpoolctl``).
       callback: ``callback(it)`` after each round with an :class:`ssca_solver.engine.runner.Iteration`
         (t, x, stage, penalty, step_norm, the latest full-data evaluation, the method's own
         round record and state). Return True (or raise StopIteration) to stop the run: status
