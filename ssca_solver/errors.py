@@ -151,7 +151,25 @@ class SecureAggregationError(SSCAError, RuntimeError):
     checkpoint = None
 
 
-class CheckpointError(SSCAError, ValueError):
+class FileFieldError(SSCAError, ValueError):
+    """A file of the library's (a checkpoint, a saved Result) that it refuses; the message
+    names the file and the field.
+
+    Attributes:
+      path: the file's path.
+      field: the member or metadata field at fault, or None.
+    """
+
+    def __init__(self, message: str, path=None, field=None):
+        super().__init__(message)
+        self.path = path
+        self.field = field
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.path, self.field))
+
+
+class CheckpointError(FileFieldError):
     """A checkpoint that cannot be written or resumed from: a ``checkpoint=`` path that is not
     writable (a missing directory, a directory or a special file in its place, no space for
     one checkpoint), checked before round 1; or a ``resume=`` file that is malformed,
@@ -166,13 +184,12 @@ class CheckpointError(SSCAError, ValueError):
         ``"fingerprint.data[3]"``), or None.
     """
 
-    def __init__(self, message: str, path=None, field=None):
-        super().__init__(message)
-        self.path = path
-        self.field = field
 
-    def __reduce__(self):
-        return (type(self), (str(self), self.path, self.field))
+class ResultFileError(FileFieldError):
+    """A file that ``ss.load_result`` refuses: missing members, malformed metadata, another
+    format or a newer version of it, arrays of the wrong shape or kind, pickled objects, a
+    truncated or corrupted archive. The message names the file and the field (e.g.
+    ``"history/t"``, ``"stages[1].rounds"``, ``"format"``)."""
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 import ssca_solver as ss
+from ssca_solver import npzfile
 from ssca_solver.engine import checkpoint as ckpt
 
 OPTS = dict(batch_size=4, max_iter=6, seed=0, eval_every=None)
@@ -128,7 +129,7 @@ def test_a_checkpoint_path_that_cannot_be_written_is_refused_before_round_1(
     if case == "not writable":       # chmod does not stop root: the probe file's creation fails
         def denied(*args, **kwargs):
             raise PermissionError(errno.EACCES, "Permission denied")
-        monkeypatch.setattr(ckpt.tempfile, "mkstemp", denied)
+        monkeypatch.setattr(npzfile.tempfile, "mkstemp", denied)
     if case == "no space":
         real = shutil.disk_usage
         monkeypatch.setattr(ckpt.shutil, "disk_usage",

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the layers, lowest first: a module may import its own layer and the ones before it
 LAYERS = [
     ("foundation", ["ssca_solver.errors", "ssca_solver.status", "ssca_solver.schedules",
+                    "ssca_solver.npzfile",
                     "ssca_solver.validation",
                     "ssca_solver._kernels", "ssca_solver.datasets"]),
     ("model", ["ssca_solver.model"]),

@@ -40,7 +40,6 @@ import os
 import platform
 import stat
 import sys
-import tempfile
 import warnings
 import zipfile
 import zlib
@@ -49,7 +48,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import status as st
-from ..errors import SSCAError
+from .. import npzfile
+from ..errors import ResultFileError
 from ..federated.messages import Dropout
 from .history import History
 from .result import Communication, KKTReport, Result, Stage
@@ -71,26 +71,6 @@ _COMMUNICATION_INTS = ("rounds", "num_clients", "up_per_client_round", "down_per
                        "up_total", "down_total", "eval_up_total", "eval_down_total")
 _HEADER_BYTES = 4096
 
-
-class ResultFileError(SSCAError, ValueError):
-    """A file that :func:`load` (``ss.load_result``) refuses: missing members, malformed
-    metadata, another format or a newer version of it, arrays of the wrong shape or kind,
-    pickled objects, a truncated or corrupted archive. The message names the file and the
-    field.
-
-    Attributes:
-      path: the file's path.
-      field: the member or metadata field at fault (e.g. ``"history/t"``, ``"stages[1].rounds"``,
-        ``"format"``), or None.
-    """
-
-    def __init__(self, message: str, path=None, field=None):
-        super().__init__(message)
-        self.path = path
-        self.field = field
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.path, self.field))
 
 
 # -- numbers in JSON ---------------------------------------------------------------------------
@@ -324,50 +304,16 @@ def save(result: Result, path) -> str:
     meta, arrays = _layout(result)
     payload = {name: np.asarray(a) for name, a in arrays.items()}
     payload["__meta__"] = np.array(json.dumps(meta, allow_nan=False))
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:      # a file object: np.savez adds no ".npz"
-            np.savez(f, **payload)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    return npzfile.write(path, payload)
 
 
 # -- loading -------------------------------------------------------------------------------------
 
 def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> np.ndarray:
-    """One ``.npy`` member, its header checked against its size before its data is read."""
-    if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
-        raise ResultFileError("is compressed or declares another size than it holds (save "
-                              "writes stored members)", field=name)
-    with zf.open(info) as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(f, max_header_size=_HEADER_BYTES)
-        elif version == (2, 0):
-            shape, _, dtype = np.lib.format.read_array_header_2_0(f, max_header_size=_HEADER_BYTES)
-        else:
-            raise ResultFileError(f"has .npy format {version}, which save does not write",
-                                  field=name)
-        if dtype.hasobject:
-            raise ResultFileError("holds Python objects (pickles), which are never loaded",
-                                  field=name)
-        need = math.prod(shape) * dtype.itemsize
-        if need != info.file_size - f.tell():
-            raise ResultFileError(f"declares shape {shape} of {dtype} ({need} bytes) but holds "
-                                  f"{info.file_size - f.tell()} bytes", field=name)
-    with zf.open(info) as f:
-        a = np.lib.format.read_array(f, allow_pickle=False)
-        if f.read(1):                       # also makes zipfile check the CRC
-            raise ResultFileError("has data after its array", field=name)
-    return a
+    """One ``.npy`` member (:func:`ssca_solver.npzfile.read_member`): stored, its header
+    checked against its size before its data is read."""
+    return npzfile.read_member(zf, info, name, ResultFileError, stored_only=True,
+                               header_bytes=_HEADER_BYTES)
 
 
 def _read(path: str) -> tuple[dict, dict]:

@@ -29,7 +29,6 @@ import math
 import os
 import shutil
 import stat
-import tempfile
 import warnings
 import zipfile
 import zlib
@@ -37,6 +36,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from .. import npzfile
 from ..errors import CheckpointError, CheckpointNotFoundError
 
 FORMAT = "ssca-solver-checkpoint/1"
@@ -220,29 +220,12 @@ class Layout:
 
 # -- writing --------------------------------------------------------------------------------------
 
-def _temporary(directory: str, path: str) -> tuple[int, str]:
-    return tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-
-
 def save(path: str, arrays: Mapping[str, np.ndarray], meta: dict) -> str:
     """Write ``arrays`` and ``meta`` (JSON-serialisable) to ``path`` atomically; return path.
     The temporary file is removed when the write fails (and the error re-raised)."""
-    path = os.fspath(path)
     payload = {k: np.asarray(v) for k, v in arrays.items()}
     payload["__meta__"] = np.array(json.dumps({"format": FORMAT, **meta}))
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = _temporary(directory, path)
-    try:
-        with os.fdopen(fd, "wb") as f:    # a file object: savez adds no ".npz" suffix
-            np.savez(f, **payload)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    return npzfile.write(path, payload)
 
 
 def check_writable(path: str, size: int) -> None:
@@ -277,7 +260,7 @@ def check_writable(path: str, size: int) -> None:
     if not os.path.isdir(directory):
         refuse(f"{directory!r} is a file, not a directory")
     try:
-        fd, tmp = _temporary(directory, path)
+        fd, tmp = npzfile.temporary(path)
     except OSError as exc:
         refuse(f"cannot create a file in {directory!r} ({exc.strerror or exc})")
     os.close(fd)
@@ -332,37 +315,9 @@ class Writer:
 # -- reading --------------------------------------------------------------------------------------
 
 def _member_array(zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, limit: int):
-    """The array of one member, after checking its declared size against ``limit`` and its
-    header against its size (no allocation larger than the declared size)."""
-    if info.file_size > limit:
-        raise CheckpointError(
-            f"declares {info.file_size} bytes decompressed, more than the {limit} this solve's "
-            "state can take (refused without decompressing it)", field=name)
-    if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
-        raise CheckpointError(f"is stored with {info.compress_size} bytes but declares "
-                              f"{info.file_size}", field=name)
-    with zf.open(info) as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
-            raise CheckpointError(f"has .npy format {version}, not written by this library",
-                                  field=name)
-        if dtype.hasobject:
-            raise CheckpointError("holds Python objects (pickles), which are never loaded",
-                                  field=name)
-        data = info.file_size - f.tell()
-        need = math.prod(shape) * dtype.itemsize
-        if need != data:
-            raise CheckpointError(f"declares shape {shape} of {dtype} ({need} bytes) but "
-                                  f"holds {data} bytes", field=name)
-    with zf.open(info) as f:
-        a = np.lib.format.read_array(f, allow_pickle=False)
-        if f.read(1):                         # also makes zipfile check the CRC
-            raise CheckpointError("has data after its array", field=name)
-    return a
+    """The array of one member (:func:`ssca_solver.npzfile.read_member`), its declared size
+    bounded by ``limit``, this solve's state's."""
+    return npzfile.read_member(zf, info, name, CheckpointError, limit=limit)
 
 
 def _meta_fields(meta, path: str) -> dict:
