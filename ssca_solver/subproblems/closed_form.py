@@ -358,6 +358,47 @@ def solve_closed_form_diag(a0: np.ndarray, b0: np.ndarray | None, c0: float,
     return SubproblemSolution(w, slack, nu, value, float(residual))
 
 
+def solve_closed_form_model(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray, bs,
+                            cs: np.ndarray, U: np.ndarray, penalty: float, model,
+                            center: np.ndarray, nu0: np.ndarray | None = None,
+                            max_iter: int = 200, equality=None) -> SubproblemSolution:
+    """Problem 5 with a quasi-Newton model added to the objective's surrogate (issue 19):
+
+        p_0(w) = a_0 |w|^2 + b_0.w + c_0 + (w - x)' B (w - x) / 2,   x = ``center``,
+
+    the constraints' surrogates a_m |w|^2 + b_m.w + c_m as in :func:`solve_closed_form`, and
+    B = delta I + (a term whose range is the span of ``model.directions()``) positive
+    definite (:class:`ssca_solver.methods.ssca.quasi_newton.LBFGSModel`). The Lagrangian's
+    Hessian 2 A(nu) = 2 (a_0 + delta / 2 + sum_m nu_m a_m) I + (B - delta I) maps the span Z of
+    the model's directions and of b_0 - B x, b_1, ..., b_M into itself, and every linear term
+    lies in Z, so the minimiser w(nu) lies in Z for every nu: in an orthonormal basis of Z that
+    diagonalises Z' B Z the problem is the diagonal closed form
+    (:func:`solve_closed_form_diag`) in at most 2 memory + M + 1 coordinates, exactly (the
+    dual stays M-dimensional; one QR of d x dim Z and one small eigendecomposition a round).
+    """
+    x = np.asarray(center, dtype=float)
+    M = len(bs)
+    Bx = model.matvec(x)
+    lin0 = (np.zeros_like(x) if b0 is None else np.asarray(b0, dtype=float)) - Bx
+    const0 = float(c0) + 0.5 * float(x @ Bx)
+    cols = [model.directions(), lin0[None, :]] + [np.asarray(b, dtype=float)[None, :]
+                                                  for b in bs]
+    Z, _ = np.linalg.qr(np.vstack(cols).T)                 # (d, k), orthonormal columns
+    H = 0.5 * (Z.T @ model.matmat(Z))
+    H = 0.5 * (H + H.T) + float(a0) * np.eye(Z.shape[1])
+    h, E = np.linalg.eigh(H)
+    V = Z @ E                                               # the rotated basis
+    # B is positive definite in exact arithmetic (every pair has s'y > 0); nearly dependent
+    # pairs can leave rounding below a_0 in Z' B Z / 2 + a_0 I: no eigenvalue below a_0 (or,
+    # when a_0 is negligible, below 1e-12 of the largest)
+    h = np.maximum(h, max(float(a0), 1e-12 * float(np.max(np.abs(h)))))
+    a = np.asarray(a, dtype=float).reshape(M)
+    sol = solve_closed_form_diag(h, V.T @ lin0, const0, np.repeat(a[:, None], h.size, axis=1),
+                                 [V.T @ np.asarray(b, dtype=float) for b in bs], cs, U, penalty,
+                                 nu0=nu0, max_iter=max_iter, equality=equality)
+    return SubproblemSolution(V @ sol.w, sol.slack, sol.multipliers, sol.value, sol.residual)
+
+
 def _solution(terms, slack, nu, value, residual, like, out) -> SubproblemSolution:
     """w-bar as its terms, or formed in ``out`` (one pass) when a buffer is given or it is 0."""
     if out is None and terms:
@@ -417,6 +458,26 @@ class ClosedFormSubproblem:
         sol.inaccurate = sol.residual > self.INACCURATE * (1.0 + penalty)
         return sol
 
+    def with_model(self, model, center: np.ndarray) -> "ModelClosedForm":
+        """This solver with the quasi-Newton ``model`` added to the objective's surrogate about
+        ``center``, the point the round's statistics were taken at (:class:`ModelClosedForm`,
+        :func:`solve_closed_form_model`)."""
+        return ModelClosedForm(self, model, center)
+
+    def solve_model(self, stats, penalty: float, model, center: np.ndarray,
+                    nu0=None) -> SubproblemSolution:
+        """Problem 5 at the averaged statistics with (w - x)' B (w - x) / 2 added to the
+        objective's surrogate, x = ``center`` (:func:`solve_closed_form_model`)."""
+        forms = [b.quadratic_form(s) for b, s in zip(self.builders, stats)]
+        a0, b0, c0 = forms[0] if self.k else (0.0, None, 0.0)
+        cons = forms[self.k:]
+        sol = solve_closed_form_model(a0 + self.ridge, b0, c0, np.array([f[0] for f in cons]),
+                                      [f[1] for f in cons], np.array([f[2] for f in cons]),
+                                      self.bounds, penalty, model, center, nu0=nu0,
+                                      max_iter=self.newton_max_iter, equality=self.equality)
+        sol.inaccurate = sol.residual > self.INACCURATE * (1.0 + penalty)
+        return sol
+
     def with_metric(self, metric: np.ndarray, center: np.ndarray) -> "MetricClosedForm":
         """This solver for statistics whose proximal term tau |w - x|^2 is to be replaced by
         tau (w - x)' diag(metric_m) (w - x), x = ``center`` (see :class:`MetricClosedForm`)."""
@@ -462,3 +523,16 @@ class MetricClosedForm:
 
     def solve(self, stats, penalty: float, round: int, nu0=None) -> SubproblemSolution:
         return self.base.solve_metric(stats, penalty, self.metric, self.center, nu0)
+
+
+class ModelClosedForm:
+    """A :class:`ClosedFormSubproblem` bound to a quasi-Newton model and the point the round's
+    statistics were taken at (the full-batch phase's second-order surrogate; same contract)."""
+
+    name = "closed_form"
+
+    def __init__(self, base: ClosedFormSubproblem, model, center: np.ndarray):
+        self.base, self.model, self.center = base, model, center
+
+    def solve(self, stats, penalty: float, round: int, nu0=None) -> SubproblemSolution:
+        return self.base.solve_model(stats, penalty, self.model, self.center, nu0)

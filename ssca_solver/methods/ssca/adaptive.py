@@ -48,6 +48,12 @@ NOISE_AVERAGING = 0.3   # weight of the newest round in that average
 MIN_ROUNDS = 10         # rounds between two increases by the norm test
 GROW_EVERY = 50          # and an increase at least this often: the batch reaches the full data
 TAU_UP, TAU_DOWN = 2.0, 0.9
+#: tau's factor after an accepted step once the quasi-Newton model holds a pair (tau is then a
+#: regularisation of the model's step, not the curvature itself)
+TAU_DOWN_MODEL = 0.25
+#: after a rejected quasi-Newton step tau is at least this times the model's scale delta
+#: (the curvature of its initial matrix), so that the retried step is shorter
+MODEL_REJECT = 0.5
 #: an accepted step of relative length <= TINY_STEP is lost in rounding: tau is then cut by
 #: TAU_TINY, and TINY_ROUNDS of them settle the point (SSCA._backtracking_step, .settled)
 TINY_STEP, TAU_TINY, TINY_ROUNDS = 1e-12, 0.1, 12

@@ -27,6 +27,8 @@ from . import adaptive as ad
 from . import step as ssca_step
 from .client import NONFINITE, REJECT_NONFINITE, TASK, SSCARoundTask
 from .front import FrontDoor
+from . import quasi_newton as qn
+from .quasi_newton import LBFGSModel, add_pair
 
 CHECK_RTOL = ad.CHECK_RTOL
 
@@ -54,7 +56,7 @@ class SSCA(FrontDoor):
     def __init__(self, problem, builders, subproblem, batch_size, tau, rho, gamma,
                  surrogate_init: str, check_gradients: bool = False,
                  unit_steps: bool = True, participation: float = 1.0,
-                 sampled_clients: bool = False, penalties=(0.0,)):
+                 sampled_clients: bool = False, penalties=(0.0,), hessian: str = "lbfgs"):
         self.opts = None
         self.penalties = tuple(float(c) for c in penalties)
         self.sampled_clients = bool(sampled_clients)
@@ -77,6 +79,12 @@ class SSCA(FrontDoor):
         self.metric_ok = (bool(unit_steps) and self.adapt_tau and hasattr(subproblem,
                                                                            "with_metric")
                           and (self.auto_batch or batch_size is None))
+        # the quasi-Newton model of the full-batch phase (issue 19, :mod:`.quasi_newton`): in
+        # the backtracking regime (which keeps every accepted step monotone in the exact
+        # penalty), closed form only
+        self.model_ok = (hessian == "lbfgs" and bool(unit_steps) and self.adapt_tau
+                         and hasattr(subproblem, "with_model")
+                         and (self.auto_batch or batch_size is None))
         self.rho, self.gamma = rho, gamma
         self.participation = float(participation)
         self.surrogate_init = surrogate_init
@@ -123,7 +131,34 @@ class SSCA(FrontDoor):
     def _solver(self, state, center):
         if state.metric.size:
             return self.subproblem.with_metric(state.metric, center)
+        if self.model_ok and state.qn_s.size:
+            return self.subproblem.with_model(LBFGSModel(state.qn_s, state.qn_y), center)
         return self.subproblem
+
+    def _with_pair(self, state, stats):
+        """The state with the quasi-Newton pair of the accepted step prev_w -> w added: s the
+        step, y the change of the gradient of the Lagrangian F_0 + sum_m nu_m F_m (nu: the
+        multipliers of the subproblem that gave w) read from the full-batch statistics at both
+        points (:mod:`.quasi_newton`; no extra communication)."""
+        if not (self.model_ok and not state.metric.size and len(state.prev_w)
+                and len(state.prev_stats)):
+            return state
+        s = state.w - state.prev_w
+        if float(np.linalg.norm(s)) <= qn.MIN_STEP * max(1.0, float(np.linalg.norm(state.w))):
+            return state
+        weights = np.concatenate(([1.0] if self.problem.objective is not None else [],
+                                  np.asarray(state.nu, dtype=float)))
+        y = np.zeros_like(s)
+        for c, new, old in zip(weights, stats, state.prev_stats):
+            g1, g0 = ad.surrogate_gradient(new, state.w), ad.surrogate_gradient(old, state.prev_w)
+            if g1 is None or g0 is None:
+                return state
+            if c != 0.0:
+                y += c * (g1 - g0)
+        pairs = add_pair(state.qn_s, state.qn_y, s, y)
+        if pairs is None:
+            return state
+        return state._replace(qn_s=pairs[0], qn_y=pairs[1])
 
     @staticmethod
     def with_penalty(state: ssca_step.SSCAState, penalty: float) -> ssca_step.SSCAState:
@@ -418,6 +453,13 @@ class SSCA(FrontDoor):
         worse = (np.isfinite(state.merit) and len(state.prev_stats)
                  and merit > state.merit + max(rtol * max(1.0, abs(state.merit)), noise))
         corrected, self._corrected = getattr(self, "_corrected", False), False
+        if worse and not corrected and state.qn_s.size and not state.metric.size:
+            # a quasi-Newton step rejected: first the second-order correction (a full SQP step
+            # near a curved active constraint raises the exact penalty to second order, the
+            # Maratos effect; Nocedal & Wright, sec. 15.6), then a tau that shortens it
+            correction = self._second_order_correction(state, stats)
+            if correction is not None:
+                return correction
         if worse:                                    # reject w_t
             if not corrected and self._pinned(state):
                 # doubling tau did not shorten the trial steps: without the diagonal metric
@@ -429,8 +471,18 @@ class SSCA(FrontDoor):
                     if correction is not None:
                         return correction
             k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
+            if state.qn_s.size and not state.metric.size:
+                # tau far below the model's curvature does not shorten the step when doubled
+                # (a run of 8 rejections at tau 1e-8 against curvatures of 1e-1 settled a point
+                # 7e-4 from stationary): at least the model's scale delta / 2 on the curvature
+                delta = LBFGSModel(state.qn_s, state.qn_y).delta
+                k = max(k, ad.MODEL_REJECT * delta / max(self._tau(state), 1e-300))
         else:
-            k, base_w, base, base_merit = ad.TAU_DOWN, state.w, stats, merit
+            state = self._with_pair(state, stats)
+            # with a curvature model tau is the regularisation of a quasi-Newton step, not the
+            # curvature: it falls faster while steps are accepted
+            k = ad.TAU_DOWN_MODEL if state.qn_s.size and not state.metric.size else ad.TAU_DOWN
+            base_w, base, base_merit = state.w, stats, merit
             self._rejected_trial = None
             step = (float(np.linalg.norm(state.w - state.prev_w))
                     / max(1.0, float(np.linalg.norm(state.w))) if len(state.prev_w) else 1.0)
@@ -557,7 +609,8 @@ class SSCA(FrontDoor):
                "nu": state.nu, "batch": np.asarray(state.batch), "tau": np.asarray(state.tau),
                "noise": np.asarray(state.noise), "since": np.asarray(state.since),
                "merit": np.asarray(state.merit), "prev_w": state.prev_w,
-               "rejects": np.asarray(state.rejects), "metric": state.metric}
+               "rejects": np.asarray(state.rejects), "metric": state.metric,
+               "qn_s": state.qn_s, "qn_y": state.qn_y}
         for name, group in (("stats", state.stats), ("prev_stats", state.prev_stats)):
             for m, st in enumerate(group):
                 for k, v in st.items():
@@ -587,7 +640,9 @@ class SSCA(FrontDoor):
             int(arrays["since"]), float(arrays["merit"]),
             np.array(arrays["prev_w"], dtype=float), group("prev_stats", False),
             int(arrays["rejects"]),
-            np.array(arrays["metric"], dtype=float) if "metric" in arrays else np.zeros((0, 0)))
+            np.array(arrays["metric"], dtype=float) if "metric" in arrays else np.zeros((0, 0)),
+            *(np.array(arrays[k], dtype=float) if k in arrays else np.zeros((0, 0))
+              for k in ("qn_s", "qn_y")))
 
 
 class _Info:

@@ -54,7 +54,7 @@ class FrontDoor(Method):
                          else min(1.0, o.clients_per_round / problem.data.num_clients))
         method = cls(problem, builders, subproblem, o.batch_size, o.tau, rho, gamma,
                      o.surrogate_init, o.check_gradients, unit_steps, participation,
-                     sampled_clients=sampled, penalties=o.penalty)
+                     sampled_clients=sampled, penalties=o.penalty, hessian=o.hessian)
         method.opts = o
         method.kkt_solver = o.solver
         return method
@@ -65,6 +65,7 @@ class FrontDoor(Method):
                 # the stages' lengths; Algorithm 1 may extend
                 "max_iter": o.max_iter if self.M else None,
                 "surrogate_init": o.surrogate_init, "subproblem": self.subproblem.name,
+                "hessian": o.hessian,
                 "rho": describe_schedule(self.rho), "gamma": describe_schedule(self.gamma),
                 "slack_tol": o.slack_tol, "solver": o.solver,
                 "solver_options": o.solver_options,

@@ -65,6 +65,13 @@ class SSCAOptions(opt.RunOptions):
       solver_options: dict of keyword arguments for that solver.
       surrogate_init: "tau" (Fbar^(0) = tau |w|^2, the paper's Section V convention, default)
         or "zero" (Fbar^(0) = 0, eq. (Fs0bar) as written); see PAPER_NOTES item 4.
+      hessian: "lbfgs" (default) or "none". On full batches with tau="auto" (the backtracking
+        regime) and the closed-form subproblem, "lbfgs" adds a damped limited-memory BFGS
+        model of the Lagrangian's Hessian, built from the gradients the rounds already carry,
+        to the objective's surrogate: an SQP step with the same exact-penalty backtracking
+        (:mod:`ssca_solver.methods.ssca.quasi_newton`). "none": the paper's first-order
+        surrogates (eqs. (fs0bar)/(fsmbar)) in every round. Sampled rounds, a fixed tau and
+        the CVXPY path always use the first-order surrogates.
     """
 
     batch_size: Any = "auto"
@@ -80,6 +87,7 @@ class SSCAOptions(opt.RunOptions):
     solver: str = "CLARABEL"
     solver_options: Optional[dict] = None
     surrogate_init: str = "tau"
+    hessian: str = "lbfgs"
 
     def checked(self, problem, given: dict) -> "SSCAOptions":
         """The options with SSCA's own values checked and normalised (after
@@ -125,7 +133,9 @@ class SSCAOptions(opt.RunOptions):
             "subproblem": opt.choice("subproblem", self.subproblem,
                                      ("auto", "closed_form", "cvxpy")),
             "surrogate_init": opt.choice("surrogate_init", self.surrogate_init,
-                                         ("tau", "zero"))})
+                                         ("tau", "zero")),
+            "hessian": opt.choice("hessian", "none" if self.hessian is None else self.hessian,
+                                  ("lbfgs", "none"))})
 
 
 #: the default max_iter of Algorithm 2 is this many rounds per penalty value (800 with the

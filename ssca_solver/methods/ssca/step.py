@@ -63,6 +63,9 @@ class SSCAState(NamedTuple):
       metric: the diagonal metrics D_m (one row per stochastic function) that replace the
         proximal term tau |w - w_t|^2 by tau (w - w_t)' diag(D_m) (w - w_t) (adaptive defaults
         on the closed-form path; empty: the scalar curvature of the paper).
+      qn_s, qn_y: the quasi-Newton pairs (rows, oldest first; y Powell-damped) of the
+        full-batch phase's model of the Lagrangian's Hessian (:mod:`.quasi_newton`; empty:
+        none yet, or the first-order surrogates).
     """
 
     t: int
@@ -79,6 +82,8 @@ class SSCAState(NamedTuple):
     prev_stats: tuple = ()
     rejects: int = 0
     metric: np.ndarray = np.zeros((0, 0))
+    qn_s: np.ndarray = np.zeros((0, 0))
+    qn_y: np.ndarray = np.zeros((0, 0))
 
 
 class StepInfo(NamedTuple):

@@ -1,0 +1,154 @@
+"""The quasi-Newton model of the full-batch phase (issue 19): the compact L-BFGS matrix against
+the BFGS recursion, Powell damping, the closed form with the model against CVXPY + Clarabel,
+the option, checkpoints, and fewer rounds than the first-order surrogates on problems whose
+optimum is known."""
+
+import numpy as np
+import pytest
+
+from problems.classical import CLASSICAL, problem
+from ssca_solver.methods.ssca.quasi_newton import DAMPING, MEMORY, LBFGSModel, add_pair
+from ssca_solver.subproblems.closed_form import solve_closed_form_model
+
+
+def _bfgs(pairs, delta, d):
+    """The BFGS recursion from B_0 = delta I (the reference for the compact form)."""
+    B = delta * np.eye(d)
+    for s, y in pairs:
+        Bs = B @ s
+        B = B - np.outer(Bs, Bs) / (s @ Bs) + np.outer(y, y) / (s @ y)
+    return B
+
+
+def _pairs(rng, d, k, H):
+    S, Y = np.zeros((0, d)), np.zeros((0, d))
+    for j in range(k):
+        s = rng.standard_normal(d)
+        y = H @ s + (-2.0 * s if j % 3 == 2 else 0.0)      # some pairs of negative curvature
+        S, Y = add_pair(S, Y, s, y)
+    return S, Y
+
+
+def test_compact_form_equals_the_bfgs_recursion():
+    rng = np.random.default_rng(0)
+    d = 12
+    H = rng.standard_normal((d, d))
+    H = H @ H.T / d + 0.1 * np.eye(d)
+    S, Y = _pairs(rng, d, 5, H)
+    model = LBFGSModel(S, Y)
+    B = _bfgs(list(zip(S, Y)), model.delta, d)
+    np.testing.assert_allclose(model.matmat(np.eye(d)), B, rtol=1e-9, atol=1e-9)
+    v = rng.standard_normal(d)
+    np.testing.assert_allclose(model.matvec(v), B @ v, rtol=1e-9, atol=1e-9)
+
+
+def test_damping_keeps_the_model_positive_definite_and_memory_bounded():
+    rng = np.random.default_rng(1)
+    d = 8
+    S, Y = np.zeros((0, d)), np.zeros((0, d))
+    for _ in range(3 * MEMORY):
+        s = rng.standard_normal(d)
+        before = LBFGSModel(S, Y)
+        Bs = before.matvec(s) if len(before) else (np.linalg.norm(-s) / np.linalg.norm(s)) * s
+        S, Y = add_pair(S, Y, s, -s)               # negative curvature: always damped
+        assert S[-1] @ Y[-1] >= DAMPING * (s @ Bs) * (1 - 1e-12)
+        B = LBFGSModel(S, Y).matmat(np.eye(d))
+        assert np.min(np.linalg.eigvalsh(0.5 * (B + B.T))) > 0
+    assert S.shape == (MEMORY, d) and Y.shape == (MEMORY, d)
+    # a pair without information is refused, not stored
+    assert add_pair(S, Y, np.zeros(d), np.ones(d)) is None
+    assert add_pair(S, Y, np.ones(d), np.full(d, np.nan)) is None
+
+
+@pytest.mark.parametrize("equality", [False, True])
+def test_closed_form_with_the_model_matches_clarabel(equality):
+    cp = pytest.importorskip("cvxpy")
+    rng = np.random.default_rng(2)
+    d, M = 25, 3
+    H = rng.standard_normal((d, d))
+    S, Y = _pairs(rng, d, 6, H @ H.T / d + 0.1 * np.eye(d))
+    model = LBFGSModel(S, Y)
+    B = model.matmat(np.eye(d))
+    B = 0.5 * (B + B.T)
+    x = rng.standard_normal(d)
+    a0, b0, c0 = 0.3, rng.standard_normal(d), 1.0
+    a = np.array([0.2, 0.0 if equality else 0.05, 0.1])
+    bs = [rng.standard_normal(d) for _ in range(M)]
+    cs, U = rng.standard_normal(M), np.array([-1.0, 0.5, -2.0])
+    eq = np.array([False, equality, False])
+    c = 10.0
+    sol = solve_closed_form_model(a0, b0, c0, a, bs, cs, U, c, model, x, equality=eq)
+    w, s = cp.Variable(d), cp.Variable(M)
+    L = np.linalg.cholesky(B)
+    obj = a0 * cp.sum_squares(w) + b0 @ w + c0 + 0.5 * cp.sum_squares(L.T @ (w - x)) + c * cp.sum(s)
+    cons = [s >= 0]
+    for j in range(M):
+        p = a[j] * cp.sum_squares(w) + bs[j] @ w + cs[j] - U[j]
+        cons += [cp.abs(p) <= s[j]] if eq[j] else [p <= s[j]]
+    ref = cp.Problem(cp.Minimize(obj), cons)
+    ref.solve(solver="CLARABEL")
+
+    def primal(v):        # Problem 5's value at v with the least slack
+        ex = np.array([a[j] * v @ v + bs[j] @ v + cs[j] - U[j] for j in range(M)])
+        slack = np.where(eq, np.abs(ex), np.maximum(ex, 0.0))
+        return a0 * v @ v + b0 @ v + c0 + 0.5 * (v - x) @ B @ (v - x) + c * slack.sum(), slack
+
+    value, slack = primal(sol.w)
+    assert abs(sol.value - value) <= 1e-10 * max(1.0, abs(value))
+    np.testing.assert_allclose(sol.slack, slack, atol=1e-10)
+    # no worse than the interior-point solve (which stops at its own tolerance, ~1e-9)
+    assert value <= ref.value + 1e-8 * max(1.0, abs(ref.value))
+    assert value >= ref.value - 1e-6 * max(1.0, abs(ref.value))
+    # strong convexity (modulus 2 a0): |w - w*|^2 <= (value gap) / a0
+    gap = max(primal(w.value)[0] - value, 0.0)
+    assert np.linalg.norm(sol.w - w.value) <= np.sqrt(gap / a0) + 1e-6
+
+
+def test_hessian_option_is_checked_and_recorded():
+    c = CLASSICAL["rosenbrock"]
+    with pytest.raises(ValueError, match="hessian"):
+        problem(c).solve(x0=c.x0, hessian="bfgs")
+
+
+@pytest.mark.parametrize("name, rounds", [("rosenbrock", 60), ("beale", 30), ("quartic", 40)])
+def test_quasi_newton_certifies_in_tens_of_rounds(name, rounds):
+    """The first-order surrogates need 700 (Beale), 180 (quartic) or more than 2000
+    (Rosenbrock) rounds on these; the model: tens."""
+    c = CLASSICAL[name]
+    res = problem(c).solve(seed=0, x0=c.x0, max_iter=2000)
+    assert res.status == "converged", res.message
+    assert res.nit <= rounds
+    assert abs(res.fun - c.optimum) <= 1e-6 * max(1.0, abs(c.optimum))
+    first = problem(c).solve(seed=0, x0=c.x0, max_iter=2000, hessian="none")
+    assert first.nit > 2 * res.nit
+
+
+def test_checkpoint_keeps_the_pairs(tmp_path):
+    """A run stopped and resumed from its checkpoint continues with the same model: the same
+    iterates as one run straight through."""
+    c = CLASSICAL["rosenbrock"]
+    path = tmp_path / "run.npz"
+    straight = problem(c).solve(seed=0, x0=c.x0, max_iter=30, eval_every=0)
+    problem(c).solve(seed=0, x0=c.x0, max_iter=15, eval_every=0, checkpoint=str(path),
+                     checkpoint_every=5)
+    with np.load(path) as z:
+        assert any(k.endswith("qn_s") for k in z.files)
+    resumed = problem(c).solve(seed=0, x0=c.x0, max_iter=30, eval_every=0,
+                               checkpoint=str(path), resume=str(path))
+    np.testing.assert_allclose(resumed.x, straight.x, rtol=0, atol=1e-12)
+
+
+def test_the_model_is_not_used_on_sampled_rounds_or_with_a_fixed_tau():
+    """hessian has no effect where it does not apply: a fixed tau or a fixed batch give the
+    same iterates with "lbfgs" and "none"."""
+    c = CLASSICAL["rosenbrock"]
+    for opts in (dict(batch_size="full", tau=2000.0), dict(batch_size="auto", tau=2000.0)):
+        a = problem(c).solve(seed=0, x0=c.x0, max_iter=40, **opts)
+        b = problem(c).solve(seed=0, x0=c.x0, max_iter=40, hessian="none", **opts)
+        np.testing.assert_array_equal(a.x, b.x)
+
+
+def test_checkpoint_layout_admits_the_pairs():
+    from ssca_solver.engine.checkpoint import STATE_ROWS
+
+    assert MEMORY <= STATE_ROWS
