@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from typing import Callable, Mapping, Optional, Sequence
 
 from . import flower_options
@@ -13,6 +16,29 @@ from .transports import (AUTO_FIRST, DEFAULT_CLIENT_THREADS, InProcessTransport,
 #: simulation gives them (this process's, so that the iterates equal the in-process ones bit
 #: for bit); "auto" or a number limits them (docs/engines.md, "Threads")
 FLOWER_CLIENT_THREADS = None
+
+
+def _inprocess(clients, timeout):
+    """``transport="inprocess"``: a number of seconds for ``client_timeout`` cannot be applied
+    (the clients run in this process, one after the other, and cannot be interrupted), so it
+    is warned about rather than silently ignored; "auto" and None need no warning."""
+    if timeout is not None and not isinstance(timeout, str):
+        warnings.warn(f"client_timeout={float(timeout):g} s does not apply to transport="
+                      f"'inprocess': its clients run in this process, one after the other, and "
+                      f"cannot be interrupted, so a client that never returns holds the solve; "
+                      f"use transport='process' (or 'flower') for a limit that holds",
+                      RuntimeWarning, stacklevel=_caller_outside_package())
+    return InProcessTransport(clients)
+
+
+def _caller_outside_package() -> int:
+    """The stacklevel, seen from the function that calls this, of the first frame outside
+    ssca_solver (the user's ``solve``), so that a warning points at the user's line."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _flower(clients, timeout, client_threads=FLOWER_CLIENT_THREADS, **options):
@@ -42,7 +68,7 @@ def _check_flower(given: dict) -> dict:
 
 #: name -> factory(clients, client_timeout, **its options) -> Transport
 _TRANSPORTS: dict[str, Callable[..., Transport]] = {
-    "inprocess": lambda clients, timeout: InProcessTransport(clients),
+    "inprocess": _inprocess,
     "process": lambda clients, timeout, client_threads=DEFAULT_CLIENT_THREADS: ProcessTransport(
         clients, timeout, client_threads),
     "flower": _flower,

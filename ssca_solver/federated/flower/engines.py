@@ -61,12 +61,32 @@ CLOSE_WAIT = 15.0
 #: simulations not closed yet: closed at interpreter exit before Python joins the Simulation
 #: Runtime's worker threads (concurrent.futures does at exit, and would wait for them forever)
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()
+#: the threads that finish the stop of simulations closed with ``wait=False`` (the Runtime's
+#: and Ray's shutdown, 2-3 s): a new simulation waits for them before it starts (Ray is one
+#: per process), and so does the interpreter at exit
+_STOPPING: list = []
+_STOPPING_LOCK = threading.Lock()
+
+
+def wait_stopped(timeout: Optional[float] = None) -> bool:
+    """Wait until every simulation closed so far has stopped (at most ``timeout`` seconds
+    each; None: as long as their stop takes, itself bounded by 2 x CLOSE_WAIT); whether they
+    all have."""
+    with _STOPPING_LOCK:
+        threads = list(_STOPPING)
+    for th in threads:
+        th.join(timeout)
+    with _STOPPING_LOCK:
+        _STOPPING[:] = [th for th in _STOPPING if th.is_alive()]
+        return not _STOPPING
 
 
 def _close_live() -> None:
     for sim in list(_LIVE):
         with contextlib.suppress(Exception):
             sim.close()
+    with contextlib.suppress(Exception):
+        wait_stopped()
 
 
 if hasattr(threading, "_register_atexit"):     # runs before concurrent.futures' exit hook
@@ -80,6 +100,7 @@ class _Simulation:
                  backend_config: Optional[dict]):
         from flwr.simulation import run_simulation
 
+        wait_stopped()          # an earlier simulation's Ray must be down before this one's starts
         self._stop = threading.Event()
         #: where a client busy with a request marks its process (clientapp.deadline_guard)
         self.busy = tempfile.mkdtemp(prefix="ssca-flower-busy-")
@@ -134,14 +155,32 @@ class _Simulation:
                 else:
                     os.environ[k] = v
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """End the clients still busy (their answers are not wanted any more:
         :func:`~.clientapp.end_busy`), let the ServerApp return and the Simulation Runtime
         stop; if it still runs after CLOSE_WAIT seconds (a client busy where its mark could
-        not be written), shut Ray down under it."""
+        not be written), shut Ray down under it.
+
+        ``wait=False``: return once the busy clients are ended and the stop is asked for; the
+        Runtime's and Ray's shutdown (2-3 s) finish in a thread that the next simulation, and
+        the interpreter at exit, wait for (:func:`wait_stopped`). A solve that failed (a client
+        past ``client_timeout``) then raises without waiting for it."""
+        if self not in _LIVE:             # closed already
+            if wait:
+                wait_stopped()
+            return
         _LIVE.discard(self)
         self._stop.set()
         end_busy(self.busy)
+        if wait:
+            self._finish()
+            return
+        th = threading.Thread(target=self._finish, name="ssca-flower-stop")   # not a daemon
+        with _STOPPING_LOCK:
+            _STOPPING.append(th)
+        th.start()
+
+    def _finish(self) -> None:
         self._thread.join(timeout=CLOSE_WAIT)
         if self._thread.is_alive():
             end_busy(self.busy)

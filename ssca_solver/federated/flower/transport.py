@@ -144,10 +144,19 @@ class FlowerTransport(Transport):
             with contextlib.suppress(Exception):
                 self._session.forget(token)
 
-    def close(self) -> None:
+    def close(self, wait: bool = False) -> None:
+        """Stop the clients and the engine. Simulation: clients still busy are ended at once;
+        the Simulation Runtime's and Ray's shutdown (2-3 s) finish in the background unless
+        ``wait`` (a new simulation, and the interpreter at exit, wait for it), so that a
+        solve ending on a client past ``client_timeout`` raises without that delay."""
         if not self._closed:
             self._closed = True
-            self._engine.close()
+            if self.engine == "simulation":
+                self._engine.close(wait=wait)
+            else:
+                self._engine.close()
+        elif wait and self.engine == "simulation":
+            self._engine.close(wait=True)
 
 
 def make(clients, timeout, flower_engine="simulation", flower_superlink=None,
