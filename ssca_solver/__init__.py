@@ -17,7 +17,7 @@ from .errors import (CheckpointError, ClientError, DataError, DivergenceError, M
                      SubproblemError, UserFunctionError)
 from .methods import (BUILTIN, AugmentedLagrangian, AugmentedLagrangianOptions, FedAvg,
                       FedAvgOptions, PrimalDual, PrimalDualOptions, SSCA, SSCAOptions)
-from .model.autodiff import JaxSampleFunction, from_jax
+from .model.autodiff import JaxSampleFunction, TorchSampleFunction, from_jax, from_torch
 from .model.data import ClientData, FederatedData
 from .model.functions import SampleFunction, StochasticConstraint, check_grad
 from .model.problem import Problem
@@ -39,7 +39,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClientData", "FederatedData", "SampleFunction", "StochasticConstraint", "check_grad",
-    "from_jax", "JaxSampleFunction",
+    "from_jax", "JaxSampleFunction", "from_torch", "TorchSampleFunction",
     "Problem", "register_method", "Method", "SSCA", "FedAvg", "PrimalDual",
     "AugmentedLagrangian", "front_door", "status", "RunOptions", "FedAvgOptions", "solve_fedavg", "PrimalDualOptions",
     "solve_primal_dual", "AugmentedLagrangianOptions", "solve_augmented_lagrangian", "PowerStep",

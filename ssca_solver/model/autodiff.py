@@ -363,3 +363,263 @@ def from_jax(loss: Callable, name: Optional[str] = None, *, batched: bool = Fals
     """
     return JaxSampleFunction(loss, name, batched=batched, buckets=buckets, dtype=dtype,
                              surrogate=surrogate)
+
+
+# -- PyTorch -------------------------------------------------------------------------------------
+
+TORCH_INSTALL_HINT = ("install PyTorch (CPU build: pip install torch --index-url "
+                      "https://download.pytorch.org/whl/cpu); it is not a dependency of "
+                      "ssca-solver")
+#: the computing precisions of :func:`from_torch` (names of torch dtypes)
+TORCH_DTYPES = ("float64", "float32")
+
+#: True in a process forked from one that had imported torch: torch's CPU builds run their
+#: parallel regions on GNU OpenMP (libgomp), whose thread team does not survive a fork, so a
+#: parallel kernel in the child (an MKL matrix-vector product of a few thousand entries) waits
+#: forever for threads that are not there. Set by :func:`_after_fork_in_child_torch`
+_FORKED_AFTER_TORCH = False
+
+
+def _after_fork_in_child_torch() -> None:
+    """At fork, in the child: remember whether the parent had imported torch."""
+    global _FORKED_AFTER_TORCH
+    if "torch" in sys.modules:
+        _FORKED_AFTER_TORCH = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child_torch)
+
+
+def _single_thread_after_fork(torch) -> None:
+    """In a process forked after torch was imported, run torch on one thread (once): a team
+    of one never waits for the parent's OpenMP threads, which do not exist here (measured:
+    a 4000 x 400 product hangs in the child without it, and runs with it). The clients of
+    ``transport="process"`` are such processes; their ``client_threads`` is 1 per client on
+    a machine with fewer cores than clients anyway."""
+    global _FORKED_AFTER_TORCH
+    if _FORKED_AFTER_TORCH:
+        torch.set_num_threads(1)
+        _FORKED_AFTER_TORCH = False
+
+
+def import_torch():
+    """``torch`` with ``torch.func`` (PyTorch >= 2.0), or a ModelError saying how to get it."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise ModelError(f"SampleFunction.from_torch needs PyTorch, which is not installed: "
+                         f"{TORCH_INSTALL_HINT}") from exc
+    try:
+        import torch.func  # noqa: F401
+    except ImportError as exc:
+        raise ModelError(f"SampleFunction.from_torch needs torch.func (PyTorch >= 2.0); this "
+                         f"is torch {getattr(torch, '__version__', '?')}") from exc
+    return torch
+
+
+def _torch_not_traceable(name: str, exc: Exception) -> UserFunctionError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return UserFunctionError(
+        f"{name}: the loss failed under torch.func ({type(exc).__name__}: {first}). "
+        "from_torch maps it over the rows with torch.func.vmap and differentiates it with "
+        "torch.func.grad_and_value, so it must compute with torch operations on its "
+        "arguments: no .item(), float(), int(), .numpy() or NumPy (np.*) functions on w, x or "
+        "y (use torch.*), no Python if/while on their values (use torch.where), no in-place "
+        "operations on w, x, y or tensors kept from one call to the next, and every tensor it "
+        "creates or closes over in the computing dtype (e.g. torch.zeros(3, dtype=w.dtype))")
+
+
+class TorchSampleFunction(SampleFunction):
+    """A :class:`SampleFunction` whose values and gradient come from a PyTorch loss of one
+    sample (built by :func:`from_torch`; the arguments are described there).
+
+    ``value``, ``grad`` and ``value_and_grad`` are the per-sample values by
+    ``torch.func.vmap``, the gradient of the batch mean by ``torch.func.grad_and_value`` and
+    both at once (NumPy arrays in, NumPy float64 arrays out). PyTorch runs eagerly: nothing is
+    compiled, so changing batch sizes cost nothing extra. Picklable: the state is the plain
+    Python loss and the options.
+    """
+
+    def __init__(self, loss: Callable, name: Optional[str] = None, *, batched: bool = False,
+                 dtype: str = "float64", surrogate=None):
+        if not callable(loss):
+            raise TypeError(f"from_torch needs a callable loss(w, x, y) -> scalar tensor, got "
+                            f"{type(loss).__name__}")
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"dtype must be one of {TORCH_DTYPES}, got {dtype!r}")
+        self.loss = loss
+        self.batched = bool(batched)
+        self.dtype = dtype
+        name = name or getattr(loss, "__name__", None) or "f"
+        super().__init__(self._values, self._grad, name=("f" if name == "<lambda>" else name),
+                         surrogate=surrogate, value_and_grad=self._value_and_grad)
+        import_torch()
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("value", "grad", "value_and_grad")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.value, self.grad = self._values, self._grad
+        self.value_and_grad = self._value_and_grad
+
+    def __repr__(self) -> str:
+        return f"TorchSampleFunction(name={self.name!r}, dtype={self.dtype!r})"
+
+    def _per_sample(self, torch, w, X, y):
+        """The per-sample values (n,) of the loss: vmapped over the rows, or the batched
+        loss; shapes and dtypes checked (inside vmap a tensor shows its per-sample shape)."""
+        name, batched, dt = self.name, self.batched, getattr(torch, self.dtype)
+
+        def checked(out, what, shape):
+            if not isinstance(out, torch.Tensor):
+                raise UserFunctionError(f"{name}: the loss must return a torch tensor, got "
+                                        f"{type(out).__name__}")
+            if tuple(out.shape) != shape:
+                fix = ("return one value per row, shape (n,)" if batched else
+                       "return one scalar per sample, shape (): e.g. .sum() or out[0]; a "
+                       "loss of the whole batch takes batched=True")
+                raise UserFunctionError(f"{name}: the loss returned shape {tuple(out.shape)} "
+                                        f"for {what}; it must {fix}")
+            if not out.is_floating_point():
+                raise UserFunctionError(
+                    f"{name}: the loss returned dtype {out.dtype} for {what}; it must return "
+                    "a real floating-point value (an integer or boolean result has no "
+                    "gradient: compute it from w with floating-point operations, e.g. "
+                    "torch.sigmoid instead of a 0/1 step)")
+            if out.dtype != dt:
+                raise UserFunctionError(
+                    f"{name}: the loss returned dtype {out.dtype} for {what} although its "
+                    f"inputs are {dt}: a tensor it creates or closes over is in another "
+                    f"precision. Create tensors with dtype=w.dtype (or convert what it closes "
+                    f"over with .to(torch.{self.dtype})); from_torch computes in "
+                    f"{self.dtype} (dtype= to change it)")
+            return out
+
+        if batched:
+            return checked(self.loss(w, X, y), f"a batch X of shape {tuple(X.shape)}",
+                           (X.shape[0],))
+
+        def one(x, t):
+            return checked(self.loss(w, x, t), f"one row x of shape {tuple(x.shape)}", ())
+
+        return torch.func.vmap(one, in_dims=(0, None if y is None else 0))(X, y)
+
+    def _inputs(self, torch, w, X, y):
+        """w, X, y as torch tensors (w and X in the computing dtype: integer features are
+        converted as FederatedData does; integer y kept, as int64: labels may index)."""
+        dt = np.float64 if self.dtype == "float64" else np.float32
+        w, X = np.asarray(w), np.asarray(X)
+        for what, a in (("w", w), ("X", X)):
+            if a.dtype.kind not in "biuf":
+                raise TypeError(f"{self.name}: {what} must be a real array (float or int), "
+                                f"got dtype {a.dtype}")
+        if w.ndim != 1:
+            raise TypeError(f"{self.name}: w must be a flat vector of shape (d,), got shape "
+                            f"{w.shape}")
+        if X.ndim < 1:
+            raise TypeError(f"{self.name}: X must hold one row per sample, got a scalar")
+        n = X.shape[0]
+        if y is not None:
+            y = np.asarray(y)
+            if y.dtype.kind not in "biuf":
+                raise TypeError(f"{self.name}: y must be a real array, got dtype {y.dtype}")
+            if y.ndim < 1 or y.shape[0] != n:
+                raise TypeError(f"{self.name}: y must have one entry per row of X ({n}), got "
+                                f"shape {y.shape}")
+            y = y.astype(dt if y.dtype.kind == "f" else np.int64, copy=False)
+
+        def tensor(a, dtype):
+            # torch.from_numpy shares the memory; it warns on read-only arrays (the library's
+            # w and client data are), so those are copied: the loss never writes into them
+            a = np.ascontiguousarray(a, dtype=dtype)
+            return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+        return (tensor(w, dt), tensor(X, dt), None if y is None else tensor(y, y.dtype), n)
+
+    def _run(self, which: int, w, X, y):
+        torch = import_torch()
+        _single_thread_after_fork(torch)
+        w, X, y, n = self._inputs(torch, w, X, y)
+        if n == 0:
+            return (np.zeros(0), np.full(w.numel(), np.nan)) if which else np.zeros(0)
+        try:
+            if which == 0:
+                with torch.no_grad():
+                    v = self._per_sample(torch, w, X, y)
+            else:
+                def mean(w_):
+                    values = self._per_sample(torch, w_, X, y)
+                    return values.mean(), values
+
+                g, (_, v) = torch.func.grad_and_value(mean, has_aux=True)(w)
+        except UserFunctionError:
+            raise
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise _torch_not_traceable(self.name, exc) from exc
+        v = v.detach().numpy().astype(np.float64)
+        return v if which == 0 else (v, g.detach().numpy().astype(np.float64))
+
+    def _values(self, w, X, y):
+        """The per-sample values f(w, x_n) of the rows of X: shape (n,)."""
+        return self._run(0, w, X, y)
+
+    def _value_and_grad(self, w, X, y):
+        """(per-sample values (n,), gradient of their mean (d,)), one forward and one backward
+        pass."""
+        return self._run(1, w, X, y)
+
+    def _grad(self, w, X, y):
+        """The gradient of the mean of the per-sample values over the rows of X: shape (d,)."""
+        return self._run(1, w, X, y)[1]
+
+
+def from_torch(loss: Callable, name: Optional[str] = None, *, batched: bool = False,
+               dtype: str = "float64", surrogate=None) -> TorchSampleFunction:
+    """A SampleFunction from the PyTorch loss of one sample (automatic differentiation).
+
+    Implements f(w, x_n) (eq. (Fs0) and the F_m of Problem 3) from ``loss``: values per sample
+    by ``torch.func.vmap``, the gradient of the batch mean by ``torch.func.grad_and_value``
+    (one forward and one backward pass), the same contract as :func:`from_jax`. Also
+    reachable as ``ss.SampleFunction.from_torch``. PyTorch is never a dependency of the
+    library: it is imported when a function is built.
+
+    Args:
+      loss: ``loss(w, x, y) -> scalar tensor`` written with torch operations: w the flat
+        decision vector (d,) as a tensor, x one row of X, y its target (one entry of y; None
+        when the data have none). A ``torch.nn.Module`` can be used through
+        ``torch.func.functional_call`` with its parameters sliced from w.
+      name: used in reports and error messages (default: the loss's ``__name__``).
+      batched: the loss takes the whole batch, ``loss(w, X, y) -> (n,)`` per-sample values (no
+        vmap); each value must depend on its own row only.
+      dtype: ``"float64"`` (default: w and X are passed as float64 tensors, whatever torch's
+        default dtype; a loss whose result comes out in another precision is refused) or
+        ``"float32"``.
+      surrogate: the surrogate builder, as for :class:`SampleFunction`.
+
+    Returns:
+      a :class:`TorchSampleFunction` (a SampleFunction): ``f <= U`` makes a constraint as
+      usual.
+
+    Raises:
+      ModelError: PyTorch (with torch.func) is not installed.
+      UserFunctionError (on a call): the loss returns another shape than a scalar per sample,
+        a non-floating or other-precision dtype, or fails under vmap/grad (.item(), NumPy,
+        data-dependent Python control flow, ...).
+    """
+    return TorchSampleFunction(loss, name, batched=batched, dtype=dtype, surrogate=surrogate)
+
+
+def _from_torch_classmethod(cls, loss: Callable, name: Optional[str] = None, **options):
+    """A SampleFunction from the PyTorch loss ``loss(w, x, y) -> scalar`` of one sample, by
+    automatic differentiation: :func:`ssca_solver.model.autodiff.from_torch` (options
+    ``batched``, ``dtype``, ``surrogate``; docs/autodiff.md)."""
+    return from_torch(loss, name, **options)
+
+
+# ss.SampleFunction.from_torch, beside from_jax (which model/functions.py defines). Attached
+# here so that functions.py need not change; it belongs there as a classmethod like from_jax.
+if not hasattr(SampleFunction, "from_torch"):
+    SampleFunction.from_torch = classmethod(_from_torch_classmethod)
