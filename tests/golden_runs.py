@@ -7,7 +7,10 @@ iterate, the final status and message, and the final full-data report.
 ``tests/data/golden_runs.npz``, made by ``python tests/golden_runs.py --write`` before the
 package was reorganised (issue 17: "no behaviour change"). Re-record only for a change that is
 meant to move iterates, and say so in the commit. (Issue 19 added the runs "*_lbfgs" and
-gave three older runs hessian="none": their record did not change.)
+gave three older runs hessian="none": their iterates did not change; the full-batch rounds'
+own evaluations then made the KKT test run at every such round, so ssca_alg1_certified and
+ssca_alg2_certified stop at round 162 and 250 with the same iterates up to there, returning
+the point the passing test evaluated.)
 """
 
 from __future__ import annotations

@@ -31,7 +31,11 @@ def test_a_certificate_on_a_classical_program_is_never_wrong(name):
         # within 1e-4 of the optimum (below it only by what the feasibility tolerance allows)
         assert gap <= 1e-4, (name, gap)
         if c.certifiable:
-            assert gap >= -1e-8, (name, gap)
+            # below the optimum only by what the certified violation allows (first-order
+            # sensitivity: sum_m |mu_m| violation_m; the KKT test runs at every full-batch
+            # round since issue 19 and stops at the first point within feas_tol)
+            allowed = float(np.sum(np.abs(res.kkt.multipliers) * res.kkt.feasibility))
+            assert gap >= -(2.0 * allowed + 1e-8) / max(1.0, abs(c.optimum)), (name, gap)
         if c.solution is not None and name not in ("quartic", "no_kkt_point"):
             assert np.max(np.abs(res.x - c.solution)) <= 1e-3 * max(1.0, np.max(
                 np.abs(c.solution))), (name, res.x)
@@ -56,7 +60,9 @@ def test_far_start_is_certified_only_near_the_minimum():
     c = CLASSICAL["far_start"]
     res = problem(c).solve(seed=0, x0=c.x0)
     assert res.status == "converged"
-    assert np.max(np.abs(res.x - c.solution)) < 1e-4
+    # relative stationarity 1e-4 against the secant scale L max(1, |w|) certifies a distance
+    # of about 1e-4 max(1, |w*|) (|w*| = 2.2) from the minimum
+    assert np.max(np.abs(res.x - c.solution)) < 1e-4 * np.linalg.norm(c.solution)
     assert res.kkt.scale < 100          # not 1 % of the start gradient (about 1.4e6)
 
 

@@ -85,7 +85,15 @@ def test_stochastic_qcqp_with_three_constraints():
     assert np.mean(gaps) <= 1e-2
     auto = qcqp.stochastic_qcqp(data, U, d).solve(seed=0)     # default options: certified
     assert auto.status == "converged" and abs(auto.fun - value) <= 1e-3 * abs(value)
-    np.testing.assert_allclose(auto.kkt.multipliers, duals, rtol=1e-2, atol=1e-6)
+    active = duals > 0.1
+    np.testing.assert_allclose(auto.kkt.multipliers[active], duals[active], rtol=1e-2)
+    # the inactive constraint's multiplier: as small as complementarity certifies (the test
+    # runs at every full-batch round since issue 19 and stops at the first point that passes;
+    # measured 1.8e-6 there, 1e-10 when it ran ten rounds later)
+    inactive = ~active
+    assert np.all(auto.kkt.multipliers[inactive] * np.abs(auto.constraints[inactive])
+                  <= 1e-4 * auto.kkt.scale)
+    assert np.all(auto.kkt.multipliers[inactive] <= 1e-4)
 
 
 def test_exact_quadratic_builder_is_the_loss_plus_proximal_term():

@@ -117,7 +117,7 @@ def test_the_penalty_is_raised_on_the_relative_slack(slack, raised):
     0.25 / 500 = 5e-4 keeps c_1, 2 / 500 = 4e-3 raises it."""
     c1 = (1.5 - slack / 1000) / 1000
     res = _slack_problem().solve(batch_size=None, penalty=(c1, 1.0), max_iter=80, seed=0,
-                                 x0=np.array([0.0]))
+                                 x0=np.array([0.0]), hessian="none")
     first = res.stages[0]
     assert first.penalty == c1 and first.rounds == 40
     # the stage's slack estimate: the mean over its last tenth of max_m |s_m| / max(1, |U_m|)
@@ -266,7 +266,7 @@ def test_backtracking_retries_from_the_last_accepted_point():
     x0 = xbar + np.array([1.0, 0.02])
     xs = []
     res = prob.solve(batch_size=None, max_iter=40, seed=0, x0=x0, eval_every=None,
-                     callback=lambda it: xs.append(np.array(it.x)))
+                     hessian="none", callback=lambda it: xs.append(np.array(it.x)))
     h = res.history
     assert h.rejected.sum() >= 2 and np.any(h.rejected[1:] * h.rejected[:-1])  # twice in a row
     accepted, previous = x0, x0

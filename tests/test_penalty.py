@@ -46,11 +46,24 @@ def test_an_infimum_at_infinity_is_not_called_infeasible_while_the_violation_fal
     of infeasibility yet (the suite's infeasible problem, whose violation settles, is reported
     "infeasible": tests/test_suite.py)."""
     res = neyman_pearson(cancer_data, alpha=-0.05).solve(max_iter=200, penalty=[1.0, 10.0],
-                                                         seed=0)
+                                                         seed=0, hessian="none")
     assert res.status == "max_iter" and not res.success
     assert "no feasible point was found" in res.message
     assert "still decreasing" in res.message and "no evidence of infeasibility" in res.message
     assert res.constraints[0] > 0.04 and res.kkt.feasibility[0] > 0.04
+
+
+def test_a_penalised_optimum_that_violates_asks_for_a_larger_penalty(cancer_data):
+    """The same with the quasi-Newton model: the full-batch phase solves the penalised problem
+    at the largest c = 10 (its violation settles at 0.0614 while |w| = 8.2), which is not a
+    minimiser of the violation: no evidence of infeasibility, and the advice is a larger c,
+    not a fixed mini-batch's (the run's batches are not fixed)."""
+    res = neyman_pearson(cancer_data, alpha=-0.05).solve(max_iter=200, penalty=[1.0, 10.0],
+                                                         seed=0)
+    assert res.status == "max_iter" and not res.success
+    assert "no evidence of infeasibility" in res.message
+    assert "larger penalties" in res.message and "mini-batch" not in res.message
+    assert res.constraints[0] > 0.04
 
 
 def test_a_feasible_problem_stopped_early_is_not_called_infeasible(cancer, cancer_data):

@@ -152,3 +152,36 @@ def test_checkpoint_layout_admits_the_pairs():
     from ssca_solver.engine.checkpoint import STATE_ROWS
 
     assert MEMORY <= STATE_ROWS
+
+
+def test_cvxpy_path_with_the_model_matches_the_closed_form():
+    """The same Problem 5 with the model through CVXPY (the factor term, DPP) and through the
+    closed form: the same w and multipliers to the interior point's accuracy, and the
+    parametrised problem is compiled once for both rounds."""
+    from ssca_solver.model.surrogates import ProximalLinear
+    from ssca_solver.subproblems.closed_form import ClosedFormSubproblem
+    from ssca_solver.subproblems.cvxpy_backend import CvxpySubproblem
+    from ssca_solver.model.deterministic import DeterministicPart
+
+    rng = np.random.default_rng(3)
+    d = 10
+    H = rng.standard_normal((d, d))
+    S, Y = _pairs(rng, d, 5, H @ H.T / d + 0.1 * np.eye(d))
+    model = LBFGSModel(S, Y)
+    builders = [ProximalLinear(), ProximalLinear()]
+    closed = ClosedFormSubproblem(d, builders, True, [0.3], 0.0)
+    cvx = CvxpySubproblem(d, builders, True, [0.3], DeterministicPart((), (), d))
+    assert cvx.parametrize
+    for _ in range(2):
+        x = rng.standard_normal(d)
+        stats = tuple({"quad": np.asarray(0.05), "lin": rng.standard_normal(d),
+                       "const": np.asarray(float(rng.standard_normal()))} for _ in builders)
+        a = closed.with_model(model, x).solve(stats, 10.0, round=1)
+        b = cvx.with_model(model, x).solve(stats, 10.0, round=1)
+        # values to the interior point's tolerance (~1e-9 relative gap); w to what strong
+        # convexity (modulus >= 2 quad = 0.1) makes of that: |dw|^2 <= 2 dvalue / 0.1
+        tol = 1e-7 * max(1.0, abs(a.value))
+        assert abs(a.value - b.value) <= tol
+        assert np.linalg.norm(b.w - a.w) <= np.sqrt(2.0 * tol / 0.1)
+        np.testing.assert_allclose(b.multipliers, a.multipliers, atol=1e-4)
+    assert cvx._model_main().problem.is_dpp()

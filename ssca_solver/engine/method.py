@@ -182,6 +182,16 @@ class Method:
         instead of ending the run. Default: never."""
         return False
 
+    def round_evaluation(self, before, after, info):
+        """A full-data evaluation that the round from ``before`` to ``after`` already holds, or
+        None: ``(state, evaluation)`` with ``state`` the method's state at the evaluated point
+        (what the run returns if the stop test passes there) and ``evaluation`` an
+        :class:`~ssca_solver.diagnostics.evaluation.Evaluation` (values and gradients on every
+        row) at ``state.w``. The runner then runs the stop test on it at no cost in
+        communication, and skips the paid evaluations while such ones come (SSCA's full-batch
+        rounds). Called only for rounds in which every client answered. Default: None."""
+        return None
+
     # -- the end ---------------------------------------------------------------------------------
     def status(self, outcome: Outcome) -> tuple[str, str]:
         """(status, message). Default: :func:`ssca_solver.status.decide` with the method's

@@ -125,6 +125,7 @@ class Runner:
         self.stop_test = stop_test
         self.start_norm = None
         self.last_test = None        # what the stop test returned at the latest evaluation
+        self.free_since = None       # the round of the latest evaluation a round held
         self._start = time.perf_counter() - elapsed
 
     @property
@@ -179,10 +180,24 @@ class Runner:
                         new.t, f"the step |w_(t+1) - w_t| = {step:.3g} is not finite or "
                         f"exceeds {DIVERGENCE_STEP:g} max(1, |w_1|)"))
                 evaluated, converged = None, False
-                if opts.eval_every and new.t % opts.eval_every == 0:
+                free = (alg.round_evaluation(state, new, info)
+                        if opts.eval_every and not self.gatherer.pending else None)
+                if free is not None:
+                    # the round's own statistics are a full-data evaluation at the point it
+                    # accepted (no second pass over the data): tested at every such round
+                    point, ev = free
+                    self.free_since = new.t
+                    evaluated = (new.t, *self.evaluator.split(ev.values, point.w))
+                    if self.stop_test is not None:
+                        converged, self.last_test = self.stop_test(point, ev)
+                        if converged:
+                            new = point
+                elif (opts.eval_every and new.t % opts.eval_every == 0
+                      and (self.free_since is None
+                           or new.t - self.free_since >= opts.eval_every)):
                     ev = self._scheduled_evaluation(new)
                     if ev is not None:
-                        evaluated = self.evaluator.split(ev.values, new.w)
+                        evaluated = (new.t, *self.evaluator.split(ev.values, new.w))
                     if ev is not None and self.stop_test is not None and ev.complete:
                         converged, self.last_test = self.stop_test(new, ev)
             except BaseException as exc:
@@ -196,7 +211,7 @@ class Runner:
             self.dropouts.extend(self.gatherer.take())
             self.recorder.round(new.t, stage, record)
             if evaluated is not None:
-                self.recorder.evaluation(new.t, *evaluated)
+                self.recorder.evaluation(*evaluated)
             try:
                 stop = self._callback(state, record)
             except BaseException as exc:      # e.g. Ctrl-C in the callback: the round is done

@@ -58,6 +58,9 @@ _CLARABEL_FALLBACKS = [{"static_regularization_enable": False}, {"equilibrate_en
 CLARABEL_TOLERANCES = {"tol_gap_abs": 1e-9, "tol_gap_rel": 1e-9, "tol_feas": 1e-9}
 _CLARABEL_DEFAULTS = {"tol_gap_abs": 1e-8, "tol_gap_rel": 1e-8, "tol_feas": 1e-8}
 
+#: columns of the quasi-Newton term's factor (twice the model's memory of 8 pairs)
+MODEL_RANK = 16
+
 #: The other solvers tried, at these settings, when every attempt of the chosen solver failed
 #: (answers of these first-order methods are flagged inaccurate; OSQP only for QPs).
 OTHER_SOLVERS = {"CLARABEL": dict(CLARABEL_TOLERANCES),
@@ -181,7 +184,8 @@ class CvxpySubproblem:
         """The CVXPY problem of the rounds (the parametrised one, or the last rebuilt)."""
         return self._main.problem
 
-    def _build(self, stats: Sequence[dict], penalty, center=None, scale=None) -> _Model:
+    def _build(self, stats: Sequence[dict], penalty, center=None, scale=None,
+               qn: Optional[dict] = None) -> _Model:
         """Problem 5 on ``stats`` (Parameters, or Constants when not parametrised).
 
         With a ``center`` (and a positive diagonal ``scale`` D), the same problem in the
@@ -219,6 +223,15 @@ class CvxpySubproblem:
         if det is not None:
             obj_terms.append(det)
         cons = list(domain)
+        if qn is not None:
+            # the quasi-Newton model (w - x)' B (w - x) / 2 with B = delta (I - V V') +
+            # V diag(h) V' (V orthonormal, MODEL_RANK columns, zero-padded): through v = w - x
+            # and u = V' v every product is a Parameter times a Variable (DPP)
+            v2 = cp.Variable(self.dim, name="qn_step")
+            u = cp.Variable(MODEL_RANK, name="qn_coords")
+            cons += [v2 == w - qn["x"], u == qn["V"].T @ v2]
+            obj_terms.append(0.5 * cp.sum_squares(qn["sd"] * v2 - qn["Vs"] @ u)
+                             + 0.5 * cp.sum_squares(cp.multiply(qn["sh"], u)))
         if self.num_constraints:  # Problem 2 never uses r (see the module docstring)
             cons.append(cp.sum_squares(w if center is None else step) <= r)
         sur_cons = []
@@ -422,12 +435,50 @@ class CvxpySubproblem:
             return False
         return prob.status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE)
 
+    def with_model(self, model, center: np.ndarray) -> "ModelCvxpy":
+        """This solver with the quasi-Newton ``model`` added to the objective's surrogate about
+        ``center`` (:class:`ModelCvxpy`; issue 19), as the closed form's ``with_model``."""
+        return ModelCvxpy(self, model, center)
+
+    def _model_values(self, model, center: np.ndarray) -> dict:
+        """The model B = delta I - Psi N^{-1} Psi' as the factor values of :meth:`_build`'s
+        quasi-Newton term: V an orthonormal basis of Psi's span that diagonalises B there
+        (eigenvalues h), zero-padded to MODEL_RANK columns."""
+        P = model.directions()
+        if P.shape[0] > MODEL_RANK:
+            raise ValueError(f"the quasi-Newton model has {P.shape[0]} directions; the CVXPY "
+                             f"subproblem takes at most {MODEL_RANK}")
+        Q, _ = np.linalg.qr(P.T)
+        H = Q.T @ model.matmat(Q)
+        h, E = np.linalg.eigh(0.5 * (H + H.T))
+        V = np.zeros((self.dim, MODEL_RANK))
+        sh = np.zeros(MODEL_RANK)
+        V[:, :h.size] = Q @ E
+        sh[:h.size] = np.sqrt(np.maximum(h, 0.0))
+        sd = float(np.sqrt(max(model.delta, 0.0)))
+        return {"x": np.asarray(center, dtype=float), "V": V, "Vs": sd * V, "sd": sd,
+                "sh": sh}
+
+    def _model_main(self) -> _Model:
+        """The parametrised Problem 5 with the quasi-Newton term (built on first use)."""
+        if getattr(self, "_qn_main", None) is None:
+            self._qn_params = {
+                "x": cp.Parameter(self.dim, name="qn_x"),
+                "V": cp.Parameter((self.dim, MODEL_RANK), name="qn_V"),
+                "Vs": cp.Parameter((self.dim, MODEL_RANK), name="qn_Vs"),
+                "sd": cp.Parameter(nonneg=True, name="qn_sd"),
+                "sh": cp.Parameter(MODEL_RANK, nonneg=True, name="qn_sh")}
+            self._qn_main = self._build(self._params, self._c, qn=self._qn_params)
+        return self._qn_main
+
     def solve(self, stats: Sequence[dict], penalty: float, round: int,
-              nu0=None) -> SubproblemSolution:
+              nu0=None, qn: Optional[dict] = None) -> SubproblemSolution:
         """Set the Parameters to ``stats`` and ``penalty`` (or rebuild with them) and solve,
         retrying as :meth:`_solve_with_retries` says; raise SubproblemError when every attempt
         fails. ``nu0`` is accepted for the common contract and unused (Clarabel has no dual
-        warm start through CVXPY)."""
+        warm start through CVXPY). ``qn``: the values of a quasi-Newton term
+        (:meth:`_model_values`), added to the objective (the rescue attempts of
+        :meth:`_solve_with_retries` go without it)."""
         values = []
         for b, st in zip(self._builders, stats):
             vals = {}
@@ -440,16 +491,27 @@ class CvxpySubproblem:
                     v = 0.5 * (v + v.T)
                 vals[spec.name] = v
             values.append(vals)
+        plain = None
         if self.parametrize:
             for ps, vals in zip(self._params, values):
                 for name, p in ps.items():
                     p.value = vals[name]
             self._c.value = float(penalty)
+            if qn is not None:
+                plain, self._main = self._main, self._model_main()
+                for name, p in self._qn_params.items():
+                    p.value = qn[name]
         else:
             self._main = self._build([{k: cp.Constant(v) for k, v in vals.items()}
-                                      for vals in values], cp.Constant(float(penalty)))
-        (w, s, duals, value), status, retries, inaccurate = self._solve_with_retries(
-            round, values, penalty)
+                                      for vals in values], cp.Constant(float(penalty)),
+                                     qn=None if qn is None else {
+                                         k: cp.Constant(v) for k, v in qn.items()})
+        try:
+            (w, s, duals, value), status, retries, inaccurate = self._solve_with_retries(
+                round, values, penalty)
+        finally:
+            if plain is not None:
+                self._main = plain
         M = self.num_constraints
         slack = np.maximum(s, 0.0) if M else np.zeros(0)
         mult = (np.array([float(np.atleast_1d(d)[0]) for d in duals]) if M else np.zeros(0))
@@ -458,3 +520,17 @@ class CvxpySubproblem:
         mult = np.where(self._equality, mult, np.maximum(mult, 0.0)) if M else mult
         return SubproblemSolution(np.array(w, dtype=float), slack, mult, value,
                                   retries=retries, inaccurate=inaccurate)
+
+
+class ModelCvxpy:
+    """A :class:`CvxpySubproblem` bound to a quasi-Newton model and the point the round's
+    statistics were taken at (the full-batch phase's second-order surrogate; same contract)."""
+
+    name = "cvxpy"
+
+    def __init__(self, base: CvxpySubproblem, model, center: np.ndarray):
+        self.base, self.model, self.center = base, model, center
+
+    def solve(self, stats, penalty: float, round: int, nu0=None) -> SubproblemSolution:
+        return self.base.solve(stats, penalty, round, nu0,
+                               qn=self.base._model_values(self.model, self.center))

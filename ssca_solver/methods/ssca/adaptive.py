@@ -54,6 +54,12 @@ TAU_DOWN_MODEL = 0.25
 #: after a rejected quasi-Newton step tau is at least this times the model's scale delta
 #: (the curvature of its initial matrix), so that the retried step is shorter
 MODEL_REJECT = 0.5
+#: accepted rounds in a row with the model whose subproblem keeps a slack at multiplier c that
+#: end a penalty stage (SSCA._saturated: c is too small for an exact penalty)
+SATURATED = 5
+#: with the model, STALL_ROUNDS accepted rounds in a row whose merit fell by less than
+#: MERIT_PROGRESS of its size settle the point (SSCA._track_progress)
+STALL_ROUNDS, MERIT_PROGRESS = 30, 1e-10
 #: an accepted step of relative length <= TINY_STEP is lost in rounding: tau is then cut by
 #: TAU_TINY, and TINY_ROUNDS of them settle the point (SSCA._backtracking_step, .settled)
 TINY_STEP, TAU_TINY, TINY_ROUNDS = 1e-12, 0.1, 12

@@ -142,6 +142,9 @@ class SSCA(FrontDoor):
         points (:mod:`.quasi_newton`; no extra communication)."""
         if not (self.model_ok and not state.metric.size and len(state.prev_w)
                 and len(state.prev_stats)):
+            # with a diagonal metric (features of very different scales) the model is not
+            # used: from B_0 = delta I it ended a badly scaled Neyman-Pearson problem 2.0 from
+            # the optimum in 46 rounds, where the metric's first-order steps are 3e-4 from it
             return state
         s = state.w - state.prev_w
         if float(np.linalg.norm(s)) <= qn.MIN_STEP * max(1.0, float(np.linalg.norm(state.w))):
@@ -181,6 +184,26 @@ class SSCA(FrontDoor):
         """In the backtracking regime w_t is a trial point until the next round's merit test
         accepts it."""
         return self._backtracking(state) and len(state.prev_stats) > 0
+
+    def round_evaluation(self, before, after, info):
+        """In the backtracking regime a round that accepted its point ``before.w`` holds the
+        full-data values and gradients there: its statistics are full-batch sums, and the
+        proximal-linear ones give F_m(w) = p_m(q, w) and grad F_m(w) = 2 quad w + lin at the
+        point they were taken at (tau's rescaling keeps both). That is the evaluation the KKT
+        test needs, without the second pass over the data a scheduled one costs (issue 19).
+        The state returned is ``after`` at that point (the run's result if the test passes)."""
+        if not (self._backtracking(before) and info.rejected == 0 and len(after.prev_stats)
+                and len(after.prev_w) == len(before.w)
+                and np.array_equal(after.prev_w, before.w)):
+            return None
+        from ...diagnostics.evaluation import Evaluation
+
+        w = after.prev_w
+        grads = [ad.surrogate_gradient(st, w) for st in after.prev_stats]
+        if any(g is None for g in grads):
+            return None
+        values = np.array([b.evaluate(st, w) for b, st in zip(self.builders, after.prev_stats)])
+        return after._replace(w=w.copy()), Evaluation(values, np.array(grads), 0, 0, True)
 
     def _backtracking(self, state) -> bool:
         """Full batches with the adaptive tau and unit steps: the backtracking regime."""
@@ -478,6 +501,7 @@ class SSCA(FrontDoor):
                 delta = LBFGSModel(state.qn_s, state.qn_y).delta
                 k = max(k, ad.MODEL_REJECT * delta / max(self._tau(state), 1e-300))
         else:
+            self._track_progress(state, merit)
             state = self._with_pair(state, stats)
             # with a curvature model tau is the regularisation of a quasi-Newton step, not the
             # curvature: it falls faster while steps are accepted
@@ -497,6 +521,20 @@ class SSCA(FrontDoor):
             elif step > 100 * ad.TINY_STEP:
                 self._tiny = 0
         return self._retry(state, k, base_w, base, base_merit, worse)
+
+    def _track_progress(self, state, merit: float) -> None:
+        """With the model: rounds since the merit last fell by more than MERIT_PROGRESS of its
+        size (a new stage starts afresh). At a kink of F (|w| at 0) the quasi-Newton steps
+        hover at 1e-11 without settling by step length; STALL_ROUNDS accepted rounds without
+        progress settle the point (:meth:`settled`)."""
+        if not (state.qn_s.size and not state.metric.size) or not np.isfinite(state.merit):
+            self._best_merit, self._stall = merit, 0
+            return
+        best = getattr(self, "_best_merit", np.inf)
+        if merit < best - ad.MERIT_PROGRESS * max(1.0, abs(best)):
+            self._best_merit, self._stall = merit, 0
+        else:
+            self._stall = getattr(self, "_stall", 0) + 1
 
     def _second_order_correction(self, state, stats):
         """After a rejected step that made the constraints' violation worse than the model
@@ -584,7 +622,41 @@ class SSCA(FrontDoor):
             return False
         if state.rejects >= ad.MAX_REJECTS:    # no step improves the merit at this precision
             return True
+        if self._saturated(state, info):
+            return True
+        if info.rejected == 0 and getattr(self, "_stall", 0) >= ad.STALL_ROUNDS:
+            self._stall = 0
+            return True
         return info.rejected == 0 and getattr(self, "_tiny", 0) >= ad.TINY_ROUNDS
+
+    def _saturated(self, state, info) -> bool:
+        """The penalty follows the multipliers (issue 19): with the quasi-Newton model (tau a
+        small regularisation, so the linearised constraints are nearly what the step sees), an
+        accepted step whose subproblem keeps a slack above ``slack_tol`` with a multiplier at
+        the box bound |nu_m| = c says that c is below what an exact penalty needs; SATURATED
+        such rounds in a row end the stage (when a larger c is left), and :meth:`next_stage`
+        counts them as evidence. A digits network spent its whole first stage (1000 rounds)
+        infeasible at c = 100 below its multiplier 144 before c was raised."""
+        sol = info.step.solution
+        if not (self.M and self.model_ok and state.qn_s.size and not state.metric.size
+                and state.penalty < max(self.penalties)):
+            self._saturation = 0
+            return False
+        if info.rejected:
+            return False
+        nu = np.abs(np.asarray(sol.multipliers, dtype=float))
+        slack = np.asarray(sol.slack, dtype=float) / self.bound_scale
+        tol = self.opts.slack_tol if self.opts is not None else 1e-3
+        at_c = nu >= state.penalty * (1.0 - 1e-9)
+        if np.any(at_c & (slack > tol)):
+            self._saturation = getattr(self, "_saturation", 0) + 1
+        else:
+            self._saturation = 0
+        if self._saturation >= ad.SATURATED:
+            self._saturation = 0
+            self._c_too_small = True
+            return True
+        return False
 
     def record(self, info) -> dict:
         sol = info.step.solution

@@ -117,7 +117,8 @@ class FrontDoor(Method):
               if report is not None else np.zeros(0))
         stalled, first, _ = ssca_status.violation_stalled(
             recorder.history(), self.bound_scale, self.M, self.equality)
-        evidence = (not mu.size or not np.all(np.isfinite(mu))
+        saturated, self._c_too_small = getattr(self, "_c_too_small", False), False
+        evidence = (saturated or not mu.size or not np.all(np.isfinite(mu))
                     or float(np.max(mu)) >= 0.5 * state.penalty
                     or stalled or not np.isfinite(first))
         if evidence:

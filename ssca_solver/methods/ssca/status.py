@@ -105,8 +105,12 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
             f"at the largest c, but the returned point does not minimise the violation: its "
             f"gradient there is {r1:.3g} of the constraints' gradient at the start (above "
             f"{PHASE1_TOL:g}), so a nearby point violates less and this is no evidence of "
-            "infeasibility (with a fixed mini-batch the iterates scatter around the "
-            "constraint): try batch_size='auto' with the default tau, or more rounds")
+            + ("infeasibility (with a fixed mini-batch the iterates scatter around the "
+               "constraint): try batch_size='auto' with the default tau, or more rounds"
+               if isinstance(o.batch_size, int) else
+               f"infeasibility: the largest c ({o.penalty[-1]:g}) may be below what an exact "
+               "penalty needs here (the penalised problem's solution keeps this violation); "
+               "give larger penalties (penalty=[..., a larger c]) or more rounds"))
     drop = saddle() if at_most else 0.0
     if at_most and not np.isfinite(drop):
         return st.MAX_ITER, (
