@@ -349,6 +349,10 @@ def _meta_fields(meta, path: str) -> dict:
     seed = meta["seed"]
     if not (isinstance(seed, str) and seed.isdigit()):
         bad("seed", f"= {seed!r} is not a non-negative integer")
+    start = meta.get("x0")           # the start point's hash (engine.session), when written
+    if start is not None and not (isinstance(start, str) and len(start) == 32
+                                  and all(c in "0123456789abcdef" for c in start)):
+        bad("x0", f"= {start!r} is not the start point's hash (32 hexadecimal digits)")
     for key in ("stage", "round"):
         v = meta[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:

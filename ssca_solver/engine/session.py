@@ -58,6 +58,15 @@ def fingerprint(problem, method: str, **options) -> dict:
     return json.loads(json.dumps(fp, default=repr))
 
 
+def _point_hash(x0: np.ndarray) -> str:
+    """The start point's hash kept in a checkpoint (metadata ``x0``), so that a resume given
+    another x0 is refused rather than silently continued from the checkpoint's point."""
+    import hashlib
+
+    return hashlib.blake2b(np.ascontiguousarray(x0, dtype=np.float64).tobytes(),
+                           digest_size=16).hexdigest()
+
+
 class Session:
     """A solve in progress: the clients, the transport, the runner, and where to start.
 
@@ -107,6 +116,15 @@ class Session:
                 raise ValueError(f"resume: the checkpoint {opts.resume!r} was written with "
                                  "another seed; omit seed= (it is read from the checkpoint) "
                                  "or give the same one")
+            start = meta.get("x0")
+            if opts.x0 is not None and start is not None and start != _point_hash(
+                    start_point(opts.x0, problem.dim)):
+                # x0 given again on resume: the run goes on from the checkpoint's point, so an
+                # x0 other than the first run's would be silently ignored
+                raise CheckpointError(
+                    f"resume: the checkpoint {opts.resume!r} was written by a run that started "
+                    "from another x0; omit x0= (the run continues from the checkpoint's point) "
+                    "or give the same one", opts.resume, "x0")
             seed, stage, elapsed = saved_seed, int(meta["stage"]), float(meta["elapsed"])
             self.floor = StationarityFloor.from_meta(meta)
             self.constraint_scale = float(meta.get("constraint_scale", 0.0))
@@ -120,6 +138,7 @@ class Session:
                                       f"restored: {exc}", opts.resume) from exc
         else:
             seed = seed_entropy(opts.seed)
+            start = _point_hash(start_point(opts.x0, problem.dim))
             state = algorithm.init(self._inside_domain(start_point(opts.x0, problem.dim)))
             self.floor = StationarityFloor()
             self.constraint_scale = 0.0
@@ -154,6 +173,7 @@ class Session:
                              sampler=sampler, dropouts=dropouts)
         self.runner.meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp,
                             "stage": stage, **self.floor.meta(),
+                            **({} if start is None else {"x0": start}),
                             "constraint_scale": self.constraint_scale}
         self.checkpoints = None
         if opts.checkpoint:          # a failed write warns once and the run goes on

@@ -100,6 +100,10 @@ class Gatherer:
                 factor = dict(zip(order, h))
             items = iter(stream)
             k = 0
+            # each reply is handed on once the next one has been checked against it: a first
+            # reply that lacks an array (or has one more) is then found by the comparison
+            # with the others before the algorithm folds it (one reply more held at a time)
+            held = None
             try:
                 for reply in items:
                     check.check(reply, order[k] if k < len(order) else _extra(request, reply))
@@ -108,16 +112,23 @@ class Gatherer:
                     odd = check.note(reply)
                     if odd is not None:
                         raise self._disagreement(check, odd, items, order, k)
-                    yield reply if factor is None else replace(
+                    ready = reply if factor is None else replace(
                         reply, weight=float(factor[reply.client]))
-                    del reply  # the algorithm has it; do not keep it alive while the next computes
+                    del reply
+                    if held is not None:
+                        yield held
+                    held = ready
+                    del ready  # the algorithm has what it was given; keep no second reference
+                if k < len(order):
+                    raise ReplyError(order[k], where(request), "no reply arrived (the "
+                                     "transport's stream ended before this client's reply)",
+                                     kind="type")
+                check.done()
+                if held is not None:
+                    yield held
+                    held = None
             finally:           # a transport's stream left early reads (or drops) what is left
                 getattr(items, "close", lambda: None)()
-            if k < len(order):
-                raise ReplyError(order[k], where(request), "no reply arrived (the "
-                                 "transport's stream ended before this client's reply)",
-                                 kind="type")
-            check.done()
             return
         h = np.ones(len(order)) if factors is None else np.asarray(factors, dtype=float)
         factor = dict(zip(order, h))

@@ -22,8 +22,14 @@ naming the client, the request and what is wrong, a reply that
   one (the message names both). Arrays named with a prefix in :data:`RAGGED` are lists of
   rows whose number may differ between clients: only their other axes must agree.
 
-An array that some replies carry and others do not is left to the task (e.g. per-client
-extras such as the noise numbers of adaptive sampling).
+* carries other arrays than the other clients' replies to the same request (``"layout"``):
+  a missing or an unexpected array, judged as shapes are (the most common set of names, else
+  the set agreed in an earlier request, else the earlier reply's). Arrays named with a prefix
+  in :data:`OPTIONAL` are per-client extras that some replies carry and others do not (the
+  noise numbers of adaptive sampling, the gradient check's retries) and are left out of the
+  comparison; a reply that carries an array of :data:`STAND_IN` answers in place of the
+  task's usual arrays (method "ssca"'s one-array answer at a trial point where a function is
+  not finite) and is not compared either.
 """
 
 from __future__ import annotations
@@ -39,6 +45,20 @@ from .messages import Reply, Request
 #: Name prefixes of arrays that are lists of rows, whose number may differ between clients
 #: (method "ssca"'s gradient-check retries, ``"recheck:m"``): only their other axes must agree.
 RAGGED = ("recheck:",)
+
+#: Name prefixes of arrays that some clients' replies carry and others' do not (method
+#: "ssca"'s noise numbers, sent only from a mini-batch, and its gradient-check retries): left
+#: out when the clients' sets of arrays are compared.
+OPTIONAL = ("noise", "recheck:")
+#: Names of arrays that stand in for a reply's usual arrays (method "ssca"'s answer at a trial
+#: point where a function is not finite): a reply carrying one is not compared with the others.
+STAND_IN = ("nonfinite",)
+#: Name prefixes of arrays that may hold NaN (never an infinity): method "ssca"'s probe marks
+#: "no finite difference along the gradient" with a NaN, and the server warns instead of
+#: checking the gradient.
+NAN_ALLOWED = ("probe:",)
+#: The pseudo-array under which each reply's set of array names is compared (``"layout"``)
+LAYOUT = "<array names>"
 
 _REAL = "biuf"        # bool, signed and unsigned integers, floats
 
@@ -130,6 +150,8 @@ class RequestCheck:
             if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
                 bad = int(a.size - np.count_nonzero(np.isfinite(a)))
                 nan = int(np.count_nonzero(np.isnan(a)))
+                if nan == bad and name.startswith(NAN_ALLOWED):
+                    continue
                 raise self.fail(client, f"has {bad} non-finite value(s) ({nan} NaN, "
                                 f"{bad - nan} infinite) in array {name!r} (of {a.size}); a "
                                 "reply's numbers must be finite", "nonfinite", name)
@@ -138,8 +160,12 @@ class RequestCheck:
         """Record the shapes of ``reply``'s arrays; the name of the first array whose shape
         differs from the first reply that had it (None: all agree so far)."""
         odd = None
-        for name, value in reply.arrays.items():
-            key = _shape_key(name, tuple(np.shape(value)))
+        items = [(name, _shape_key(name, tuple(np.shape(value))))
+                 for name, value in reply.arrays.items()]
+        if not any(name in STAND_IN for name in reply.arrays):
+            items.insert(0, (LAYOUT, tuple(sorted(name for name in reply.arrays
+                                                  if not name.startswith(OPTIONAL)))))
+        for name, key in items:
             first = self.first.setdefault(name, (key, reply.client))
             self.seen.setdefault(name, {}).setdefault(key, []).append(reply.client)
             if odd is None and key != first[0]:
@@ -170,8 +196,17 @@ class RequestCheck:
                "the shape agreed in an earlier request" if right == agreed else
                "the earlier reply's shape (two shapes, equally common: one of the two "
                "clients is at fault)")
-        axes = " (all axes but the first)" if name.startswith(RAGGED) else ""
         more = f"; clients {others} differ too" if others else ""
+        if name == LAYOUT:
+            how = how.replace("shape", "set of arrays")
+            missing, extra = sorted(set(right) - set(got)), sorted(set(got) - set(right))
+            what = "; ".join(([f"missing {missing}"] if missing else [])
+                             + ([f"unexpected {extra}"] if extra else []))
+            return self.fail(client, f"carries the arrays {list(got)} ({what}), but the "
+                             f"replies of clients {sorted(groups[right], key=self._position)} "
+                             f"to the same request carry {list(right)} ({how}){more}",
+                             "layout", (missing or extra)[0])
+        axes = " (all axes but the first)" if name.startswith(RAGGED) else ""
         return self.fail(client, f"has array {name!r} of shape{axes} {_fmt(got)}, but the "
                          f"replies of clients {sorted(groups[right], key=self._position)} to "
                          f"the same request have {_fmt(right)} ({how}){more}", "shape", name)
