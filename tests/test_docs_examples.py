@@ -12,8 +12,9 @@ without one fails ``test_every_python_block_is_marked``. The markers:
 
 Blocks of the same NAME in one file form one example, run in order in one namespace (a
 later block continues an earlier one): a fragment gets its setup from an earlier block of
-its name. When a block is followed by an output block (```text, or a bare ```), what the
-code prints must match it, line for line (trailing spaces ignored); as in doctest's
+its name. When a block is followed by an output block (```text, or a bare ```), or an output
+block further down is marked ``<!-- output -->`` (after a sentence such as "It prints:"),
+what the code prints must match it, line for line (trailing spaces ignored); as in doctest's
 ELLIPSIS, ``...`` in the output block matches any text (times, and figures that depend on
 the path the solver took, such as round counts). Print rounded or qualitative results, so
 the page does not go stale. The blocks run in a temporary directory (files they write go
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))] if p.exists()]
 MARK = re.compile(r"^<!--\s*test:\s*([A-Za-z0-9_.-]+)((?:\s+[a-z:-]+)*)\s*-->$")
 SKIP = re.compile(r"^<!--\s*test:\s*skip\s+(.*?)\s*-->$")
+OUTPUT = re.compile(r"^<!--\s*output\s*-->$")
 FENCE = re.compile(r"^```\s*([A-Za-z0-9_+-]*)")
 FLAGS = {"slow"}
 # what a block may need and a machine may lack: the modules of optional extras (CI installs
@@ -102,7 +104,17 @@ def parse(doc: Path) -> dict:
     """{name: (flags, [Block, ...])} of the blocks of ``doc`` marked to run."""
     lines = doc.read_text().splitlines()
     out: dict = {}
+    last = None
     for i, line in enumerate(lines):
+        if OUTPUT.match(line.strip()):
+            if i + 1 >= len(lines) or lines[i + 1].strip() not in ("```", "```text"):
+                raise ValueError(f"{doc.name}:{i + 1}: <!-- output --> must be followed by a "
+                                 "```text block on the next line")
+            if last is None or last.expected is not None:
+                raise ValueError(f"{doc.name}:{i + 1}: <!-- output --> has no run block "
+                                 "without an output before it")
+            last.expected, _ = _fence(lines, i + 1)
+            continue
         m = MARK.match(line.strip())
         if not m or SKIP.match(line.strip()):
             continue
@@ -125,7 +137,8 @@ def parse(doc: Path) -> dict:
         if k < len(lines) and lines[k].strip() in ("```", "```text"):
             expected, _ = _fence(lines, k)
         old_flags, blocks = out.get(name, (set(), []))
-        blocks.append(Block(doc, j + 2, code, expected))
+        last = Block(doc, j + 2, code, expected)
+        blocks.append(last)
         out[name] = (old_flags | flags, blocks)
     return out
 
@@ -184,7 +197,7 @@ def test_marked_docs_example_runs_and_prints_what_the_page_shows(blocks, needs, 
 # pages whose blocks their owner has yet to mark (another session is editing them): the check
 # is expected to fail there, strictly, so that it fails as soon as they are marked and this
 # entry must go
-NOT_YET_MARKED = {"docs/autodiff.md"}
+NOT_YET_MARKED: set = set()
 
 
 def _docs_to_check():
@@ -232,6 +245,12 @@ def test_parse_reads_markers_flags_and_outputs(tmp_path):
     assert a2.expected is None and got["b"][1][0].expected is None
     assert got["c"][1][0].code == "if True:\n    y = 2\n"
     assert unmarked(doc) == [] and skipped(doc) == []
+    doc.write_text("<!-- test: e -->\n```python\nprint(3)\n```\nIt prints:\n<!-- output -->\n"
+                   "```text\n3\n```\n")
+    assert parse(doc)["e"][1][0].expected == "3\n"
+    doc.write_text("It prints:\n<!-- output -->\n```text\n3\n```\n")
+    with pytest.raises(ValueError, match="no run block"):
+        parse(doc)
     doc.write_text("<!-- test: c -->\n\n```python\npass\n```\n")
     with pytest.raises(ValueError, match="page.md:1: the marker must be followed"):
         parse(doc)
