@@ -7,6 +7,8 @@ message names the file, field, client or array at fault.
   under plain aggregation: ReplyError naming the client, the round and the array (it was a
   bare ValueError from the server's fold that named the client but not the round, and with
   on_client_failure="drop" it ended the run instead of being a dropout).
+* A reply of finite but absurd numbers (1e300 times too large): the DivergenceError that
+  follows names the client instead of blaming the solver's steps.
 * The probe's own NaN ("no finite difference along the gradient at x0") is not a malformed
   reply: the server warns as it means to, and the run's error names the user's function (the
   reply check had refused it as client 0's non-finite reply).
@@ -138,6 +140,41 @@ def test_legitimate_differences_between_replies_are_not_refused():
         res = _quadratic().solve(transport=_transport(_at(1, 3), nonfinite),
                                  batch_size="full", max_iter=6, seed=0)
     assert res.nit >= 3 and not res.dropouts
+
+
+def test_a_reply_of_absurd_but_finite_numbers_is_named_when_the_iterates_diverge():
+    """A reply whose numbers are 1e300 times too large is no malformed reply (finite, real,
+    of the right shape) and passes; the iterates then diverge, and the DivergenceError said
+    "This is the solver's failure ..." under raise and under drop. It now names the client
+    and the round, and how far its numbers were from the others'."""
+    def huge(r):                    # the linear term of the surrogate, 1e300 times too large
+        return dataclasses.replace(r, arrays={**r.arrays, "0:lin": r.arrays["0:lin"] * 1e300})
+
+    for mode in ("raise", "drop"):
+        with pytest.raises(ss.DivergenceError) as info:
+            _quadratic().solve(transport=_transport(_at(1, 3), huge), on_client_failure=mode,
+                               **ROUND_OPTS)
+        text = str(info.value)
+        assert text.startswith("the iterates diverged at round 3: "), text
+        assert "client 1's reply to round 3 held a number of magnitude" in text, text
+        assert "solver's failure" not in text
+        assert info.value.state.t == 2
+
+
+def test_a_divergence_of_the_steps_names_no_client():
+    """tau=1e-3 fixed on full batches (curvature ~1): the steps diverge on every client
+    alike; no client is accused."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((20, 3))
+    y = X @ np.array([1.0, -2.0, 0.5])
+    f = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                          lambda w, X, y: X.T @ (X @ w - y) / X.shape[0], name="ls")
+    prob = ss.Problem(f, dim=3, data=ss.FederatedData([(X[:10], y[:10]), (X[10:], y[10:])]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ss.DivergenceError) as info:
+            prob.solve(batch_size="full", tau=1e-3, seed=0)
+    assert "client" not in str(info.value) and "with a fixed tau, raise it" in str(info.value)
 
 
 # -- the probe's NaN ------------------------------------------------------------------------------

@@ -264,6 +264,9 @@ class Runner:
             state.t + 1, f"|w| grew from {self.start_norm:.3g} to {grown:.3g} and then: {exc}"))
 
     def _divergence(self, t: int, what: str) -> str:
+        outlier = getattr(self.gatherer, "outlier", lambda t: None)(t)
+        if outlier:         # one client's reply, not the steps: say so instead of blaming them
+            return f"the iterates diverged at round {t}: {what}. {outlier}"
         return (f"the iterates diverged at round {t}: {what}. This is the solver's failure, "
                 "not a fault in your functions (they were finite at the start): the steps are "
                 "too long for their curvature. With tau and batch_size left at 'auto' please "

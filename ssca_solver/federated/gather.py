@@ -34,6 +34,14 @@ from .messages import Dropout, Reply, Request
 from .replies import ReplyCheck, where
 
 
+#: When the iterates diverge at a round, a client whose reply to that round holds a number
+#: larger than OUTLIER_FACTOR times the largest in every other client's reply is named in the
+#: DivergenceError (:meth:`Gatherer.outlier`): a corrupted or buggy reply of finite but absurd
+#: numbers (1e300) is no malformed reply, and nothing refuses it, but the error should not
+#: blame the solver's steps for it
+OUTLIER_FACTOR = 1e6
+
+
 class Gatherer:
     """Collects replies through ``transport`` (see the module docstring).
 
@@ -57,6 +65,9 @@ class Gatherer:
         self.tally = tally
         self.pending: list[Dropout] = []
         self.check = ReplyCheck(self.sizes.astype(int))
+        #: (round, {client: the largest magnitude in its reply}) of the latest round request
+        #: (plain aggregation; :meth:`outlier`)
+        self.magnitudes: tuple = (None, {})
 
     def take(self) -> list[Dropout]:
         """The dropouts recorded since the last call (and forget them)."""
@@ -79,6 +90,35 @@ class Gatherer:
             t.eval_up += up
             t.eval_down += down
 
+    # -- what the replies of a round held ---------------------------------------------------------
+    def _measure(self, reply: Reply, kind: str) -> None:
+        if kind != "round":
+            return
+        top = 0.0
+        for a in reply.arrays.values():
+            a = np.asarray(a)
+            if a.size and a.dtype.kind in "fiu":
+                top = max(top, abs(float(np.max(a))), abs(float(np.min(a))))
+        self.magnitudes[1][reply.client] = top
+
+    def outlier(self, round) -> Optional[str]:
+        """A sentence naming the client whose reply to ``round`` held a number more than
+        :data:`OUTLIER_FACTOR` times the largest of every other client's reply (None: no
+        such client, fewer than two replies, or secure aggregation, where the server sees no
+        single reply)."""
+        at, tops = self.magnitudes
+        if at != round or len(tops) < 2:
+            return None
+        client, top = max(tops.items(), key=lambda kv: kv[1])
+        rest = max(v for c, v in tops.items() if c != client)
+        if not (rest > 0.0 and top > OUTLIER_FACTOR * rest):
+            return None
+        return (f"client {client}'s reply to round {round} held a number of magnitude "
+                f"{top:.3g}, {top / rest:.3g} times the largest in the other clients' replies "
+                f"({rest:.3g}): a reply wrong by that much makes the iterates diverge, so check "
+                f"that client (its data, its functions, what reached the server) before the "
+                "solver's options")
+
     # -- collecting -------------------------------------------------------------------------------
     def collect(self, request: Request, participants: Optional[Sequence[int]] = None,
                 factors: Optional[np.ndarray] = None, kind: str = "round") -> Iterator[Reply]:
@@ -89,6 +129,8 @@ class Gatherer:
             return
         order = list(range(len(self.sizes))) if participants is None else list(participants)
         check = self.check.start(request, order)
+        if kind == "round":
+            self.magnitudes = (request.round, {})
         down = request.num_floats()
         if not self.drop:
             if participants is None:       # a stream(request) of old works
@@ -109,6 +151,7 @@ class Gatherer:
                     check.check(reply, order[k] if k < len(order) else _extra(request, reply))
                     k += 1
                     self.count(kind, reply.num_floats(), down)
+                    self._measure(reply, kind)
                     odd = check.note(reply)
                     if odd is not None:
                         raise self._disagreement(check, odd, items, order, k)
@@ -151,6 +194,7 @@ class Gatherer:
                     dropped.append(_dropout(request, exc))
                 else:
                     answered.append(item)
+                    self._measure(item, kind)
             dropped.extend(Dropout(i, request.task, request.round, "ReplyError: no reply "
                                    "arrived (the transport's stream ended before it)")
                            for i in asked[k:])
