@@ -153,14 +153,17 @@ def matches(got: str, expected: str) -> bool:
 
 
 def _examples():
-    params = []
+    params, later = [], []
     for doc in DOCS:
         for name, (flags, blocks) in parse(doc).items():
             marks = [pytest.mark.slow] if "slow" in flags else []
             needs = sorted(f[len("needs:"):] for f in flags if f.startswith("needs:"))
             page = doc.relative_to(ROOT).as_posix().removeprefix("docs/")
-            params.append(pytest.param(blocks, needs, marks=marks, id=f"{page}::{name}"))
-    return params
+            # the examples run in this one process: those that start JAX's threads go last,
+            # after every example that forks clients (transport="process")
+            (later if "jax" in needs else params).append(
+                pytest.param(blocks, needs, marks=marks, id=f"{page}::{name}"))
+    return params + later
 
 
 def _lines(text: str) -> list[str]:
