@@ -60,6 +60,9 @@ SATURATED = 5
 #: with the model, STALL_ROUNDS accepted rounds in a row whose merit fell by less than
 #: MERIT_PROGRESS of its size settle the point (SSCA._track_progress)
 STALL_ROUNDS, MERIT_PROGRESS = 30, 1e-10
+#: with the model the merit test weighs the violation by min(c, max(MERIT_MULTIPLIERS
+#: max |nu|, MERIT_FLOOR c)) (SSCA._merit_penalty)
+MERIT_MULTIPLIERS, MERIT_FLOOR = 2.0, 0.01
 #: an accepted step of relative length <= TINY_STEP is lost in rounding: tau is then cut by
 #: TAU_TINY, and TINY_ROUNDS of them settle the point (SSCA._backtracking_step, .settled)
 TINY_STEP, TAU_TINY, TINY_ROUNDS = 1e-12, 0.1, 12
