@@ -1,4 +1,5 @@
-"""The paper's network by automatic differentiation (JAX) against its Numba kernels: issue 22.
+"""The paper's network by automatic differentiation (JAX, and PyTorch where installed) against
+its Numba kernels: issue 22.
 
 The same K-J-L network (Section V: swish, softmax, cross-entropy; problems/mlp.py with its
 hand-written gradient in Numba kernels, problems/mlp_jax.py as a JAX loss of one sample handed to
@@ -13,9 +14,13 @@ hand-written gradient in Numba kernels, problems/mlp_jax.py as a JAX loss of one
    (between consecutive callbacks, so the first round's compiling is left out), the solve's
    wall time, and the largest difference between the two runs' iterates.
 
-Each figure is given with its ratio JAX / Numba. Both run on ``--threads`` threads (default 1:
+Where torch is importable (it is no dependency: a separate venv with the CPU build), the same
+network as a torch loss (problems/mlp_torch.py, ``ss.SampleFunction.from_torch``) is timed
+too, in the same process and the same loops: one more kernel column and one more solve.
+
+Each figure is given with its ratio JAX / Numba (and torch / Numba). Both run on ``--threads`` threads (default 1:
 BLAS through threadpoolctl for the kernels' np.dot, XLA_FLAGS for JAX's CPU backend, set before
-JAX starts), as the other benchmarks do: on a shared 2-core machine, two BLAS threads competing
+JAX starts, torch.set_num_threads for torch), as the other benchmarks do: on a shared 2-core machine, two BLAS threads competing
 with other jobs made single Numba calls 50 times slower at random. The load average is recorded
 before and after.
 
@@ -47,13 +52,15 @@ from ssca_solver.model.autodiff import bucket_size  # noqa: E402
 LAM = 1e-5
 
 
-def kernel_times(net, X, y, batches, repeats):
-    """Per B: median seconds of one value_and_grad (Numba, JAX pow2, JAX exact), the first
-    JAX call (trace + compile), and the largest gradient difference."""
+def kernel_times(net, X, y, batches, repeats, torch_module=None):
+    """Per B: median seconds of one value_and_grad (Numba, JAX pow2, JAX exact, and torch
+    when ``torch_module`` is problems.mlp_torch), the first JAX call (trace + compile), and
+    the largest gradient difference."""
     rng = np.random.default_rng(0)
     w = net.init(0)
     numba_f = net.cross_entropy()
     jax_f = {b: mlp_jax.cross_entropy(net, buckets=b) for b in ("pow2", "exact")}
+    torch_f = None if torch_module is None else torch_module.cross_entropy(net)
     rows = []
     for B in batches:
         idx = rng.choice(len(y), B, replace=False)
@@ -68,6 +75,11 @@ def kernel_times(net, X, y, batches, repeats):
             row[f"jax_{b}_s"] = t
             row[f"jax_{b}_over_numba"] = t / t_numba
             row[f"jax_{b}_max_grad_diff"] = float(np.max(np.abs(g - g_numba)))
+        if torch_f is not None:
+            t, (_, g) = median_time(lambda: torch_f.value_and_grad(w, Xb, yb), repeats)
+            row["torch_s"], row["torch_over_numba"] = t, t / t_numba
+            row["torch_max_grad_diff"] = float(np.max(np.abs(g - g_numba)))
+            log(f"  kernel B={B:>5}: torch {1e3 * t:8.3f} ms (x{row['torch_over_numba']:.2f})")
         row["padded_to"] = bucket_size(B)
         log(f"  kernel B={B:>5}: Numba {1e3 * t_numba:8.3f} ms, JAX (pow2, {row['padded_to']} "
             f"rows) {1e3 * row['jax_pow2_s']:8.3f} ms (x{row['jax_pow2_over_numba']:.2f}), "
@@ -77,11 +89,13 @@ def kernel_times(net, X, y, batches, repeats):
     return rows
 
 
-def solve_times(net, data, B, T):
-    """Algorithm 1 with the Numba and the JAX cross-entropy: median round time, wall time,
-    and the largest difference of the iterates."""
+def solve_times(net, data, B, T, torch_module=None):
+    """Algorithm 1 with the Numba and the JAX (and torch) cross-entropy: median round time,
+    wall time, and the largest difference of the iterates."""
     out, xs = {"B": B, "T": T}, {}
-    for which, module in (("numba", mlp), ("jax", mlp_jax)):
+    runs = [("numba", mlp), ("jax", mlp_jax)] + ([] if torch_module is None
+                                                 else [("torch", torch_module)])
+    for which, module in runs:
         stamps, its = [], []
 
         def keep(it):
@@ -102,6 +116,12 @@ def solve_times(net, data, B, T):
     out["round_jax_over_numba"] = out["jax_round_s"] / out["numba_round_s"]
     out["max_iterate_diff"] = float(np.max(np.abs(xs["jax"] - xs["numba"])))
     out["max_iterate"] = float(np.max(np.abs(xs["numba"])))
+    if "torch" in xs:
+        out["round_torch_over_numba"] = out["torch_round_s"] / out["numba_round_s"]
+        out["max_iterate_diff_torch"] = float(np.max(np.abs(xs["torch"] - xs["numba"])))
+        log(f"  solve B={B:>4}, T={T}: round torch {1e3 * out['torch_round_s']:.2f} ms "
+            f"(x{out['round_torch_over_numba']:.2f}); iterates differ by "
+            f"{out['max_iterate_diff_torch']:.1e}")
     log(f"  solve B={B:>4}, T={T}: round Numba {1e3 * out['numba_round_s']:.2f} ms, JAX "
         f"{1e3 * out['jax_round_s']:.2f} ms (x{out['round_jax_over_numba']:.2f}); first round "
         f"{out['numba_first_round_s']:.2f} s / {out['jax_first_round_s']:.2f} s; iterates "
@@ -119,11 +139,15 @@ def plot(kernels, solves, path, title):
     ax = axes[0]
     Bs = [r["B"] for r in kernels]
     x = np.arange(len(Bs))
-    for k, (key, label, color) in enumerate((("numba_s", "Numba kernels", "C0"),
-                                             ("jax_pow2_s", "JAX, pow2 buckets", "C1"),
-                                             ("jax_exact_s", "JAX, exact shapes", "C2"))):
+    series = [("numba_s", "Numba kernels", "C0"), ("jax_pow2_s", "JAX, pow2 buckets", "C1"),
+              ("jax_exact_s", "JAX, exact shapes", "C2")]
+    if "torch_s" in kernels[0]:
+        series.append(("torch_s", "PyTorch (from_torch)", "C3"))
+    width = 0.8 / len(series)
+    for k, (key, label, color) in enumerate(series):
         vals = [1e3 * r[key] for r in kernels]
-        bars = ax.bar(x + (k - 1) * 0.27, vals, 0.27, color=color, label=label)
+        bars = ax.bar(x + (k - (len(series) - 1) / 2) * width, vals, width, color=color,
+                      label=label)
         if key != "numba_s":
             ratio = key.replace("_s", "_over_numba")
             for bar, r in zip(bars, kernels):
@@ -138,13 +162,17 @@ def plot(kernels, solves, path, title):
     ax = axes[1]
     Bs = [r["B"] for r in solves]
     x = np.arange(len(Bs))
-    for k, (key, label, color) in enumerate((("numba_round_s", "Numba kernels", "C0"),
-                                             ("jax_round_s", "JAX (from_jax)", "C1"))):
-        bars = ax.bar(x + (k - 0.5) * 0.35, [1e3 * r[key] for r in solves], 0.35, color=color,
-                      label=label)
-        if key == "jax_round_s":
+    series = [("numba_round_s", "Numba kernels", "C0"), ("jax_round_s", "JAX (from_jax)", "C1")]
+    if "torch_round_s" in solves[0]:
+        series.append(("torch_round_s", "PyTorch (from_torch)", "C3"))
+    width = 0.7 / len(series)
+    for k, (key, label, color) in enumerate(series):
+        bars = ax.bar(x + (k - (len(series) - 1) / 2) * width, [1e3 * r[key] for r in solves],
+                      width, color=color, label=label)
+        if key != "numba_round_s":
+            ratio = key.replace("_round_s", "").join(("round_", "_over_numba"))
             for bar, r in zip(bars, solves):
-                ax.annotate(f"x{r['round_jax_over_numba']:.2f}",
+                ax.annotate(f"x{r[ratio]:.2f}",
                             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                             ha="center", va="bottom", fontsize=8)
     ax.set_xticks(x, [f"B={B}" for B in Bs])
@@ -169,6 +197,13 @@ def main(argv=None):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_"
                                    "eigen=false intra_op_parallelism_threads=1").strip()
     from threadpoolctl import threadpool_limits
+    try:                            # optional: never a dependency
+        import torch
+
+        from problems import mlp_torch
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        torch = mlp_torch = None
     q = args.quick
     name = args.data or ("digits" if q else "fashion-mnist")
     T = args.rounds or (10 if q else 30)
@@ -182,11 +217,14 @@ def main(argv=None):
     log(f"autodiff benchmark: {name}, network {net.K}-{net.J}-{net.L} (d = {net.dim}), "
         f"load average {load_before[0]:.2f}")
     with threadpool_limits(args.threads):
-        kernels = kernel_times(net, X, y, batches, repeats=5 if q else 30)
-        solves = [solve_times(net, data, B, T) for B in solve_batches]
+        kernels = kernel_times(net, X, y, batches, repeats=5 if q else 30,
+                               torch_module=mlp_torch)
+        solves = [solve_times(net, data, B, T, torch_module=mlp_torch) for B in solve_batches]
     m = machine()
     import jax
     m["jax"] = jax.__version__
+    if torch is not None:
+        m["torch"] = torch.__version__
     suffix = "_quick" if q else ""
     payload = {"command": "python benchmarks/autodiff.py " + " ".join(
         argv if argv is not None else sys.argv[1:]), "machine": m, "data": name,
@@ -196,7 +234,8 @@ def main(argv=None):
         "kernel": kernels, "solve": solves, "wall_time_s": time.perf_counter() - start}
     path = write_json("autodiff" + suffix, payload)
     plot(kernels, solves, RESULTS / f"autodiff{suffix}.png",
-         f"{name}, network {net.K}-{net.J}-{net.L}, JAX {jax.__version__} vs Numba, "
+         f"{name}, network {net.K}-{net.J}-{net.L}, JAX {jax.__version__}"
+         + ("" if torch is None else f", torch {torch.__version__}") + " vs Numba, "
          f"{args.threads} thread(s); "
          f"{machine_title(m)}; load {load_before[0]:.1f}")
     log(f"wrote {path} and the PNG ({payload['wall_time_s']:.0f} s)")

@@ -1,4 +1,5 @@
-"""ss.SampleFunction.from_torch (issue 22): per-sample functions by torch.func.
+"""ss.SampleFunction.from_torch (issue 22): per-sample functions by torch.func.vmap and
+autograd.
 
 PyTorch is never a dependency of the package or of CI (its wheels are hundreds of MB to GB):
 every test here but the last skips without it. Where torch is installed (tested with the CPU
@@ -79,6 +80,11 @@ def test_values_and_gradient_against_numpy_and_finite_differences(torch, batch):
     wl = ss.from_torch(lambda w, x, t: t[1] * logistic(w, x, t[0]))
     np.testing.assert_allclose(wl.value(w, X, Y), Y[:, 1] * ref_v, rtol=1e-13)
     assert wl.name == "f" and ss.check_grad(wl, w, X, Y) < 1e-7
+    # a loss that does not depend on w: values, and a zero gradient (no autograd error)
+    const = ss.from_torch(lambda w, x, y: x.sum() * 1.0, name="const")
+    v, g = const.value_and_grad(w, X, y)
+    np.testing.assert_allclose(v, X.sum(axis=1), rtol=1e-13)
+    assert g.shape == (6,) and not g.any()
 
 
 def test_float64_whatever_the_default_dtype_a_batched_loss_and_float32(torch, batch):
