@@ -42,7 +42,7 @@ FENCE = re.compile(r"^```\s*([A-Za-z0-9_+-]*)")
 FLAGS = {"slow"}
 # what a block may need and a machine may lack: the modules of optional extras (CI installs
 # them) and the Fashion-MNIST files of the Debian package; without it the block is skipped
-NEEDS = {"flwr", "jax", "matplotlib", "fashion-mnist"}
+NEEDS = {"flwr", "jax", "matplotlib", "torch", "fashion-mnist"}
 # what a test machine cannot be expected to have: a data set that is not shipped, machines
 # of a real deployment, a framework the library does not depend on
 SKIP_REASONS = ("needs Fashion-MNIST", "needs MNIST", "needs a Flower deployment",
