@@ -2,12 +2,12 @@
 autograd.
 
 PyTorch is never a dependency of the package or of CI (its wheels are hundreds of MB to GB):
-every test here but the last skips without it. Where torch is installed (tested with the CPU
+every test here but one skips without it. Where torch is installed (tested with the CPU
 build 2.13.0 in a separate venv), the same contract as from_jax is checked: values and
 gradients against NumPy and finite differences, float64 whatever torch's default dtype,
 the paper's network against the Numba kernels of problems/mlp.py, a constrained convex
 model against CVXPY, pickling, the process transport (forked clients after the server used
-torch), checkpoints, and the error messages.
+torch), Flower's simulation (slow), checkpoints, secure aggregation, and the error messages.
 """
 
 import json
@@ -269,6 +269,19 @@ def test_checkpoint_resume_gives_the_uninterrupted_iterates(torch, cancer_data, 
     np.testing.assert_allclose(resumed.x, full.x, rtol=1e-12, atol=1e-14)
 
 
+def test_secure_aggregation_matches_the_plain_run(torch, cancer_data):
+    pytest.importorskip("cryptography")
+    import cvxpy as cp
+
+    f = ss.from_torch(logistic, name="loss")
+    prob = ss.Problem(f, dim=cancer_data.clients[0].X.shape[1], data=cancer_data,
+                      regularizer=lambda w: 1e-2 * cp.sum_squares(w))
+    opts = dict(batch_size=10, tau=0.5, max_iter=10, seed=3, eval_every=5)
+    plain = prob.solve(**opts)
+    secure = prob.solve(secure_aggregation=True, **opts)
+    assert 0 < np.max(np.abs(secure.x - plain.x)) < 1e-8      # through the masks, same point
+
+
 # -- errors users will make --------------------------------------------------------------------
 
 def test_a_loss_of_the_wrong_shape_dtype_or_precision_is_named(torch, batch):
@@ -346,3 +359,28 @@ def test_without_torch_the_message_says_how_to_get_it(monkeypatch):
     with pytest.raises(ss.ModelError, match=r"needs PyTorch, which is not installed: install "
                        r"PyTorch .*not a dependency of ssca-solver"):
         ss.SampleFunction.from_torch(logistic)
+
+
+@pytest.mark.slow                    # Ray's start: about 30 s
+def test_flower_simulation_ships_the_loss(torch, cancer_data):
+    """transport="flower" (Ray actors, fresh processes) pickles the function with cloudpickle:
+    the nodes import torch and give the in-process iterates (to 1e-13)."""
+    pytest.importorskip("flwr", reason="Flower is an optional extra")
+    import cvxpy as cp
+
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+    def loss(w, x, y):               # defined here: cloudpickle ships it by value
+        import torch
+
+        z = x @ w
+        return torch.nn.functional.softplus(z) - y * z
+
+    f = ss.from_torch(loss, name="loss")
+    prob = ss.Problem(f, [f <= 0.3], dim=cancer_data.clients[0].X.shape[1], data=cancer_data,
+                      regularizer=lambda w: 1e-2 * cp.sum_squares(w))
+    opts = dict(batch_size=10, tau=0.5, max_iter=6, seed=2, eval_every=3)
+    a = prob.solve(transport="inprocess", **opts)
+    b = prob.solve(transport="flower", **opts)
+    assert a.nit == b.nit == 6
+    np.testing.assert_allclose(b.x, a.x, rtol=0, atol=1e-13)
