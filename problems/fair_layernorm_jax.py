@@ -10,7 +10,7 @@ and a two-sided bound on the demographic-parity gap of the predicted probabiliti
     subject to DP(w) <= eps  and  -DP(w) <= eps,
     DP(w)      = mean_{g=1} sigma(s(w, x_n)) - mean_{g=0} sigma(s(w, x_n)).
 
-Both sides of the bound are stochastic constraints of Problem 3 (eq. (Fsm)): DP(w) is the mean
+Both sides of the bound are stochastic constraints F_m(w) <= U_m of Problem 3: DP(w) is the mean
 over all N rows of (1{g_n = 1}/pi_1 - 1{g_n = 0}/pi_0) sigma(s(w, x_n)), pi_g the share of
 group g, and it is nonconvex in w, as is the loss. The backward pass of the normalisation
 (the mean and the variance over the units both depend on every weight of W and b) is what
@@ -44,7 +44,8 @@ LN_EPS = 1e-5
 
 def diabetes_groups():
     """(X (442, 10), y (442,)): the 9 standardised features other than sex, then the group
-    g = 1{sex above its mean} as the last column; y = 1{progression above the median}."""
+    g = 1{sex above its mean} as the last column; y = 1{progression above the median}
+    (modelling support: the data)."""
     from sklearn.datasets import load_diabetes
 
     d = load_diabetes()
@@ -83,7 +84,8 @@ class LayerNormNet:
 
 
 def score(net: LayerNormNet, w, x):
-    """The score s(w, x) of ONE row x (its first K columns; the group column is not read)."""
+    """The score s(w, x) of ONE row x (its first K columns; the group column is not read):
+    the network inside both per-sample functions (modelling support)."""
     import jax.numpy as jnp
 
     W, b, gamma, beta, v, c = net.unpack(w)
@@ -93,7 +95,8 @@ def score(net: LayerNormNet, w, x):
 
 
 def logistic_loss(net: LayerNormNet, w, x, y):
-    """The logistic loss log(1 + exp(-(2y - 1) s(w, x))) of one row (the objective's f_0)."""
+    """The logistic loss log(1 + exp(-(2y - 1) s(w, x))) of one row: the objective's f_0(w, x_n)
+    of eq. (Fs0)."""
     import jax.numpy as jnp
 
     return jnp.logaddexp(0.0, -(2.0 * y - 1.0) * score(net, w, x))
@@ -101,7 +104,7 @@ def logistic_loss(net: LayerNormNet, w, x, y):
 
 def parity_term(net: LayerNormNet, pi1: float, w, x, y):
     """(1{g = 1}/pi_1 - 1{g = 0}/pi_0) sigma(s(w, x)) of one row: its mean over all rows is
-    DP(w) (the constraint's f_m); g is the row's last column."""
+    DP(w), the F_m of Problem 3 (this is its per-sample f_m); g is the row's last column."""
     import jax
 
     g = x[-1]
@@ -120,7 +123,8 @@ def functions(net: LayerNormNet, pi1: float, **options):
 
 
 def group_share(data: ss.FederatedData) -> float:
-    """pi_1, the share of rows with g = 1, from the clients' counts (one number each)."""
+    """pi_1, the share of rows with g = 1, from the clients' counts (one number each;
+    modelling support)."""
     return sum(float(c.X[:, -1].sum()) for c in data.clients) / data.num_samples
 
 
