@@ -46,10 +46,10 @@ def test_the_jax_gradients_against_finite_differences(diabetes):
                                                       rel=1e-12)
 
 
-@pytest.mark.slow                  # about 35 s of SSCA and 15 s of SLSQP on the 2-core machine
+@pytest.mark.slow                  # 41 s (SSCA and SLSQP) on the 2-core machine at load 6
 def test_fair_layernorm_network_default_options_against_slsqp(diabetes):
-    """Default options except the round budget: 2000 rounds (the default 800 stops at a
-    relative stationarity of about 0.1: a first-order method on a nonconvex network). The
+    """Default options except the round budget: 2000 rounds (certified at round 1097; the
+    default 800 stop at a relative stationarity of 0.006, the constraint met). The
     run must certify (status converged), and SLSQP on the pooled rows from the same start must
     find the same KKT point:
 
@@ -59,7 +59,7 @@ def test_fair_layernorm_network_default_options_against_slsqp(diabetes):
       relative; measured 4e-12), the other side inactive;
     * the KKT residual measured here, independently of the library (NNLS multipliers on the
       pooled gradients), at most 1e-4 relative at the SSCA point (the library's tolerance;
-      measured 4e-5) and 1e-6 at SLSQP's; the multipliers within 1 % of each other;
+      measured 4e-5 to 7e-5) and 1e-6 at SLSQP's; the multipliers within 1 % of each other;
     * the same model: predicted probabilities on every row within 1e-3 (measured 5e-5). The
       weights themselves are only loosely pinned (measured 0.03 to 0.05 apart in max norm,
       |w| = 2): layer normalisation makes the model nearly invariant to scaling rows of
