@@ -143,15 +143,13 @@ def pooled_parts(X, y, eps: float, lam: float = 1e-3, J: int = 8):
     """On the pooled rows: (objective(w), its gradient, [c_1(w), c_2(w)] with c_i <= 0
     feasible, their Jacobian (2, d)), by JAX (jit-compiled, float64); modelling support for
     :func:`pooled_reference` and :func:`kkt_residuals`."""
+    net = LayerNormNet(X.shape[1] - 1, J)
+    pi1 = float(np.mean(X[:, -1]))
+    functions(net, pi1)              # from_jax turns JAX's x64 on (or refuses, saying where)
     import jax
     import jax.numpy as jnp
 
-    from ssca_solver.model.autodiff import ensure_x64
-
-    ensure_x64("pooled_parts")
-    net = LayerNormNet(X.shape[1] - 1, J)
     Xj, yj = jnp.asarray(X, dtype=jnp.float64), jnp.asarray(y, dtype=jnp.float64)
-    pi1 = float(np.mean(X[:, -1]))
 
     def objective(w):
         per = jax.vmap(lambda x, t: logistic_loss(net, w, x, t))(Xj, yj)
