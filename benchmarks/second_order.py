@@ -294,7 +294,7 @@ def main() -> None:
         payload["pooled"] = pooled(args.quick)
     payload["summary"] = summary(payload)
     name = "second_order_quick" if args.quick else "second_order"
-    write_json(RESULTS / f"{name}.json", payload)
+    write_json(name, payload)
     plot(payload, RESULTS / f"{name}.png")
     for k, v in payload["summary"].items():
         print(f"{k}: {v}")

@@ -182,6 +182,15 @@ class Method:
         instead of ending the run. Default: never."""
         return False
 
+    #: the largest share of the clients' work the scheduled full-data evaluations may take
+    #: (None: every ``eval_every`` rounds whatever they cost); see :meth:`round_work`
+    eval_budget = None
+
+    def round_work(self, request) -> float:
+        """Rows the clients read for ``request`` (for the evaluations' budget). Default: 0
+        (no budget applies)."""
+        return 0.0
+
     def round_evaluation(self, before, after, info):
         """A full-data evaluation that the round from ``before`` to ``after`` already holds, or
         None: ``(state, evaluation)`` with ``state`` the method's state at the evaluated point

@@ -185,6 +185,13 @@ class SSCA(FrontDoor):
         accepts it."""
         return self._backtracking(state) and len(state.prev_stats) > 0
 
+    def round_work(self, request) -> float:
+        """Rows the round reads: sum_i min(B, N_i) (every row on full batches), times K / I
+        with partial participation (the evaluations' budget, :attr:`eval_budget`)."""
+        B = request.config.get("batch_size")
+        rows = float(sum(n if B is None else min(int(B), int(n)) for n in self.sizes))
+        return rows * self.participation
+
     def round_evaluation(self, before, after, info):
         """In the backtracking regime a round that accepted its point ``before.w`` holds the
         full-data values and gradients there: its statistics are full-batch sums, and the

@@ -57,6 +57,7 @@ class FrontDoor(Method):
                      sampled_clients=sampled, penalties=o.penalty, hessian=o.hessian)
         method.opts = o
         method.kkt_solver = o.solver
+        method.eval_budget = o.eval_budget
         return method
 
     def fingerprint(self) -> dict:

@@ -72,6 +72,14 @@ class SSCAOptions(opt.RunOptions):
         (:mod:`ssca_solver.methods.ssca.quasi_newton`). "none": the paper's first-order
         surrogates (eqs. (fs0bar)/(fsmbar)) in every round. Sampled rounds, a fixed tau and
         the CVXPY path always use the first-order surrogates.
+      eval_budget: None (default: a scheduled full-data evaluation every ``eval_every``
+        rounds, whatever it costs) or the largest share b of the clients' work (rows read)
+        the scheduled evaluations may take, e.g. 0.15: one runs at a multiple of
+        ``eval_every`` once the rounds since the last read N (1 - b) / b rows. On full
+        batches with tau="auto" the rounds' own statistics are the evaluations (free), so
+        this matters for sampled rounds (a fixed B, the first rounds of batch_size="auto"),
+        where it also thins the evaluations the status's evidence reads (a stalled
+        violation needs 4 in a stage): not the default.
     """
 
     batch_size: Any = "auto"
@@ -88,6 +96,7 @@ class SSCAOptions(opt.RunOptions):
     solver_options: Optional[dict] = None
     surrogate_init: str = "tau"
     hessian: str = "lbfgs"
+    eval_budget: Any = None
 
     def checked(self, problem, given: dict) -> "SSCAOptions":
         """The options with SSCA's own values checked and normalised (after
@@ -135,7 +144,10 @@ class SSCAOptions(opt.RunOptions):
             "surrogate_init": opt.choice("surrogate_init", self.surrogate_init,
                                          ("tau", "zero")),
             "hessian": opt.choice("hessian", "none" if self.hessian is None else self.hessian,
-                                  ("lbfgs", "none"))})
+                                  ("lbfgs", "none")),
+            "eval_budget": (None if self.eval_budget is None else
+                            opt.real("eval_budget", self.eval_budget, low=0.0, low_open=True,
+                                     high=1.0))})
 
 
 #: the default max_iter of Algorithm 2 is this many rounds per penalty value (800 with the
