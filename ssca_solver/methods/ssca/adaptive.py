@@ -59,7 +59,7 @@ MODEL_REJECT = 0.5
 SATURATED = 5
 #: with the model, STALL_ROUNDS accepted rounds in a row whose merit fell by less than
 #: MERIT_PROGRESS of its size settle the point (SSCA._track_progress)
-STALL_ROUNDS, MERIT_PROGRESS = 30, 1e-10
+STALL_ROUNDS, MERIT_PROGRESS = 30, 1e-12
 #: with the model the merit test weighs the violation by min(c, max(MERIT_MULTIPLIERS
 #: max |nu|, MERIT_FLOOR c)) (SSCA._merit_penalty)
 MERIT_MULTIPLIERS, MERIT_FLOOR = 2.0, 0.01
