@@ -68,3 +68,128 @@ def test_secure_aggregation_runs_on_the_deployment_runtime(federation):
                    **extra)
         xs[transport] = np.array(got)
     assert xs["inprocess"].shape == (2, 31) and np.array_equal(xs["inprocess"], xs["flower"])
+
+
+# -- a user function that never returns on a SuperNode ------------------------------------------
+
+_STUCK_MARK = 7.0
+
+
+def _stuck_problem(flag):
+    """Least squares on two clients; client 1's functions sleep for good once ``flag``
+    exists (its rows are marked in column 0)."""
+    import time
+
+    def value(w, X, y):
+        if X[0, 0] == _STUCK_MARK and os.path.exists(flag):
+            time.sleep(10 ** 6)
+        return 0.5 * (X @ w - y) ** 2
+
+    def grad(w, X, y):
+        if X[0, 0] == _STUCK_MARK and os.path.exists(flag):
+            time.sleep(10 ** 6)
+        return X.T @ (X @ w - y) / len(y)
+
+    rng = np.random.default_rng(0)
+    blocks = []
+    for i in range(2):
+        X = rng.normal(size=(20, 3))
+        if i == 1:
+            X[:, 0] = _STUCK_MARK
+        blocks.append((X, X @ np.ones(3)))
+    return ss.Problem(ss.SampleFunction(value, grad, name="lsq"), dim=3,
+                      data=ss.FederatedData(blocks))
+
+
+def _descendants(pids) -> dict:
+    """{pid: (state, command)} of every process below ``pids`` (from /proc)."""
+    table = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        table[int(name)] = (int(fields[1]), fields[0], cmd)
+    out, frontier = {}, list(pids)
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, state, cmd) in table.items():
+            if ppid == parent and pid not in out:
+                out[pid] = (state, cmd)
+                frontier.append(pid)
+    return out
+
+
+def _running(pid: int):
+    """The command line of process ``pid`` while it runs (None: gone or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
+                return None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
+def test_a_stuck_function_on_a_supernode_is_ended_and_the_node_serves_the_next_run(tmp_path):
+    """client_timeout=25 and client 1's function sleeps for good from round 2: the server
+    raises on time, and the node's ClientApp process for that message (Flower starts one per
+    message) ends itself max(5 s, the limit) after it took the message, so the node answers
+    the next run. Before: the server raised on time, but the stuck process lived on (orphaned
+    after the federation stopped) and the node answered no later run ("no Flower node
+    answered for partition-id(s) [1] within flower_start_timeout=120 s")."""
+    import signal
+    import time
+
+    from ssca_solver.federated.flower import LocalFederation
+
+    flag = str(tmp_path / "stuck-now")
+    prob = _stuck_problem(flag)
+    seen: dict = {}
+    opts = dict(transport="flower", flower_engine="deployment", flower_start_timeout=120,
+                batch_size=5, seed=0, eval_every=None, check_gradients=False, tau=1.0)
+    armed = {}
+
+    def arm(it):
+        if it.t == 1:
+            armed["at"] = time.monotonic()
+            open(flag, "w").close()
+
+    (tmp_path / "federation").mkdir()
+    fed = LocalFederation(prob.data, tmp_path / "federation")
+    try:
+        with pytest.raises(ss.ClientError, match=r"^client 1, round 2: no answer within "
+                           r"client_timeout=25 s"):
+            prob.solve(flower_superlink=fed.superlink, client_timeout=25, max_iter=3,
+                       callback=arm, **opts)
+        assert time.monotonic() - armed["at"] < 25 + 5     # a ClientApp starts in seconds
+        os.remove(flag)
+        node = fed.pids[2]
+
+        def stuck():
+            now = _descendants([node])
+            seen.update(now)
+            return [p for p, (state, cmd) in now.items()
+                    if "flwr-clientapp" in cmd and state not in "ZX"]
+
+        deadline = time.monotonic() + 25 + 25 + 30
+        while stuck() and time.monotonic() < deadline:
+            time.sleep(1.0)
+        assert not stuck(), "the stuck ClientApp process was not ended"
+        res = prob.solve(flower_superlink=fed.superlink, client_timeout=60, max_iter=2, **opts)
+        assert res.nit == 2
+    finally:
+        seen.update(_descendants(fed.pids))
+        fed.close()
+        for pid, (state, cmd) in seen.items():
+            # what the federation's close left (an orphaned ClientApp): only a process seen
+            # below our nodes and still running the same command (not a PID used again)
+            if _running(pid) == cmd:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass

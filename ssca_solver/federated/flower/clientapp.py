@@ -216,11 +216,16 @@ def _answer(message: Message, context: Context, client_for) -> Message:
         if deadline is not None and time.time() > deadline:
             raise TimeoutError("the request reached the client after the server's deadline "
                                "(client_timeout): not run")
+        kill_at = extra.get("kill_at")
+        if kill_at is None and extra.get("kill_in") is not None:
+            # deployment: seconds from now (this node's clock), when this message's ClientApp
+            # process ends if the client is still busy (the server gave up before that)
+            kill_at = time.time() + float(extra["kill_in"])
         client = client_for(partition, context, extra, message.content)
         _limit(_threads_for(client, context))
         _restore_state(client, context)
         try:
-            with deadline_guard(extra.get("kill_at"), extra.get("busy")):
+            with deadline_guard(kill_at, extra.get("busy")):
                 reply = client.handle(_read_only(request))
         finally:
             _save_state(client, context)

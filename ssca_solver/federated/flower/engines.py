@@ -367,8 +367,8 @@ class _Deployment:
         self._conn.send((name, args))
         return self._result(wait)
 
-    def send(self, request, participants, ttl):
-        return self._call("send", request, list(participants), ttl, wait=ttl)
+    def send(self, request, participants, ttl, guard=None):
+        return self._call("send", request, list(participants), ttl, guard, wait=ttl)
 
     def poll(self, token, wait):
         return self._call("poll", token, wait, wait=wait + 60)

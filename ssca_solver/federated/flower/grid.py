@@ -80,10 +80,12 @@ class GridSession:
 
     def send(self, request: Request, participants: Sequence[int], ttl: float,
              guard: Optional[dict] = None) -> int:
-        """Push one message per participant; a token for :meth:`poll`. ``guard`` (the
-        simulation's; None: none): ``deadline``, when the server stops waiting for the answers
-        (a ``time.time()``); ``kill_at``, when a client still busy ends its process; ``busy``,
-        the directory where a busy client marks its process (:func:`~.clientapp.deadline_guard`)."""
+        """Push one message per participant; a token for :meth:`poll`. ``guard`` (None: none),
+        in the simulation: ``deadline``, when the server stops waiting for the answers (a
+        ``time.time()``); ``kill_at``, when a client still busy ends its process; ``busy``,
+        the directory where a busy client marks its process (:func:`~.clientapp.deadline_guard`);
+        in a deployment: ``kill_in``, seconds from when a node's ClientApp takes the message
+        (its own clock) to when it ends its process if the client is still busy."""
         msgs = []
         due = dict(guard or {})
         for i in participants:

@@ -50,7 +50,10 @@ class FlowerTransport(Transport):
         yielded). In the simulation a client still busy max(:data:`~.clientapp.KILL_GRACE`,
         its limit) seconds past its limit ends its Ray actor's process (Ray starts a new
         one), and when the transport closes every client still busy is ended at once, so a
-        user function that never returns holds neither the run nor the interpreter.
+        user function that never returns holds neither the run nor the interpreter. In a
+        deployment a node ends the ClientApp process of a message (one per message) whose
+        client is still busy the limit plus max(KILL_GRACE, the limit) after it took the
+        message (the node's clock), so the node serves the next messages.
       engine: "simulation" or "deployment".
       superlink: the SuperLink's address (deployment), e.g. "127.0.0.1:9093".
       bridge: where this process listens for the deployment ServerApp ("host:port", port 0: a
@@ -103,7 +106,11 @@ class FlowerTransport(Transport):
                 guard.update(deadline=due, kill_at=kill_time(due, limit))
             token = self._session.send(request, order, ttl, guard)
         else:
-            token = self._session.send(request, order, ttl)
+            # a SuperNode's clock may differ from ours: the node counts from when its ClientApp
+            # takes the message (later than we sent it), and ends that ClientApp's process
+            # (one per message) if the client is still busy then
+            token = self._session.send(request, order, ttl, None if limit is None else
+                                       {"kill_in": kill_time(0.0, limit)})
         sent = time.monotonic()
         away = 0.0          # seconds the consumer held the stream: not counted against clients
         slowest = None
