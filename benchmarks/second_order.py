@@ -11,6 +11,8 @@ and "none", the paper's first-order surrogates):
   clients, s.t. the older group's mean squared error <= U (U = 1.0 inactive; 0.228 and 0.226
   active; the least the group can have is 0.2236), against CVXPY + Clarabel on the pooled
   data.
+* ``cost``: one closed-form subproblem at d = 101,632, M = 1 with and without a full model
+  (8 pairs), and the model's bookkeeping.
 * ``pooled``: Neyman-Pearson logistic regression on synthetic data (d = 20, 10 clients):
   class-1 loss + 1e-3 |w|^2 s.t. class-0 loss <= 0.3, N d from 1e4 up to 5e6 (1e6 with
   --quick); SLSQP on the pooled data with exact gradients, and CVXPY + Clarabel on the pooled
@@ -42,6 +44,7 @@ from _common import RESULTS, log, machine, write_json  # noqa: E402
 import ssca_solver as ss  # noqa: E402
 
 HESSIANS = ("lbfgs", "none")
+GROUPS = ("classical", "diabetes", "pooled", "cost")
 
 
 def _run(prob, **opts) -> dict:
@@ -200,6 +203,50 @@ def pooled(quick: bool) -> list:
     return out
 
 
+# -- the closed form's cost with the model -------------------------------------------------------------
+
+def cost(quick: bool) -> dict:
+    """One subproblem solve at the paper's network size (d = 101,632, M = 1) by the closed
+    form, plain and with a full model (8 pairs), and the model's own bookkeeping (the pair
+    update and the compact form), median of repeats."""
+    from ssca_solver.methods.ssca.quasi_newton import MEMORY, LBFGSModel, add_pair
+    from ssca_solver.subproblems.closed_form import solve_closed_form, solve_closed_form_model
+
+    d = 101_632
+    rng = np.random.default_rng(0)
+    b0, b1 = rng.standard_normal(d), rng.standard_normal(d)
+    x = rng.standard_normal(d)
+    S, Y = np.zeros((0, d)), np.zeros((0, d))
+    for _ in range(MEMORY):
+        s = rng.standard_normal(d)
+        S, Y = add_pair(S, Y, s, 2.0 * s + 0.1 * rng.standard_normal(d))
+    reps = 3 if quick else 7
+
+    def timed(f):
+        out = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            f()
+            out.append(time.perf_counter() - t0)
+        return float(np.median(out))
+
+    plain = timed(lambda: solve_closed_form(0.1, b0, 1.0, np.array([0.1]), [b1],
+                                            np.array([0.5]), np.array([0.2]), 100.0,
+                                            out=np.empty(d)))
+    model = LBFGSModel(S, Y)
+    with_model = timed(lambda: solve_closed_form_model(0.1, b0, 1.0, np.array([0.1]), [b1],
+                                                       np.array([0.5]), np.array([0.2]),
+                                                       100.0, model, x))
+    update = timed(lambda: add_pair(S, Y, x, 2.0 * x))
+    build = timed(lambda: LBFGSModel(S, Y))
+    rec = {"d": d, "M": 1, "memory": MEMORY, "plain_s": plain, "with_model_s": with_model,
+           "pair_update_s": update, "compact_form_s": build,
+           "ratio": (with_model + update + build) / plain}
+    log(f"cost at d = {d}: plain {plain * 1e3:.2f} ms, with the model {with_model * 1e3:.2f} ms "
+        f"+ pair {update * 1e3:.2f} ms + compact form {build * 1e3:.2f} ms")
+    return rec
+
+
 # -- summary and figure ------------------------------------------------------------------------------
 
 def summary(payload: dict) -> dict:
@@ -223,6 +270,8 @@ def summary(payload: dict) -> dict:
     for r in payload.get("pooled") or []:
         out[f"pooled_Nd{r['Nd']:.0e}_wall_vs_slsqp"] = {h: r[h]["wall_vs_slsqp"]
                                                         for h in HESSIANS}
+    if payload.get("cost"):
+        out["cost_ratio_model_over_plain"] = payload["cost"]["ratio"]
     return out
 
 
@@ -282,7 +331,7 @@ def plot(payload: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--groups", default="classical,diabetes,pooled")
+    ap.add_argument("--groups", default=",".join(GROUPS))
     args = ap.parse_args()
     groups = args.groups.split(",")
     payload = {"machine": machine(), "command": " ".join(sys.argv), "quick": args.quick}
@@ -292,8 +341,12 @@ def main() -> None:
         payload["diabetes"] = diabetes(args.quick)
     if "pooled" in groups:
         payload["pooled"] = pooled(args.quick)
+    if "cost" in groups:
+        payload["cost"] = cost(args.quick)
     payload["summary"] = summary(payload)
     name = "second_order_quick" if args.quick else "second_order"
+    if set(groups) != set(GROUPS):
+        name += "_" + "_".join(groups)
     write_json(name, payload)
     plot(payload, RESULTS / f"{name}.png")
     for k, v in payload["summary"].items():

@@ -227,10 +227,11 @@ class CvxpySubproblem:
             # the quasi-Newton model (w - x)' B (w - x) / 2 with B = delta (I - V V') +
             # V diag(h) V' (V orthonormal, MODEL_RANK columns, zero-padded): through v = w - x
             # and u = V' v every product is a Parameter times a Variable (DPP)
-            v2 = cp.Variable(self.dim, name="qn_step")
+            # (u = V'(w - x) with V'x and sqrt(delta) x given as their own values: no copy
+            # of w among the variables)
             u = cp.Variable(MODEL_RANK, name="qn_coords")
-            cons += [v2 == w - qn["x"], u == qn["V"].T @ v2]
-            obj_terms.append(0.5 * cp.sum_squares(qn["sd"] * v2 - qn["Vs"] @ u)
+            cons += [u == qn["V"].T @ w - qn["Vx"]]
+            obj_terms.append(0.5 * cp.sum_squares(qn["sd"] * w - qn["sdx"] - qn["Vs"] @ u)
                              + 0.5 * cp.sum_squares(cp.multiply(qn["sh"], u)))
         if self.num_constraints:  # Problem 2 never uses r (see the module docstring)
             cons.append(cp.sum_squares(w if center is None else step) <= r)
@@ -456,14 +457,15 @@ class CvxpySubproblem:
         V[:, :h.size] = Q @ E
         sh[:h.size] = np.sqrt(np.maximum(h, 0.0))
         sd = float(np.sqrt(max(model.delta, 0.0)))
-        return {"x": np.asarray(center, dtype=float), "V": V, "Vs": sd * V, "sd": sd,
-                "sh": sh}
+        x = np.asarray(center, dtype=float)
+        return {"Vx": V.T @ x, "sdx": sd * x, "V": V, "Vs": sd * V, "sd": sd, "sh": sh}
 
     def _model_main(self) -> _Model:
         """The parametrised Problem 5 with the quasi-Newton term (built on first use)."""
         if getattr(self, "_qn_main", None) is None:
             self._qn_params = {
-                "x": cp.Parameter(self.dim, name="qn_x"),
+                "Vx": cp.Parameter(MODEL_RANK, name="qn_Vx"),
+                "sdx": cp.Parameter(self.dim, name="qn_sdx"),
                 "V": cp.Parameter((self.dim, MODEL_RANK), name="qn_V"),
                 "Vs": cp.Parameter((self.dim, MODEL_RANK), name="qn_Vs"),
                 "sd": cp.Parameter(nonneg=True, name="qn_sd"),
