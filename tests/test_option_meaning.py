@@ -3,6 +3,7 @@
 import warnings
 
 import numpy as np
+import pytest
 
 import ssca_solver as ss
 
@@ -120,3 +121,21 @@ def test_a_fixed_tau_below_the_stability_bound_warns_before_round_1():
     with pytest.warns(RuntimeWarning, match="below .* the smallest tau"):
         with pytest.raises(ss.DivergenceError):
             prob.solve(batch_size="full", tau=1e-3, seed=0)
+
+
+def test_a_fixed_tau_below_the_stability_bound_is_named_when_the_run_diverges():
+    """Issue 20 item 5: tau=1e-3 fixed on full batches of a curvature-1 least squares
+    problem diverges (the warning before round 1 said it might); the DivergenceError says
+    the fixed tau did it and by how much, not that it is the solver's failure."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    y = X @ np.array([1.0, -1.0, 0.5])
+    f = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                          lambda w, X, y: X.T @ (X @ w - y) / len(X), name="ls")
+    prob = ss.Problem(f, dim=3, data=ss.FederatedData.split(X, y, num_clients=3, seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ss.DivergenceError, match=r"the fixed tau=0\.001 is .* times below"):
+            prob.solve(batch_size="full", tau=1e-3, seed=0, max_iter=200)

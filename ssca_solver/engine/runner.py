@@ -289,6 +289,9 @@ class Runner:
             state.t + 1, f"|w| grew from {self.start_norm:.3g} to {grown:.3g} and then: {exc}"))
 
     def _divergence(self, t: int, what: str) -> str:
+        cause = getattr(self.algorithm, "divergence_cause", lambda: None)()
+        if cause:
+            return f"the iterates diverged at round {t}: {what}; {cause}"
         outlier = getattr(self.gatherer, "outlier", lambda t: None)(t)
         if outlier:         # one client's reply, not the steps: say so instead of blaming them
             return f"the iterates diverged at round {t}: {what}. {outlier}"

@@ -314,18 +314,33 @@ class SSCA(FrontDoor):
         formula without its floor) for the curvature the probe measured: the first steps are
         longer than the curvature allows, and the iterates may diverge before the schedules
         shorten them (on full batches with tau = 1e-3 and curvature 1: DivergenceError at
-        round 6). A warning before round 1 says so."""
+        round 6). A warning before round 1 says so, and a DivergenceError later names it
+        (:meth:`divergence_cause`)."""
+        self.unstable_tau = None
         if not (np.isfinite(curvature) and curvature > 0):
             return
         r, g = self._steps_at(batch, 1)
         bound = g * r * curvature / (4.0 * (1.0 + (1.0 - r) * (1.0 - g)))
         if self.tau < bound:
+            self.unstable_tau = (self.tau, float(bound), float(curvature))
             warnings.warn(
                 f"tau={self.tau:g} is below {bound:.3g}, the smallest tau at which round 1's "
                 f"step (rho_1 = {r:.3g}, gamma_1 = {g:.3g}) is stable for the curvature "
                 f"measured at x0 ({curvature:.3g}): the iterates may diverge before the "
                 "schedules shorten the steps; tau='auto' measures and adapts it",
                 RuntimeWarning, stacklevel=4)
+
+    def divergence_cause(self):
+        """What made the iterates diverge, when the method knows (a fixed tau below round 1's
+        stability bound, :meth:`_warn_unstable_tau`), else None."""
+        u = getattr(self, "unstable_tau", None)
+        if u is None:
+            return None
+        tau, bound, curvature = u
+        return (f"the fixed tau={tau:g} is {bound / tau:.3g} times below {bound:.3g}, the "
+                f"smallest tau at which round 1's step is stable for the curvature measured "
+                f"at x0 ({curvature:.3g}), as the warning before round 1 said: give a tau of "
+                f"at least {bound:.2g}, or tau='auto' (measured and adapted)")
 
     def sampled_tau(self, curvature: float, batch) -> float:
         """tau="auto" on sampled rounds (a fixed B, or K < I clients): the smallest tau at
