@@ -185,3 +185,14 @@ def test_cvxpy_path_with_the_model_matches_the_closed_form():
         assert np.linalg.norm(b.w - a.w) <= np.sqrt(2.0 * tol / 0.1)
         np.testing.assert_allclose(b.multipliers, a.multipliers, atol=1e-4)
     assert cvx._model_main().problem.is_dpp()
+
+
+def test_the_max_iter_message_names_the_steps_that_ran():
+    """A run stopped by max_iter on full batches says its steps were quasi-Newton ones with
+    the model, first-order SCA's without it (issue 21: advice that applies)."""
+    c = CLASSICAL["rosenbrock"]
+    second = problem(c).solve(seed=0, x0=c.x0, max_iter=15)
+    first = problem(c).solve(seed=0, x0=c.x0, max_iter=15, hessian="none")
+    assert second.status == first.status == "max_iter"
+    assert "quasi-Newton" in second.message and "first order" not in second.message
+    assert "first order" in first.message and "quasi-Newton" not in first.message

@@ -101,10 +101,11 @@ class LBFGSModel:
 
 
 def add_pair(S: np.ndarray, Y: np.ndarray, s: np.ndarray, y: np.ndarray,
-             memory: int = MEMORY) -> Optional[tuple]:
+             memory: Optional[int] = None) -> Optional[tuple]:
     """The pairs with (s, y) added (Powell-damped against the current model, the oldest pair
     dropped beyond ``memory``), or None when the pair carries no curvature information (a step
     lost in rounding, a non-finite gradient difference, s'Bs = 0 and s'y <= 0)."""
+    memory = MEMORY if memory is None else int(memory)
     s = np.asarray(s, dtype=float)
     y = np.asarray(y, dtype=float)
     ss = float(s @ s)

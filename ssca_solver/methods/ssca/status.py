@@ -213,6 +213,12 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
                   "round's statistics stay random even on full batches, the steps diminish and "
                   "the point converges only in the limit; with every client in every round the "
                   "default options can certify it")
+    elif (o.batch_size == "auto" and len(history.t) and np.isnan(history.batch_size[-1])
+          and getattr(o, "hessian", "none") == "lbfgs" and getattr(state, "qn_s", ()).size):
+        advice = ("more rounds (max_iter); the batches are already full and the steps are "
+                  "quasi-Newton (L-BFGS) SQP steps, whose progress the rounds limit; a "
+                  "nearly flat direction (an invariance of the model, a tiny ridge term) "
+                  "makes them slow")
     elif o.batch_size == "auto" and len(history.t) and np.isnan(history.batch_size[-1]):
         advice = ("more rounds (max_iter); the batches are already full, so the steps are "
                   "deterministic SCA's (first order, their length set by tau) and the "
