@@ -63,6 +63,8 @@ STALL_ROUNDS, MERIT_PROGRESS = 30, 1e-12
 #: with the model the merit test weighs the violation by min(c, max(MERIT_MULTIPLIERS
 #: max |nu|, MERIT_FLOOR c)) (SSCA._merit_penalty)
 MERIT_MULTIPLIERS, MERIT_FLOOR = 2.0, 0.01
+#: with the model tau stays at least this times the model's scale delta
+MODEL_TAU_FLOOR = 1e-10
 #: an accepted step of relative length <= TINY_STEP is lost in rounding: tau is then cut by
 #: TAU_TINY, and TINY_ROUNDS of them settle the point (SSCA._backtracking_step, .settled)
 TINY_STEP, TAU_TINY, TINY_ROUNDS = 1e-12, 0.1, 12

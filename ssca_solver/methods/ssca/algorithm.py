@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 from ...diagnostics.evaluation import excess
-from ...errors import UserFunctionError
+from ...errors import SubproblemError, UserFunctionError
 from ...federated.messages import AGGREGATE, Request, array
 from ...model.surrogates import check_strongly_convex
 from ...schedules import at_epochs, step_value
@@ -620,8 +620,12 @@ class SSCA(FrontDoor):
             st["const"] = np.asarray(np.asarray(st["const"], dtype=float) + (true[j] - model[j]))
             corrected[m] = st
         start = state._replace(w=state.prev_w)
-        new, info = ssca_step.move(start, tuple(corrected), 1.0, 1.0,
-                                   self._solver(state, state.prev_w))
+        try:
+            new, info = ssca_step.move(start, tuple(corrected), 1.0, 1.0,
+                                       self._solver(state, state.prev_w))
+        except SubproblemError:
+            return None        # no correction: the backtracking goes on with tau
+
         new = new._replace(tau=self._tau(state), merit=state.merit,
                            prev_w=state.prev_w.copy(), prev_stats=base,
                            rejects=state.rejects + 1)
@@ -649,9 +653,30 @@ class SSCA(FrontDoor):
     def _retry(self, state, k, base_w, base, base_merit, worse):
         """The subproblem at ``base_w`` with tau multiplied by ``k`` (the backtracking's next
         step from the accepted or the last accepted point)."""
+        if self.model_ok and state.qn_s.size and not state.metric.size:
+            # tau stays above MODEL_TAU_FLOOR of the model's scale: 1e-132 against curvatures
+            # of 1e-1 left Clarabel's Problem 5 so badly scaled that it called it infeasible
+            floor = ad.MODEL_TAU_FLOOR * LBFGSModel(state.qn_s, state.qn_y).delta
+            k = max(k, floor / max(self._tau(state), 1e-300))
         scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
         start = state._replace(w=base_w)
-        new, info = ssca_step.move(start, scaled, 1.0, 1.0, self._solver(state, base_w))
+        try:
+            new, info = ssca_step.move(start, scaled, 1.0, 1.0, self._solver(state, base_w))
+        except SubproblemError:
+            if not (self.model_ok and state.qn_s.size and not state.metric.size):
+                raise
+            # the subproblem with the model failed every retry of the solver (a tau far
+            # below the model's curvature leaves the solver an ill-posed problem): this
+            # round's step without the model at a tau of the model's scale (the paper's
+            # surrogate), and the model starts afresh
+            delta = LBFGSModel(state.qn_s, state.qn_y).delta
+            k = max(k, delta / max(self._tau(state), 1e-300))
+            scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
+            start = start._replace(qn_s=np.zeros((0, 0)), qn_y=np.zeros((0, 0)))
+            new, info = ssca_step.move(start, scaled, 1.0, 1.0, self.subproblem)
+            warnings.warn(f"round {state.t + 1}: the subproblem with the quasi-Newton model "
+                          "failed; the round's step was taken without it and the model was "
+                          "reset", RuntimeWarning, stacklevel=2)
         new = new._replace(tau=self._tau(state) * k, merit=base_merit, prev_w=base_w.copy(),
                            prev_stats=scaled, rejects=state.rejects + 1 if worse else 0)
         return new, _Info(info, None, self._tau(state) * k, 0.0, int(bool(worse)))
