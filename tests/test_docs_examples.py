@@ -184,6 +184,20 @@ def test_marked_docs_example_runs_and_prints_what_the_page_shows(blocks, needs, 
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.syspath_prepend(str(ROOT))
     namespace = {"__name__": "__docs_example__"}
+    # an example's np.set_printoptions must not leak into the next one (a page that set
+    # precision=4 changed what a later page's block printed, depending on the test order)
+    import numpy as np
+
+    saved = np.get_printoptions()
+    try:
+        _run_blocks(blocks, namespace)
+    finally:
+        np.set_printoptions(**saved)
+    if "matplotlib.pyplot" in sys.modules:               # figures the example left open
+        sys.modules["matplotlib.pyplot"].close("all")
+
+
+def _run_blocks(blocks, namespace):
     for b in blocks:
         out = io.StringIO()
         where = f"{b.doc.relative_to(ROOT)}:{b.line}"
@@ -193,8 +207,6 @@ def test_marked_docs_example_runs_and_prints_what_the_page_shows(blocks, needs, 
             assert matches(out.getvalue(), b.expected), (
                 f"{where}: the block printed\n{out.getvalue()}\nbut the page shows\n"
                 f"{b.expected}")
-    if "matplotlib.pyplot" in sys.modules:               # figures the example left open
-        sys.modules["matplotlib.pyplot"].close("all")
 
 
 # pages whose blocks their owner has yet to mark (another session is editing them): the check

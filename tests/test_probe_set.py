@@ -174,7 +174,8 @@ def test_a_divergence_of_the_steps_names_no_client():
         warnings.simplefilter("ignore")
         with pytest.raises(ss.DivergenceError) as info:
             prob.solve(batch_size="full", tau=1e-3, seed=0)
-    assert "client" not in str(info.value) and "with a fixed tau, raise it" in str(info.value)
+    # the cause it names is the fixed tau below round 1's stability bound (issue 20 item 5)
+    assert "client" not in str(info.value) and "the fixed tau=0.001" in str(info.value)
 
 
 # -- the probe's NaN ------------------------------------------------------------------------------
