@@ -124,17 +124,19 @@ def main(argv=None) -> int:
     net.add_argument("--c", type=float, default=1e5, help="penalty c (the paper: 1e5)")
     net.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    np.set_printoptions(precision=4, suppress=True)
-    if args.command == "demo":
-        return _demo(args)
-    if args.command == "network":
-        from ssca_solver.datasets import DatasetNotFound
+    # the command's printing only: main() called in a process (tests, notebooks) must not
+    # change how that process prints arrays afterwards
+    with np.printoptions(precision=4, suppress=True):
+        if args.command == "demo":
+            return _demo(args)
+        if args.command == "network":
+            from ssca_solver.datasets import DatasetNotFound
 
-        try:
-            return _network(args)
-        except DatasetNotFound as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            try:
+                return _network(args)
+            except DatasetNotFound as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
     return 2
 
 

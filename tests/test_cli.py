@@ -36,3 +36,15 @@ def test_mnist_without_files_says_how_to_get_them(capsys, tmp_path):
     assert "--data-dir" in capsys.readouterr().err
     assert main(["network", "--data", "fashion-mnist", "--data-dir", str(tmp_path)]) == 2
     assert "dataset-fashion-mnist" in capsys.readouterr().err
+
+
+def test_the_cli_leaves_the_callers_print_options_alone():
+    """main() in a process (a test, a notebook) printed arrays at precision 4 afterwards: a
+    docs example after test_cli printed [0.1315] where its page shows [0.13152294]."""
+    import numpy as np
+
+    from ssca_solver import cli
+
+    before = np.get_printoptions()
+    cli.main(["demo", "--rounds", "5"])
+    assert np.get_printoptions() == before
