@@ -368,3 +368,33 @@ def test_a_long_client_error_in_the_dropouts_still_resumes(written, tmp_path):
         "dropouts/task": np.array(["ssca.round"]), "dropouts/error": np.array([long])})
     res = prob.solve(resume=path, **{**OPTS, "seed": None})
     assert res.nit == 6 and [d.error for d in res.dropouts] == [long]
+
+
+def test_resume_with_edited_function_code_is_not_silent(tmp_path):
+    """Issue 20's last silent case: the same name, other code (a constant edited) resumed
+    the old run silently; now a warning names the function (not a refusal: fixing a function
+    that crashed and resuming is legitimate). The same code resumes without it."""
+    import ssca_solver as ss
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    y = X @ np.array([1.0, -1.0, 0.5])
+    data = ss.FederatedData.split(X, y, num_clients=2, seed=0)
+
+    def problem(scale):
+        f = ss.SampleFunction(lambda w, X, y: scale * 0.5 * (X @ w - y) ** 2,
+                              lambda w, X, y: scale * X.T @ (X @ w - y) / len(X), name="ls")
+        return ss.Problem(f, dim=3, data=data)
+
+    path = str(tmp_path / "run.npz")
+    problem(1.0).solve(seed=0, max_iter=5, checkpoint=path, batch_size="full")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        same = problem(1.0).solve(seed=0, max_iter=8, checkpoint=path, resume=path,
+                                  batch_size="full")
+    assert same.nit >= 5
+    with pytest.warns(RuntimeWarning, match="other code of the function 'ls'"):
+        problem(2.0).solve(seed=0, max_iter=12, checkpoint=path, resume=path,
+                           batch_size="full")

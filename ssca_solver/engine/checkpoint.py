@@ -443,11 +443,17 @@ def load(path: str, layout: Optional[Layout] = None,
     return arrays, meta
 
 
+#: fingerprint entries added after checkpoints existed: a checkpoint without one resumes
+LATER_KEYS = frozenset({"function_code"})
+
+
 def check_matches(meta: dict, expected: dict, path: str) -> None:
     """Raise CheckpointError naming the first fingerprint entry that differs from the
     checkpoint's (for the data: the first client whose rows differ)."""
     saved = meta.get("fingerprint", {})
     for key, value in expected.items():
+        if key in LATER_KEYS and key not in saved:
+            continue          # written before the library checked it: nothing to compare
         if key not in saved and value is not None:
             raise CheckpointError(
                 f"resume: the checkpoint {path!r} has no fingerprint.{key} (written by an "
@@ -462,6 +468,20 @@ def check_matches(meta: dict, expected: dict, path: str) -> None:
                     f"client {i} differ (fingerprint.data[{i}]: {saved[key][i]!r} in the "
                     f"checkpoint, {value[i]!r} here; {len(differ)} of {len(value)} clients "
                     "differ); resume needs the same data", path, f"fingerprint.data[{i}]")
+            continue
+        if (key == "function_code" and isinstance(saved[key], list)
+                and len(saved[key]) == len(value) and saved[key] != value):
+            # a warning, not a refusal: fixing a function that crashed and resuming is
+            # what checkpoints are for; continuing with another function must not be silent
+            i = next(j for j, (a, b) in enumerate(zip(saved[key], value)) if a != b)
+            names = expected.get("functions") or []
+            name = names[i] if i < len(names) else f"#{i}"
+            warnings.warn(
+                f"resume: the checkpoint {path!r} was written for other code of the function "
+                f"{name!r} (its value or gradient code, or what its closure holds, differs; or "
+                "another Python version compiled it): the run continues from the "
+                "checkpoint's state with the function as it is now, and its history mixes "
+                "both; start afresh if the change was not a fix", RuntimeWarning, stacklevel=6)
             continue
         if saved.get(key) != value:
             raise CheckpointError(f"resume: the checkpoint {path!r} was written with {key} = "

@@ -54,8 +54,59 @@ def fingerprint(problem, method: str, **options) -> dict:
     fp = {"method": method, "dim": problem.dim, "client_sizes": list(problem.data.client_sizes),
           "constraints": [c.name for c in problem.constraints],
           "bounds": [float(b) for b in problem.bounds],
-          "functions": [f.name for f in problem.functions], **options}
+          "functions": [f.name for f in problem.functions],
+          "function_code": [code_hash(f.value, f.grad, getattr(f, "value_and_grad", None),
+                                      getattr(f, "loss", None))
+                            for f in problem.functions], **options}
     return json.loads(json.dumps(fp, default=repr))
+
+
+def code_hash(*functions, depth: int = 3) -> str:
+    """A hash of what the user's callables compute, as far as Python shows it: each one's
+    bytecode, constants and names, and (to ``depth``) the callables, numbers, strings and
+    small arrays its closure holds. Resuming with a function whose code was edited under the
+    same name continued the old run silently (issue 20's last silent case); a change the
+    hash cannot see (a module-level global, a C extension) still can."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+
+    def feed(obj, d):
+        if obj is None:
+            h.update(b"N")
+            return
+        if isinstance(obj, (bool, int, float, complex, str, bytes)):
+            h.update(repr(obj).encode())
+            return
+        if isinstance(obj, np.ndarray):
+            h.update(obj.tobytes() if obj.size <= 10_000 else repr(obj.shape).encode())
+            return
+        code = getattr(obj, "__code__", None)
+        if code is None:
+            h.update(type(obj).__qualname__.encode())
+            return
+        feed_code(code)
+        if d > 0:
+            for cell in getattr(obj, "__closure__", None) or ():
+                try:
+                    feed(cell.cell_contents, d - 1)
+                except ValueError:          # an empty cell
+                    h.update(b"E")
+            for default in getattr(obj, "__defaults__", None) or ():
+                feed(default, d - 1)
+
+    def feed_code(code):
+        h.update(code.co_code)
+        h.update(repr(code.co_names).encode())
+        for const in code.co_consts:
+            if hasattr(const, "co_code"):
+                feed_code(const)
+            else:
+                h.update(repr(const).encode())
+
+    for fn in functions:
+        feed(fn, depth)
+    return h.hexdigest()
 
 
 def _point_hash(x0: np.ndarray) -> str:
