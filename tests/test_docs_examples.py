@@ -209,20 +209,7 @@ def _run_blocks(blocks, namespace):
                 f"{b.expected}")
 
 
-# pages whose blocks their owner has yet to mark (another session is editing them): the check
-# is expected to fail there, strictly, so that it fails as soon as they are marked and this
-# entry must go
-NOT_YET_MARKED: set = set()
-
-
-def _docs_to_check():
-    return [pytest.param(doc, id=str(doc.relative_to(ROOT)),
-                         marks=[pytest.mark.xfail(strict=True, reason="blocks not marked yet")]
-                         if str(doc.relative_to(ROOT)) in NOT_YET_MARKED else [])
-            for doc in DOCS]
-
-
-@pytest.mark.parametrize("doc", _docs_to_check())
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: str(d.relative_to(ROOT)))
 def test_every_python_block_is_marked(doc):
     """A python block that is neither run nor skipped for a listed reason fails here."""
     lines = unmarked(doc)

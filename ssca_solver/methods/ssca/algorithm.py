@@ -131,9 +131,23 @@ class SSCA(FrontDoor):
     def _solver(self, state, center):
         if state.metric.size:
             return self.subproblem.with_metric(state.metric, center)
-        if self.model_ok and state.qn_s.size:
-            return self.subproblem.with_model(LBFGSModel(state.qn_s, state.qn_y), center)
+        if self._model_on(state):
+            return self.subproblem.with_model(self._model(state), center)
         return self.subproblem
+
+    def _model_on(self, state) -> bool:
+        """The quasi-Newton model is in the round's surrogate: it applies (``model_ok``), it
+        holds a pair, and no diagonal metric is in force (which takes precedence)."""
+        return bool(self.model_ok and state.qn_s.size and not state.metric.size)
+
+    def _model(self, state) -> LBFGSModel:
+        """The compact form of the state's pairs, built once per set of pairs (the solver, the
+        rejection's tau and the fallback read it in the same round)."""
+        cached = getattr(self, "_model_cache", None)
+        if cached is None or cached[0] is not state.qn_s:
+            cached = (state.qn_s, LBFGSModel(state.qn_s, state.qn_y))
+            self._model_cache = cached
+        return cached[1]
 
     def _with_pair(self, state, stats):
         """The state with the quasi-Newton pair of the accepted step prev_w -> w added: s the
@@ -492,7 +506,7 @@ class SSCA(FrontDoor):
         c_merit = self._merit_penalty(state)
         merit = self._merit(stats, state.w, c_merit)
         reference = state.merit
-        if (self.M and state.qn_s.size and not state.metric.size and len(state.prev_stats)
+        if (self.M and self._model_on(state) and len(state.prev_stats)
                 and np.isfinite(state.merit)):
             # both points judged by the same exact penalty (the stored merit may have been
             # computed with another weight)
@@ -505,7 +519,7 @@ class SSCA(FrontDoor):
         worse = (np.isfinite(state.merit) and len(state.prev_stats)
                  and merit > reference + max(rtol * max(1.0, abs(reference)), noise))
         corrected, self._corrected = getattr(self, "_corrected", False), False
-        if worse and not corrected and state.qn_s.size and not state.metric.size:
+        if worse and not corrected and self._model_on(state):
             # a quasi-Newton step rejected: first the second-order correction (a full SQP step
             # near a curved active constraint raises the exact penalty to second order, the
             # Maratos effect; Nocedal & Wright, sec. 15.6), then a tau that shortens it
@@ -523,18 +537,18 @@ class SSCA(FrontDoor):
                     if correction is not None:
                         return correction
             k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
-            if state.qn_s.size and not state.metric.size:
+            if self._model_on(state):
                 # tau far below the model's curvature does not shorten the step when doubled
                 # (a run of 8 rejections at tau 1e-8 against curvatures of 1e-1 settled a point
                 # 7e-4 from stationary): at least the model's scale delta / 2 on the curvature
-                delta = LBFGSModel(state.qn_s, state.qn_y).delta
+                delta = self._model(state).delta
                 k = max(k, ad.MODEL_REJECT * delta / max(self._tau(state), 1e-300))
         else:
             self._track_progress(state, merit)
             state = self._with_pair(state, stats)
             # with a curvature model tau is the regularisation of a quasi-Newton step, not the
             # curvature: it falls faster while steps are accepted
-            k = ad.TAU_DOWN_MODEL if state.qn_s.size and not state.metric.size else ad.TAU_DOWN
+            k = ad.TAU_DOWN_MODEL if self._model_on(state) else ad.TAU_DOWN
             base_w, base, base_merit = state.w, stats, merit
             self._rejected_trial = None
             step = (float(np.linalg.norm(state.w - state.prev_w))
@@ -560,7 +574,7 @@ class SSCA(FrontDoor):
         step (a second-order correction each time) on least squares on diabetes. Both points
         of a comparison are judged with the same weight."""
         c = state.penalty
-        if not (self.M and state.qn_s.size and not state.metric.size) or not state.nu.size:
+        if not (self.M and self._model_on(state)) or not state.nu.size:
             return c
         nu = float(np.max(np.abs(state.nu)))
         return min(c, max(ad.MERIT_MULTIPLIERS * nu, ad.MERIT_FLOOR * c))
@@ -570,7 +584,7 @@ class SSCA(FrontDoor):
         size (a new stage starts afresh). At a kink of F (|w| at 0) the quasi-Newton steps
         hover at 1e-11 without settling by step length; STALL_ROUNDS accepted rounds without
         progress settle the point (:meth:`settled`)."""
-        if not (state.qn_s.size and not state.metric.size) or not np.isfinite(state.merit):
+        if not self._model_on(state) or not np.isfinite(state.merit):
             self._best_merit, self._stall = merit, 0
             return
         best = getattr(self, "_best_merit", np.inf)
@@ -653,23 +667,23 @@ class SSCA(FrontDoor):
     def _retry(self, state, k, base_w, base, base_merit, worse):
         """The subproblem at ``base_w`` with tau multiplied by ``k`` (the backtracking's next
         step from the accepted or the last accepted point)."""
-        if self.model_ok and state.qn_s.size and not state.metric.size:
+        if self._model_on(state):
             # tau stays above MODEL_TAU_FLOOR of the model's scale: 1e-132 against curvatures
             # of 1e-1 left Clarabel's Problem 5 so badly scaled that it called it infeasible
-            floor = ad.MODEL_TAU_FLOOR * LBFGSModel(state.qn_s, state.qn_y).delta
+            floor = ad.MODEL_TAU_FLOOR * self._model(state).delta
             k = max(k, floor / max(self._tau(state), 1e-300))
         scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
         start = state._replace(w=base_w)
         try:
             new, info = ssca_step.move(start, scaled, 1.0, 1.0, self._solver(state, base_w))
         except SubproblemError:
-            if not (self.model_ok and state.qn_s.size and not state.metric.size):
+            if not self._model_on(state):
                 raise
             # the subproblem with the model failed every retry of the solver (a tau far
             # below the model's curvature leaves the solver an ill-posed problem): this
             # round's step without the model at a tau of the model's scale (the paper's
             # surrogate), and the model starts afresh
-            delta = LBFGSModel(state.qn_s, state.qn_y).delta
+            delta = self._model(state).delta
             k = max(k, delta / max(self._tau(state), 1e-300))
             scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
             start = start._replace(qn_s=np.zeros((0, 0)), qn_y=np.zeros((0, 0)))
@@ -706,7 +720,7 @@ class SSCA(FrontDoor):
         counts them as evidence. A digits network spent its whole first stage (1000 rounds)
         infeasible at c = 100 below its multiplier 144 before c was raised."""
         sol = info.step.solution
-        if not (self.M and self.model_ok and state.qn_s.size and not state.metric.size
+        if not (self.M and self._model_on(state)
                 and state.penalty < max(self.penalties)):
             self._saturation = 0
             return False
