@@ -42,13 +42,20 @@ class SSCA(FrontDoor):
       subproblem: the subproblem solver (closed form or CVXPY).
       batch_size: B (None: full batch; "auto": adaptive, see :mod:`.adaptive`).
       tau: the proximal weight (a number, or "auto": from the probe, adapted on full batches).
-      rho, gamma, surrogate_init: as in :class:`ssca_solver.engine.options.SSCAOptions`
-        (an :class:`~ssca_solver.EpochStep` runs on the clock of passes over the data).
+      rho: the step-size schedule rho_t of the recursive averages, as in
+        :class:`~ssca_solver.SSCAOptions` (an :class:`~ssca_solver.EpochStep` runs on the
+        clock of passes over the data).
+      gamma: the step-size schedule gamma_t of the iterate update, as ``rho``.
+      surrogate_init: Fbar^(0), the start of the averaged surrogates: "tau" (tau |w|^2) or
+        "zero", as in :class:`~ssca_solver.SSCAOptions`.
       check_gradients: check every function's gradient in the probe before round 1.
+      unit_steps: rho = gamma = 1 on full batches (with the adaptive batch size or tau).
       participation: the expected fraction of the clients in a round (K / I), for that clock.
       sampled_clients: K < I clients per round, or proportional draws (the rounds' statistics
         are random even on full batches: ``tau="auto"`` is then :meth:`sampled_tau`).
       penalties: c_1 < c_2 < ... of the continuation (Algorithm 2; (0,) for Algorithm 1).
+      hessian: ``"lbfgs"`` (the quasi-Newton model of the full-batch rounds) or ``"none"``
+        (the paper's first-order surrogates).
     """
 
     supports_secure_aggregation = True     # the server reads only weighted sums of replies
