@@ -26,7 +26,8 @@ MAX_ITER = "max_iter"
 STOPPED = "stopped"
 #: the library's own numerical machinery failed (a subproblem no attempt could solve, or a
 #: diagnostic that decides the status): the Result holds the last good point and its history,
-#: and the message names what failed and where. User errors still raise (docs/modelling.md)
+#: and the message names what failed and where. User errors still raise
+#: (docs/running.md, "Errors")
 ERROR = "error"
 #: every status a Result can have
 STATUSES = (CONVERGED, INFEASIBLE, MAX_ITER, STOPPED, ERROR)

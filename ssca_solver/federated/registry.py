@@ -107,7 +107,8 @@ def register_transport(name: str, factory: Callable[..., Transport],
     read-only w and arrays (``request.read_only()``), raise
     :class:`~ssca_solver.errors.ClientError` (or the client's own exception) for a client that
     fails, or with ``tolerate_failures`` yield a :class:`~ssca_solver.federated.Dropout` for it
-    and stay usable; and stop everything it started in ``close`` (see docs/architecture.md).
+    and stay usable; and stop everything it started in ``close`` (see docs/architecture.md,
+    "Adding a transport").
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"a transport name must be a non-empty string, got {name!r}")

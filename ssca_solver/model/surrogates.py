@@ -14,7 +14,7 @@ A builder fixes both halves:
   in eqs. (Fs0bar)/(Fsmbar) is the surrogate of the recursively averaged statistics, so the
   server only keeps one set of statistics per function.
 
-Custom builders subclass :class:`SurrogateBuilder` (see docs/modelling.md).
+Custom builders subclass :class:`SurrogateBuilder` (see docs/modelling.md, "Custom builders").
 """
 
 from __future__ import annotations

@@ -370,9 +370,9 @@ class SSCA(FrontDoor):
         With Fbar^(0) = tau |w|^2 and no domain, eqs. (fs0bar)-(w update) are the heavy-ball
         iteration  w_{t+1} - w_t = beta_t (w_t - w_{t-1}) - eta_t g_t  with
         eta_t = gamma_t rho_t / (2 tau) and beta_t = (1 - rho_t)(1 - gamma_t) (constant steps;
-        docs/modelling.md, "SSCA as heavy ball"). On a quadratic of curvature L it is stable iff
-        eta L < 2 (1 + beta), i.e. tau > gamma rho L / (4 (1 + beta)). That bound at round 1's
-        steps and the probe's curvature along the gradient is used, but never below
+        docs/solver-settings.md, "SSCA as heavy ball"). On a quadratic of curvature L it is
+        stable iff eta L < 2 (1 + beta), i.e. tau > gamma rho L / (4 (1 + beta)). That bound
+        at round 1's steps and the probe's curvature along the gradient is used, but never below
         ``ad.SAMPLED_TAU_FLOOR`` (0.05): the measured curvature is a majorization scale, far
         too conservative for a network (a tau of the curvature itself, 5.6 on the paper's
         network, ends at 2.22 after 100 rounds at B = 100, where 0.05 gives 0.48)."""

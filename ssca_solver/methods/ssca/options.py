@@ -26,7 +26,8 @@ class SSCAOptions(opt.RunOptions):
         measured before round 1, then adapted by backtracking on full batches; on sampled
         rounds (a fixed B, or K < I clients per round or proportional participation, whatever
         the batch size): max(0.05, the heavy-ball stability bound at round 1 from the probe's
-        curvature; docs/modelling.md), never adapted) or a number > 0 (paper: 0.1).
+        curvature; docs/solver-settings.md, "SSCA as heavy ball"), never adapted) or a
+        number > 0 (paper: 0.1).
       rho: schedule of eq. (rho): "auto" (default), an EpochStep, a PowerStep, a callable
         t -> value, or a constant in (0, 1]. "auto" is EpochStep(0.15, 0.4) on rounds with
         sampled statistics (a fixed B, or K < I clients): 0.15 / (1 + e_t)^0.4 with e_t the
