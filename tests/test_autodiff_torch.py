@@ -361,6 +361,32 @@ def test_without_torch_the_message_says_how_to_get_it(monkeypatch):
         ss.SampleFunction.from_torch(logistic)
 
 
+def test_from_torch_sits_beside_from_jax_and_importing_the_library_imports_neither():
+    """Runs everywhere: both builders are classmethods of SampleFunction (functions.py) that
+    delegate to their own module; importing the library imports neither JAX nor torch (each
+    is imported when a function is built)."""
+    code = textwrap.dedent("""
+        import sys
+        import cvxpy                   # its solver probe may import JAX (MPAX) by itself
+        before = {m for m in ("jax", "torch") if m in sys.modules}
+        import ssca_solver as ss
+        assert {m for m in ("jax", "torch") if m in sys.modules} == before
+        from ssca_solver.model import autodiff, autodiff_jax, autodiff_torch
+        for name, module in (("from_jax", autodiff_jax), ("from_torch", autodiff_torch)):
+            method = ss.SampleFunction.__dict__[name]
+            assert isinstance(method, classmethod), name
+            assert method.__func__.__module__ == "ssca_solver.model.functions", name
+            assert getattr(ss, name) is getattr(autodiff, name) is getattr(module, name)
+        assert issubclass(ss.TorchSampleFunction, autodiff.AutodiffSampleFunction)
+        assert issubclass(ss.JaxSampleFunction, autodiff.AutodiffSampleFunction)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
 @pytest.mark.slow                    # Ray's start: about 30 s
 def test_flower_simulation_ships_the_loss(torch, cancer_data):
     """transport="flower" (Ray actors, fresh processes) pickles the function with cloudpickle:

@@ -54,9 +54,18 @@ class SampleFunction:
         """A SampleFunction from the JAX loss ``loss(w, x, y) -> scalar`` of one sample, by
         automatic differentiation: :func:`ssca_solver.model.autodiff.from_jax` (options
         ``batched``, ``buckets``, ``dtype``, ``surrogate``; docs/autodiff.md)."""
-        from .autodiff import from_jax
+        from .autodiff_jax import from_jax
 
         return from_jax(loss, name, **options)
+
+    @classmethod
+    def from_torch(cls, loss: Callable, name: Optional[str] = None, **options):
+        """A SampleFunction from the PyTorch loss ``loss(w, x, y) -> scalar`` of one sample, by
+        automatic differentiation: :func:`ssca_solver.model.autodiff.from_torch` (options
+        ``batched``, ``dtype``, ``surrogate``; docs/autodiff.md)."""
+        from .autodiff_torch import from_torch
+
+        return from_torch(loss, name, **options)
 
     def __le__(self, bound) -> "StochasticConstraint":
         return StochasticConstraint(self, _as_bound(bound))
