@@ -6,7 +6,8 @@ message names the file, field, client or array at fault.
 * A client reply that lacks one of the arrays the other clients send, or carries one more,
   under plain aggregation: ReplyError naming the client, the round and the array (it was a
   bare ValueError from the server's fold that named the client but not the round, and with
-  on_client_failure="drop" it ended the run instead of being a dropout).
+  on_client_failure="drop" it ended the run instead of being a dropout); the one reply of a
+  request (one client, or one participant) is compared with the earlier requests' arrays.
 * A reply of finite but absurd numbers (1e300 times too large): the DivergenceError that
   follows names the client instead of blaming the solver's steps.
 * The probe's own NaN ("no finite difference along the gradient at x0") is not a malformed
@@ -91,6 +92,59 @@ def test_a_reply_missing_an_array_names_the_client_the_round_and_the_array():
                                "['0:const', '0:lin', '0:quad'] (the most common set of "
                                "arrays)"), str(err)
     assert err.state is not None and err.state.t == 2         # the last good round
+
+
+@pytest.mark.parametrize("clients, opts", [(1, {}), (3, {"clients_per_round": 1})],
+                         ids=["one client", "one participant"])
+def test_the_only_reply_of_a_request_missing_an_array_names_the_client_and_the_round(clients,
+                                                                                      opts):
+    """A request answered by one client has no other reply to compare with; it is compared
+    with the arrays of the earlier requests of its task. Before: ValueError("client 0:
+    statistics ['0:const', '0:quad'], the server expects [...]") from the server's fold."""
+    with pytest.raises(ReplyError) as info:
+        _quadratic(clients).solve(transport=_transport(
+            lambda r: r.round == 3 and r.task == "ssca.round", lambda r: _without(r, "0:lin")),
+            **ROUND_OPTS, **opts)
+    err = info.value
+    assert (err.round, err.kind, err.array) == (3, "layout", "0:lin")
+    assert str(err).startswith(f"client {err.client}, round 3: its reply to task 'ssca.round' "
+                               "carries the arrays ['0:const', '0:quad'] (missing ['0:lin']), "
+                               "but the replies to the earlier requests of task 'ssca.round' "
+                               "carried ['0:const', '0:lin', '0:quad'] (the only reply to "
+                               "this request"), str(err)
+    assert err.state is not None and err.state.t == 2         # the last good round
+    # with drop, it is a dropout (and, as no client is left, the round fails naming it)
+    with pytest.raises(ss.RoundFailedError, match=r"client \d: ReplyError: its reply to task "
+                       r"'ssca.round' carries the arrays \['0:const', '0:quad'\]"):
+        _quadratic(clients).solve(transport=_transport(
+            lambda r: r.round == 3 and r.task == "ssca.round", lambda r: _without(r, "0:lin")),
+            on_client_failure="drop", **ROUND_OPTS, **opts)
+
+
+def test_the_only_reply_is_compared_with_requests_of_the_same_kind():
+    """Straight through a Gatherer with one client: evaluations with and without gradients
+    carry other arrays, and are compared each with its own kind (the request's switches)."""
+    from ssca_solver.federated import Client, Request
+    from ssca_solver.federated.gather import Gatherer
+    from ssca_solver.model.data import ClientData
+
+    def evaluate(client, request):
+        arrays = {"values": np.zeros(2)}
+        if request.config["with_grad"]:
+            arrays["grads"] = np.zeros((2, 3))
+        if request.round == 9:                            # the faulty reply
+            del arrays["values"]
+        return client.reply(request, arrays)
+
+    g = Gatherer(InProcessTransport([Client(0, ClientData(np.ones((4, 3))), 0,
+                                            {"evaluate": evaluate})]), [4])
+    for t, with_grad in enumerate([True, False, True, False, False]):
+        assert len(list(g.collect(Request("evaluate", t, np.zeros(3),
+                                          {"with_grad": with_grad}), kind="eval"))) == 1
+    with pytest.raises(ReplyError, match=r"^client 0, full-data evaluation: .*\['grads'\] "
+                       r"\(missing \['values'\]\), but the replies to the earlier requests of "
+                       r"task 'evaluate' carried \['grads', 'values'\]"):
+        list(g.collect(Request("evaluate", 9, np.zeros(3), {"with_grad": True}), kind="eval"))
 
 
 def test_the_first_client_is_named_when_it_is_the_one_at_fault():

@@ -128,12 +128,42 @@ def test_a_nan_reply_is_the_clients_fault_not_a_divergence():
     (lambda r: dataclasses.replace(r, batch_size=0), r"batch_size=0, outside 1..num_rows"),
     (lambda r: dataclasses.replace(r, client=0), r"says it comes from client 0"),
     (lambda r: dataclasses.replace(r, round=2), r"says it answers task 'ssca.round' at round 2"),
-], ids=["complex", "list", "num_rows", "batch_size", "client", "round"])
+    (lambda r: _arrays(r, **{_key(r): r.arrays[_key(r)] > 0}),
+     r"has array '.*' of dtype bool; replies carry real numbers \(integer or float arrays\) "
+     r"\(True and False would be summed as 1 and 0"),
+    (lambda r: _arrays(r, **{_key(r): r.arrays[_key(r)].astype(object)}),
+     r"has array '.*' of dtype object; replies carry real numbers"),
+    (lambda r: _arrays(r, flag=True), r"has array 'flag' of dtype bool"),
+], ids=["complex", "list", "num_rows", "batch_size", "client", "round", "bool", "object",
+        "bool scalar"])
 def test_a_malformed_reply_is_a_client_error_naming_the_client(fault, match):
     """Today: a complex or list array, a wrong row count or another client's identity is
     combined silently (wrong weights, or a cast) or fails in NumPy."""
     with pytest.raises(ReplyError, match=r"client 1, round 3: .*" + match):
         _problem().solve(transport=_transport(_at(1, 3), fault), **OPTS)
+
+
+def test_a_bool_reply_names_the_client_the_round_the_array_and_the_dtype():
+    """Before: a bool array was accepted and summed as 0/1 numbers, silently."""
+    with pytest.raises(ReplyError) as info:
+        _problem().solve(transport=_transport(
+            _at(1, 3), lambda r: _arrays(r, **{_key(r): r.arrays[_key(r)] > 0})), **OPTS)
+    err = info.value
+    assert (err.client, err.round, err.kind, err.array) == (1, 3, "dtype", "0:lin")
+    assert "has array '0:lin' of dtype bool" in str(err)
+
+
+def test_integer_arrays_are_read_as_the_floats_they_equal():
+    """Integer replies are real numbers (a count, say): accepted, and combined exactly as the
+    same numbers in float64 (the iterates agree to the bit)."""
+    def rounded(dtype):
+        return lambda r: _arrays(r, **{_key(r): np.round(1e3 * r.arrays[_key(r)]).astype(dtype)})
+
+    runs = [_problem().solve(transport=_transport(_at(1, 3), rounded(dt)), **OPTS)
+            for dt in (np.int64, np.float64, np.int32)]
+    assert runs[0].history.t.size == runs[1].history.t.size
+    np.testing.assert_array_equal(runs[0].x, runs[1].x)
+    np.testing.assert_array_equal(runs[2].x, runs[1].x)
 
 
 def test_an_evaluation_reply_is_checked_too():

@@ -17,7 +17,8 @@ the algorithm (or the evaluator) combines, each with its server-side factor ``Re
 
 Without secure aggregation every reply is checked as it arrives (:mod:`.replies`: the client,
 task and round it answers, its row counts, real finite arrays, shapes that agree with the
-other clients'): a malformed one raises :class:`~ssca_solver.errors.ReplyError` (a
+other clients', and the one reply of a request with the arrays of earlier requests of its
+kind): a malformed one raises :class:`~ssca_solver.errors.ReplyError` (a
 ClientError naming the client), or with ``on_client_failure="drop"`` is a Dropout like any
 failure.
 """
@@ -166,6 +167,9 @@ class Gatherer:
                     raise ReplyError(order[k], where(request), "no reply arrived (the "
                                      "transport's stream ended before this client's reply)",
                                      kind="type")
+                odd = check.alone()          # one reply: compared with earlier requests'
+                if odd is not None:
+                    raise odd
                 check.done()
                 if held is not None:
                     yield held
@@ -202,6 +206,9 @@ class Gatherer:
         def screened():
             nonlocal answered
             answered, bad = check.screen(answered)
+            odd = check.alone() if len(answered) == 1 else None
+            if odd is not None:              # one reply: compared with earlier requests'
+                answered, bad = [], bad + [odd]
             dropped.extend(_dropout(request, exc) for exc in bad)
 
         collect(stream, order)       # held until all arrived: s depends on who answered

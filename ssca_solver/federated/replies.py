@@ -10,8 +10,10 @@ naming the client, the request and what is wrong, a reply that
 * answers as another client, or another task or round than the request's (``"identity"``);
 * gives a row count ``num_rows`` other than the client's N_i known to the server, or a
   ``batch_size`` outside 1..N_i (``"counts"``): the weights N_i / (B_i N) come from them;
-* carries a value that is not a NumPy array or scalar of real numbers (bool, integer or
-  float; not complex, object or text) (``"dtype"``);
+* carries a value that is not a NumPy array or scalar of real numbers, integer or float
+  (``"dtype"``): not complex, object or text, and not bool either (True and False would be
+  summed as 1 and 0: a flag is no statistic). Integer arrays are accepted as they are: they
+  combine as the floats they equal (a count, say);
 * carries a NaN or an infinity (``"nonfinite"``): every task's numbers are finite (a client
   whose functions are not finite at a point says so as the task defines, e.g. method "ssca"'s
   one-array ``"nonfinite"`` reply to a backtracking trial point, or raises);
@@ -29,7 +31,12 @@ naming the client, the request and what is wrong, a reply that
   noise numbers of adaptive sampling, the gradient check's retries) and are left out of the
   comparison; a reply that carries an array of :data:`STAND_IN` answers in place of the
   task's usual arrays (method "ssca"'s one-array answer at a trial point where a function is
-  not finite) and is not compared either.
+  not finite) and is not compared either. The one reply of a request that no other reply can
+  be compared with (one client asked, or one left) is compared with the set of arrays its
+  task's replies carried in an earlier request of the same kind: the same task with the same
+  switches (the bool and text entries of the request's ``config``, e.g. the evaluation's
+  ``with_grad``); a task's first request answered by a single client has nothing to be
+  compared with.
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ NAN_ALLOWED = ("probe:",)
 #: The pseudo-array under which each reply's set of array names is compared (``"layout"``)
 LAYOUT = "<array names>"
 
-_REAL = "biuf"        # bool, signed and unsigned integers, floats
+_REAL = "iuf"         # signed and unsigned integers, floats
 
 
 def where(request: Request):
@@ -86,6 +93,8 @@ class ReplyCheck:
     def __init__(self, sizes: Sequence[int]):
         self.sizes = [int(n) for n in sizes]
         self.agreed: dict = {}        # task -> {array name: shape agreed in an earlier request}
+        self.layouts: dict = {}       # request_kind -> the set of arrays agreed in the last
+                                      # request of that kind (RequestCheck.alone)
 
     def start(self, request: Request, order: Sequence[int]) -> "RequestCheck":
         """The checks of the replies to ``request`` from the clients ``order``, in that
@@ -103,6 +112,7 @@ class RequestCheck:
         self.order = list(order)
         self.seen: dict = {}          # array name -> {shape key: [clients]}
         self.first: dict = {}         # array name -> (shape key, client) of its first reply
+        self.kind = request_kind(request)
 
     def fail(self, client, cause: str, kind: str, array: Optional[str] = None) -> ReplyError:
         r = self.request
@@ -145,8 +155,10 @@ class RequestCheck:
                 raise self.fail(client, f"has array {name!r} of type {type(value).__name__}, "
                                 "not a NumPy array", "type", name)
             if a.dtype.kind not in _REAL:
+                why = (" (True and False would be summed as 1 and 0: a flag is no statistic)"
+                       if a.dtype.kind == "b" else "")
                 raise self.fail(client, f"has array {name!r} of dtype {a.dtype}; replies carry "
-                                "real numbers (bool, integer or float arrays)", "dtype", name)
+                                f"real numbers (integer or float arrays){why}", "dtype", name)
             if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
                 bad = int(a.size - np.count_nonzero(np.isfinite(a)))
                 nan = int(np.count_nonzero(np.isnan(a)))
@@ -199,17 +211,37 @@ class RequestCheck:
         more = f"; clients {others} differ too" if others else ""
         if name == LAYOUT:
             how = how.replace("shape", "set of arrays")
-            missing, extra = sorted(set(right) - set(got)), sorted(set(got) - set(right))
-            what = "; ".join(([f"missing {missing}"] if missing else [])
-                             + ([f"unexpected {extra}"] if extra else []))
-            return self.fail(client, f"carries the arrays {list(got)} ({what}), but the "
-                             f"replies of clients {sorted(groups[right], key=self._position)} "
-                             f"to the same request carry {list(right)} ({how}){more}",
-                             "layout", (missing or extra)[0])
+            peers = sorted(groups[right], key=self._position)
+            return self._layout_error(client, got, right, f"the replies of clients {peers} to "
+                                      f"the same request carry", f"{how}{more}")
         axes = " (all axes but the first)" if name.startswith(RAGGED) else ""
         return self.fail(client, f"has array {name!r} of shape{axes} {_fmt(got)}, but the "
                          f"replies of clients {sorted(groups[right], key=self._position)} to "
                          f"the same request have {_fmt(right)} ({how}){more}", "shape", name)
+
+    def _layout_error(self, client, got: tuple, right: tuple, whose: str,
+                      how: str) -> ReplyError:
+        missing, extra = sorted(set(right) - set(got)), sorted(set(got) - set(right))
+        what = "; ".join(([f"missing {missing}"] if missing else [])
+                         + ([f"unexpected {extra}"] if extra else []))
+        return self.fail(client, f"carries the arrays {list(got)} ({what}), but {whose} "
+                         f"{list(right)} ({how})", "layout", (missing or extra)[0])
+
+    def alone(self) -> Optional[ReplyError]:
+        """The error for the only reply noted (no other reply to compare it with) when its
+        set of arrays differs from the one agreed in an earlier request of the same kind
+        (:func:`request_kind`); None otherwise, or when there is no such request."""
+        groups = self.seen.get(LAYOUT, {})
+        if len(groups) != 1:
+            return None
+        (got, clients), = groups.items()
+        right = self.owner.layouts.get(self.kind)
+        if len(clients) != 1 or right is None or got == right:
+            return None
+        return self._layout_error(clients[0], got, right, f"the replies to the earlier "
+                                  f"requests of task {self.request.task!r} carried",
+                                  "the only reply to this request: compared with the set of "
+                                  "arrays agreed earlier")
 
     def _position(self, client) -> int:
         return self.order.index(client) if client in self.order else len(self.order)
@@ -237,6 +269,17 @@ class RequestCheck:
         for name, groups in self.seen.items():
             if len(groups) == 1:
                 agreed[name] = next(iter(groups))
+        if len(self.seen.get(LAYOUT, ())) == 1:
+            self.owner.layouts[self.kind] = next(iter(self.seen[LAYOUT]))
+
+
+def request_kind(request: Request) -> tuple:
+    """What makes two requests of a task ask for the same arrays: the task and its switches,
+    the bool and text entries of ``config`` (numbers, such as a batch size or a step, set how
+    much, not what)."""
+    switches = tuple(sorted((k, v) for k, v in request.config.items()
+                            if isinstance(v, (bool, np.bool_, str))))
+    return request.task, switches
 
 
 def _is_int(v) -> bool:
