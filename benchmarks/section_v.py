@@ -161,7 +161,7 @@ class _TimedSubproblem:
     def __init__(self, sub):
         self.sub, self.name, self.last = sub, sub.name, 0.0
 
-    def solve(self, stats, penalty, round, nu0=None):
+    def solve(self, stats, penalty, round, nu0=None, center=None):
         t0 = time.perf_counter()
         sol = self.sub.solve(stats, penalty, round=round, nu0=nu0)
         self.last = time.perf_counter() - t0

@@ -74,7 +74,7 @@ class PolishedCvxpy:
     def __init__(self, cvx, cf):
         self.cvx, self.cf = cvx, cf      # cf only lends the problem's data: k, bounds, ridge
 
-    def solve(self, stats, penalty, round, nu0=None):
+    def solve(self, stats, penalty, round, nu0=None, center=None):
         from kkt_reference import polished_reference
         from ssca_solver.subproblems.base import SubproblemSolution
 

@@ -7,7 +7,8 @@ the solver and its statuses. A KKT report that cannot be computed is marked fail
 keeps the status it earned. User errors still raise at once.
 
 Failures are forced by wrapping ``cvxpy.Problem.solve``: the subproblem of the rounds has a
-variable named "w" (its recentred retries one named "v"), which tells the attempts apart.
+variable named "w", or "dw" in the local form the rounds use (a step from the round's point),
+and its recentred retries one named "v", which tells the attempts apart.
 """
 
 import warnings
@@ -32,7 +33,7 @@ def _names(problem):
 
 def _round_subproblem(problem) -> bool:
     """The model of the rounds (not its recentred retry, nor a diagnostic's problem)."""
-    return "w" in _names(problem)
+    return bool({"w", "dw"} & _names(problem))
 
 
 class Forced:
@@ -63,9 +64,9 @@ def _on_rounds(monkeypatch, rounds, fail) -> Forced:
     forced = Forced(fail)
     original = cvxpy_backend.CvxpySubproblem.solve
 
-    def solve(self, stats, penalty, round, nu0=None):
+    def solve(self, stats, penalty, round, nu0=None, center=None):
         forced.active = bool(rounds(round))
-        return original(self, stats, penalty, round, nu0)
+        return original(self, stats, penalty, round, nu0, center=center)
 
     monkeypatch.setattr(cvxpy_backend.CvxpySubproblem, "solve", solve)
     monkeypatch.setattr(cp.Problem, "solve",
@@ -336,6 +337,18 @@ def test_a_badly_scaled_problem_with_bounds_runs_to_the_end():
     prob = ss.Problem(f, cons, dim=10, data=data, domain=lambda w: [w >= lo, w <= hi])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)        # inaccurate rounds
+        res = prob.solve(x0=x0, max_iter=5, check_gradients=False)
+    assert res.status != "error" and res.nit >= 5
+    # the rounds are solved in the step from the round's point (the local form): no round
+    # needs the recentred retry any more
+    assert res.history.retries.max() < 4 and not res.history.inaccurate.any()
+    assert np.all(res.x >= lo - 1e-6) and np.all(res.x <= hi + 1e-6)
+    # without the local form (it is what a builder that cannot recentre gets), the recentred
+    # retries still rescue the rounds
+    from ssca_solver.model.surrogates import ProximalLinear
+    with warnings.catch_warnings(), pytest.MonkeyPatch.context() as mp:
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mp.setattr(ProximalLinear, "recentre", lambda self, stats, center: None)
         res = prob.solve(x0=x0, max_iter=5, check_gradients=False)
     assert res.status != "error" and res.nit >= 5
     assert res.history.retries.max() >= 4                      # the recentred retries ran

@@ -196,7 +196,7 @@ def test_step_with_more_terms_than_one_pass_takes(cancer_data):
     class Fixed:
         name = "fixed"
 
-        def solve(self, stats, penalty, round, nu0=None):
+        def solve(self, stats, penalty, round, nu0=None, center=None):
             return SubproblemSolution(None, np.zeros(0), np.zeros(0), 0.0, terms=terms)
 
     w0 = rng.normal(size=prob.dim)

@@ -181,7 +181,7 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
             # constraints (gradients within eps of parallel, e.g. the two halves of an
             # equality) cannot absorb an unbalanced gradient with huge multipliers that cancel
             # each other; a genuine multiplier shrinks by a factor 1 / (1 + eps^2)
-            mu = _fit_multipliers(g, G, cons, eq)
+            mu = _best_fit(g, G, cons, eq, scale, np.maximum(1.0, np.abs(terms.bounds)))
         else:
             mu = np.zeros(0)
         res = g + G @ mu
@@ -225,6 +225,49 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
                      stationarity_rel=relative,
                      feasibility_rel=violation / bound_scale,
                      complementarity_rel=comp_rel)
+
+
+#: the near-active sets the multiplier fit also tries (:func:`_best_fit`): the inequalities
+#: with |F_m - U_m| / max(1, |U_m|) at most each of these
+ACTIVE_THRESHOLDS = (1e-10, 1e-8, 1e-6, 1e-4, 1e-2)
+
+
+def _best_fit(g, G, cons, eq, scale: float, bound_scale: np.ndarray) -> np.ndarray:
+    """The multipliers of :func:`_fit_multipliers` over all constraints, or over a near-active
+    set (the equalities and the inequalities within each of ``ACTIVE_THRESHOLDS`` of their
+    bound), whichever gives the smallest largest relative residual, max(|g + G mu| / scale,
+    max_m min(mu_m |grad F_m| / scale, |F_m - U_m| / max(1, |U_m|))): the residuals
+    :func:`kkt_report` then computes from the chosen mu, which is what it reports.
+
+    The KKT conditions ask that *some* mu make every residual small. The fit over all
+    constraints trades stationarity against complementarity through its regularisation rows:
+    with many nearly active, nearly dependent linear constraints it gave slightly inactive
+    ones forces of 1e-4 of the scale (S2MPJ's EXPFITA: 22 constraints, 5 variables; a point
+    with an independent KKT residual of 5e-12 failed on complementarity 2.2e-4), where the
+    fit over the active ones balances g exactly."""
+    col = np.linalg.norm(G, axis=0)
+    near = np.abs(cons) / bound_scale
+
+    def worst(mu):
+        stat = float(np.linalg.norm(g + G @ mu)) / scale
+        comp = np.where(eq, 0.0, np.minimum(np.abs(mu) * col / scale, near))
+        return max(stat, float(np.max(comp, initial=0.0)))
+
+    best = _fit_multipliers(g, G, cons, eq)
+    best_value = worst(best)
+    tried = set()
+    for theta in ACTIVE_THRESHOLDS:
+        keep = eq | (near <= theta)
+        key = keep.tobytes()
+        if key in tried or keep.all() or not keep.any():
+            continue
+        tried.add(key)
+        mu = np.zeros(cons.size)
+        mu[keep] = _fit_multipliers(g, G[:, keep], cons[keep], eq[keep])
+        value = worst(mu)
+        if value < best_value:
+            best, best_value = mu, value
+    return best
 
 
 def _fit_multipliers(g, G, cons, eq) -> np.ndarray:

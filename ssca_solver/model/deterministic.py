@@ -217,8 +217,23 @@ class DeterministicPart:
         t = float(step)
         if not (np.isfinite(t) and t > 0):
             raise ValueError(f"linearized_step: step = {step!r} must be positive")
-        P = 1e6 * max(1.0, float(np.max(np.abs(g0), initial=0.0)),
-                      float(np.max(np.abs(G), initial=0.0)))
+        # each linearised constraint divided by its gradient's norm: the same step and the
+        # same geometry, with forces mu_m |G_m| for duals (divided back below); with the rows
+        # as given, constraint gradients of 5e4 made the elastic weight 5e10 and Clarabel
+        # called the problem unbounded at every attempt (S2MPJ's LAUNCH)
+        norms = np.linalg.norm(G, axis=0) if M else np.zeros(0)
+        row = np.where(norms > 0, norms, 1.0)
+        G = G / row
+        cons = cons / row
+        # and the objective divided by sigma = |g_0| (duals multiplied back below): gradients
+        # of 1e6 with a proximal weight 1/(2t) of the same size left Clarabel "unbounded" at
+        # every attempt (S2MPJ's HS84)
+        sigma = float(np.linalg.norm(g0))
+        if not (np.isfinite(sigma) and sigma > 0):
+            sigma = 1.0
+        g0 = g0 / sigma
+        t = t * sigma
+        P = 1e6 * max(1.0, float(np.linalg.norm(g0)))
         # the step |u - w| is the residual the stopping test reads at 1e-4 relative: solve
         # it well below that (Clarabel's default tolerances leave ~1e-4 in u)
         tight = ({"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11, "tol_feas": 1e-11}
@@ -229,12 +244,13 @@ class DeterministicPart:
                 v = cp.Variable(self.dim)
                 u = w + v
                 expr, dom = self.instantiate(u)
-                obj = g0 @ v + (0.5 / t) * cp.sum_squares(v) + (expr if expr is not None
-                                                                 else 0)
+                obj = g0 @ v + (0.5 / t) * cp.sum_squares(v) + (expr / sigma
+                                                                 if expr is not None else 0)
             else:
                 u = cp.Variable(self.dim)
                 expr, dom = self.instantiate(u)
-                obj = g0 @ u + (0.5 / t) * cp.sum_squares(u - w) + (expr if expr is not None
+                obj = g0 @ u + (0.5 / t) * cp.sum_squares(u - w) + (expr / sigma
+                                                                     if expr is not None
                                                                      else 0)
             cons_lin = []
             if M:
@@ -267,8 +283,10 @@ class DeterministicPart:
         if M and eq.any():
             mu = mu.copy()
             mu[np.flatnonzero(eq)] -= np.asarray(cons_lin[1].dual_value, dtype=float)
+        if M:
+            mu = mu * sigma / row
         mu = np.where(eq, mu, np.maximum(mu, 0.0)) if M else mu
-        duals = [np.atleast_1d(np.asarray(c.dual_value, dtype=float)) for c in dom]
+        duals = [sigma * np.atleast_1d(np.asarray(c.dual_value, dtype=float)) for c in dom]
         elastic = float(np.sum(e.value)) if M else 0.0
         return np.asarray(u.value, dtype=float), mu, duals, elastic
 

@@ -1,4 +1,10 @@
-"""The contract shared by subproblem solvers."""
+"""The contract shared by subproblem solvers.
+
+A solver has ``solve(stats, penalty, round, nu0=None, center=None) -> SubproblemSolution``:
+Problem 5 (Problem 2 when M = 0) at the averaged statistics and penalty c; ``nu0`` a warm start
+of the multipliers, ``center`` the round's point w_t (the CVXPY path solves in the step
+w - w_t about it; the closed forms are exact and ignore it).
+"""
 
 from __future__ import annotations
 

@@ -441,7 +441,8 @@ class ClosedFormSubproblem:
         self.ridge = float(ridge)
         self.newton_max_iter = int(newton_max_iter)
 
-    def solve(self, stats, penalty: float, round: int, nu0=None) -> SubproblemSolution:
+    def solve(self, stats, penalty: float, round: int, nu0=None,
+              center=None) -> SubproblemSolution:
         """Problem 5 (Problem 2 when M = 0) at the averaged statistics, in closed form."""
         forms = [b.quadratic_form(s) for b, s in zip(self.builders, stats)]
         if self.k:
@@ -521,7 +522,8 @@ class MetricClosedForm:
     def __init__(self, base: ClosedFormSubproblem, metric: np.ndarray, center: np.ndarray):
         self.base, self.metric, self.center = base, metric, center
 
-    def solve(self, stats, penalty: float, round: int, nu0=None) -> SubproblemSolution:
+    def solve(self, stats, penalty: float, round: int, nu0=None,
+              center=None) -> SubproblemSolution:
         return self.base.solve_metric(stats, penalty, self.metric, self.center, nu0)
 
 
@@ -534,5 +536,6 @@ class ModelClosedForm:
     def __init__(self, base: ClosedFormSubproblem, model, center: np.ndarray):
         self.base, self.model, self.center = base, model, center
 
-    def solve(self, stats, penalty: float, round: int, nu0=None) -> SubproblemSolution:
+    def solve(self, stats, penalty: float, round: int, nu0=None,
+              center=None) -> SubproblemSolution:
         return self.base.solve_model(stats, penalty, self.model, self.center, nu0)

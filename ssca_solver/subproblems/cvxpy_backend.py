@@ -178,6 +178,13 @@ class CvxpySubproblem:
                                        for s in b.statistic_specs(dim)} for b in builders],
                                      cp.Constant(1.0))
             self.dpp = False
+        # the local form (issue 18): every builder can recentre its statistics
+        zero = np.zeros(dim)
+        self._recentres = all(b.recentre({s.name: _placeholder(s)
+                                          for s in b.statistic_specs(dim)}, zero) is not None
+                              for b in builders)
+        self._local = {}                 # qn (bool) -> the parametrised local model or None
+        self._center_param = None
 
     @property
     def problem(self) -> cp.Problem:
@@ -185,15 +192,26 @@ class CvxpySubproblem:
         return self._main.problem
 
     def _build(self, stats: Sequence[dict], penalty, center=None, scale=None,
-               qn: Optional[dict] = None) -> _Model:
+               qn: Optional[dict] = None, local: bool = False) -> _Model:
         """Problem 5 on ``stats`` (Parameters, or Constants when not parametrised).
 
         With a ``center`` (and a positive diagonal ``scale`` D), the same problem in the
         variable v of w = center + D v, built with constants: |w|^2 is then written
         |center|^2 + 2 center.(D v) + |D v|^2, so the solver sees the surrogates' terms around
         the centre instead of the expanded constants (tau |w_t|^2 and more) that cancel there.
+
+        ``local``: the form the rounds use when every builder can recentre its statistics
+        (:meth:`SurrogateBuilder.recentre`): ``stats`` are already those of v -> p(q, x + v)
+        about the round's point x = ``center`` (a Parameter), the surrogates and the
+        quasi-Newton term are written in the step v, and only the deterministic terms and the
+        domain see w = x + v.
         """
-        if center is None:
+        if local:
+            v = cp.Variable(self.dim, name="dw")       # the step from the round's point
+            step = v
+            w = center + v
+            w_sq_exact = cp.sum_squares(v)
+        elif center is None:
             w = cp.Variable(self.dim, name="w")
             w_sq_exact = cp.sum_squares(w)
         else:
@@ -203,13 +221,14 @@ class CvxpySubproblem:
             w_sq_exact = float(center @ center) + 2 * (center @ step) + cp.sum_squares(step)
         r = cp.Variable(name="w_sq")
         # in Problem 5 every surrogate shares the epigraph r >= |w|^2 (recentred: r >= |D v|^2)
-        r_sq = r if center is None else float(center @ center) + 2 * (center @ step) + r
+        r_sq = (r if center is None or local
+                else float(center @ center) + 2 * (center @ step) + r)
         surrogates = []
         for m, (b, st) in enumerate(zip(self._builders, stats)):
             # Problem 2 keeps |w|^2 a quadratic objective term (Clarabel takes it natively, as
             # P); in Problem 5 every surrogate shares the epigraph variable r
             sq = w_sq_exact if (self.num_constraints == 0 and m == 0) else r_sq
-            expr = b.expression(st, w, sq)
+            expr = b.expression(st, v if local else w, sq)
             if not (expr.is_dcp() and expr.is_convex() and expr.size == 1):
                 raise ModelError(f"surrogate builder {b!r} for function #{m} returned an "
                                  f"expression that is not a convex scalar under DCP: {expr}")
@@ -229,10 +248,16 @@ class CvxpySubproblem:
             # and u = V' v every product is a Parameter times a Variable (DPP)
             # (u = V'(w - x) with V'x and sqrt(delta) x given as their own values: no copy
             # of w among the variables)
+            # (in the local form the model's centre is the round's point: w - x = v)
             u = cp.Variable(MODEL_RANK, name="qn_coords")
-            cons += [u == qn["V"].T @ w - qn["Vx"]]
-            obj_terms.append(0.5 * cp.sum_squares(qn["sd"] * w - qn["sdx"] - qn["Vs"] @ u)
-                             + 0.5 * cp.sum_squares(cp.multiply(qn["sh"], u)))
+            if local:
+                cons += [u == qn["V"].T @ v]
+                obj_terms.append(0.5 * cp.sum_squares(qn["sd"] * v - qn["Vs"] @ u)
+                                 + 0.5 * cp.sum_squares(cp.multiply(qn["sh"], u)))
+            else:
+                cons += [u == qn["V"].T @ w - qn["Vx"]]
+                obj_terms.append(0.5 * cp.sum_squares(qn["sd"] * w - qn["sdx"] - qn["Vs"] @ u)
+                                 + 0.5 * cp.sum_squares(cp.multiply(qn["sh"], u)))
         if self.num_constraints:  # Problem 2 never uses r (see the module docstring)
             cons.append(cp.sum_squares(w if center is None else step) <= r)
         sur_cons = []
@@ -473,14 +498,38 @@ class CvxpySubproblem:
             self._qn_main = self._build(self._params, self._c, qn=self._qn_params)
         return self._qn_main
 
+    def _local_main(self, with_qn: bool) -> Optional[_Model]:
+        """The parametrised Problem 5 in the local form of :meth:`_build` (with or without the
+        quasi-Newton term), built on first use; None where it does not apply (a builder that
+        cannot recentre, no Parameters, or a domain that is not DPP in x + v)."""
+        if with_qn not in self._local:
+            model = None
+            if self.parametrize and self._recentres:
+                if self._center_param is None:
+                    self._center_param = cp.Parameter(self.dim, name="center")
+                if with_qn:
+                    self._model_main()           # makes the quasi-Newton Parameters
+                try:
+                    model = self._build(self._params, self._c, center=self._center_param,
+                                        qn=self._qn_params if with_qn else None, local=True)
+                    if not model.problem.is_dpp():
+                        model = None
+                except Exception:       # e.g. a domain written for a Variable only
+                    model = None
+            self._local[with_qn] = model
+        return self._local[with_qn]
+
     def solve(self, stats: Sequence[dict], penalty: float, round: int,
-              nu0=None, qn: Optional[dict] = None) -> SubproblemSolution:
+              nu0=None, qn: Optional[dict] = None,
+              center: Optional[np.ndarray] = None) -> SubproblemSolution:
         """Set the Parameters to ``stats`` and ``penalty`` (or rebuild with them) and solve,
         retrying as :meth:`_solve_with_retries` says; raise SubproblemError when every attempt
         fails. ``nu0`` is accepted for the common contract and unused (Clarabel has no dual
         warm start through CVXPY). ``qn``: the values of a quasi-Newton term
         (:meth:`_model_values`), added to the objective (the rescue attempts of
-        :meth:`_solve_with_retries` go without it)."""
+        :meth:`_solve_with_retries` go without it). ``center``: the round's point w_t; the
+        problem is then solved in the step w - w_t (the local form of :meth:`_build`) when
+        every builder can recentre its statistics; a quasi-Newton term is centred there."""
         values = []
         for b, st in zip(self._builders, stats):
             vals = {}
@@ -494,7 +543,30 @@ class CvxpySubproblem:
                 vals[spec.name] = v
             values.append(vals)
         plain = None
-        if self.parametrize:
+        x = None if center is None else np.asarray(center, dtype=float)
+        local = None
+        if x is not None and x.shape == (self.dim,) and np.all(np.isfinite(x)) \
+                and self._recentres:
+            local = [b.recentre(vals, x) for b, vals in zip(self._builders, values)]
+            if any(v is None for v in local):
+                local = None
+        if local is not None and self.parametrize and self._local_main(qn is not None):
+            for ps, vals in zip(self._params, local):
+                for name, p in ps.items():
+                    p.value = vals[name]
+            self._c.value = float(penalty)
+            self._center_param.value = x
+            if qn is not None:
+                for name, p in self._qn_params.items():
+                    p.value = qn[name]
+            plain, self._main = self._main, self._local_main(qn is not None)
+        elif local is not None and not self.parametrize:
+            self._main = self._build([{k: cp.Constant(v) for k, v in vals.items()}
+                                      for vals in local], cp.Constant(float(penalty)),
+                                     center=cp.Constant(x), local=True,
+                                     qn=None if qn is None else {
+                                         k: cp.Constant(v) for k, v in qn.items()})
+        elif self.parametrize:
             for ps, vals in zip(self._params, values):
                 for name, p in ps.items():
                     p.value = vals[name]
@@ -533,6 +605,9 @@ class ModelCvxpy:
     def __init__(self, base: CvxpySubproblem, model, center: np.ndarray):
         self.base, self.model, self.center = base, model, center
 
-    def solve(self, stats, penalty: float, round: int, nu0=None) -> SubproblemSolution:
+    def solve(self, stats, penalty: float, round: int, nu0=None,
+              center=None) -> SubproblemSolution:
+        # the model's centre is the round's point (``center``, when given, is the same)
         return self.base.solve(stats, penalty, round, nu0,
-                               qn=self.base._model_values(self.model, self.center))
+                               qn=self.base._model_values(self.model, self.center),
+                               center=self.center)

@@ -270,7 +270,8 @@ class SSCA(FrontDoor):
             # curvature along the gradient (1e12 with one column scaled by 1e6) added to every
             # coordinate froze the flat ones (error 1.0 after 200 rounds where 0.1 gives 2e-9)
             return self.tau
-        return curvature if np.isfinite(curvature) and curvature > 0 else self.tau
+        tau = curvature if np.isfinite(curvature) and curvature > 0 else self.tau
+        return max(tau, self._first_step_tau(x0))
 
     def _recheck_elsewhere(self, exchange, x0, batch, failed) -> None:
         """The gradients that disagreed with their values at x0 (``failed``: function index
@@ -297,6 +298,23 @@ class SSCA(FrontDoor):
                       "jump at x0 (it is not differentiable there); the run goes on",
                       RuntimeWarning, stacklevel=4)
 
+    def _first_step_tau(self, x0) -> float:
+        """The least starting tau on full batches: the one at which the first step,
+        |grad F_0| / (2 tau) (the proximal-linear surrogate's), is at most max(1, |x0|) --
+        the initial trust radius of SQP codes' identity Hessian. Where the curvature along the
+        gradient vanishes at x0 (sin at 0: S2MPJ's HS9 from (0, 0)) the probe measured tau =
+        8e-9, the first step went 1e7 away and the run never came back. 0 when the probe gave
+        no gradient norms (secure aggregation) or the objective is deterministic (exact in the
+        subproblem: it bounds the step itself). |grad F_0| is the mean of the clients' batch
+        gradient norms, weighted by their batch sizes."""
+        norms = [(b, g) for m, b, g in getattr(self, "_probe_norms", ()) if m == 0]
+        if self.problem.objective is None or not norms:
+            return 0.0
+        g = sum(b * g for b, g in norms) / max(sum(b for b, _ in norms), 1e-300)
+        if not np.isfinite(g):
+            return 0.0
+        return g / (2.0 * max(1.0, float(np.linalg.norm(x0))))
+
     def _probe_at(self, exchange, x0, batch, failed, only=None) -> float:
         """One probe exchange at ``x0``: the largest secant curvature; the gradient check's
         failures go into ``failed`` (function index -> UserFunctionError) instead of raising
@@ -304,6 +322,7 @@ class SSCA(FrontDoor):
         replies = exchange(Request(ad.PROBE_TASK, 0, x0, {"batch_size": batch,
                                                           "check": self.check_gradients}))
         curvature = 0.0
+        self._probe_norms = []
         for reply in replies:
             if reply.client == AGGREGATE:
                 # secure aggregation: the clients checked their gradients themselves and the
@@ -314,6 +333,7 @@ class SSCA(FrontDoor):
                 continue
             for m, fn in enumerate(self.problem.functions):
                 an, fd, value, secant = (float(v) for v in array(reply, f"probe:{m}"))
+                self._probe_norms.append((m, float(reply.batch_size or 1), an))
                 if self.check_gradients and not np.isfinite(fd):
                     warnings.warn(
                         f"{fn.name}: its gradient was not checked on client {reply.client}: "

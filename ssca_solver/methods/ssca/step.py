@@ -202,7 +202,7 @@ def move(state: SSCAState, stats: tuple, rho: float, gamma: float,
     (updatew) from ``state.w``; the new state keeps ``stats`` and the multipliers."""
     t = state.t + 1
     penalty = state.penalty
-    sol = subproblem.solve(stats, penalty, round=t, nu0=state.nu)
+    sol = subproblem.solve(stats, penalty, round=t, nu0=state.nu, center=state.w)
     # eq. (updatew) straight from w-bar's terms when the solver gives few enough of them
     target = sol.terms if len(sol.terms) <= FOLD_WIDTH else sol.w
     w_next, step_norm = convex_step(state.w, gamma, target)
