@@ -33,7 +33,7 @@ Algorithm 2 (docs/baselines.md has the equations with their references):
   max(0, lambda_m + rho (F_m(w; own batch) - U_m)) would descend the average of the clients'
   penalties, another function (by Jensen, larger), whose minimiser is biased even with full
   batches (measured on Neyman-Pearson, rho = 10: 7 % above the optimum with the constraint
-  slack; docs/baselines.md). Every K rounds (``dual_every``) the multipliers take the
+  slack; docs/results.md, "Constrained baselines"). Every K rounds (``dual_every``) the multipliers take the
   method-of-multipliers step lambda <- max(0, lambda + rho (Fhat - U)) with that round's
   averaged estimates (K = 1: the linearised augmented Lagrangian method, Xu 2021).
 
