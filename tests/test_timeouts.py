@@ -1,8 +1,9 @@
 """client_timeout holds on every transport, and its default follows the measured answer times.
 
-* ``client_timeout="auto"`` (the default): the first request of a task may take AUTO_FIRST
-  seconds, later ones max(AUTO_FLOOR, AUTO_FACTOR x the slowest recent answer); a number is
-  honoured exactly (transports.ClientTimeout).
+* ``client_timeout="auto"`` (the default): max(AUTO_FLOOR, AUTO_FACTOR x the slowest recent
+  answer); the first request of a task AUTO_FLOOR, extended up to AUTO_FIRST seconds only
+  while the client's process computes (a first call compiling) under the process transport,
+  AUTO_FIRST under Flower; a number is honoured exactly (transports.ClientTimeout).
 * Process transport: a frozen client under the default is found after about AUTO_FLOOR seconds
   (patched to 1 s here), not ten minutes.
 * Flower simulation: a user function that never returns is ended by its node past its deadline
@@ -15,6 +16,7 @@ Every test records the PIDs of the processes it starts and stops exactly those.
 import contextlib
 import multiprocessing as mp
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -141,21 +143,16 @@ def test_a_frozen_process_client_is_found_after_the_auto_limit(monkeypatch, on_f
 _SPIN_MARK = 7.0
 
 
-def _spinning_problem(flag):
-    """Three clients of least squares; client 1's functions spin in a Python loop (holding a
-    core and, between bytecodes, the GIL) once ``flag`` exists."""
-
-    def spin_if_armed(X):
-        if X[0, 0] == _SPIN_MARK and os.path.exists(flag):
-            while True:
-                pass
+def _least_squares(hook):
+    """Three clients of least squares; client 1's rows have the first column _SPIN_MARK, and
+    every call of the functions first runs ``hook(X)`` (in the client's process)."""
 
     def value(w, X, y):
-        spin_if_armed(X)
+        hook(X)
         return 0.5 * (X @ w - y) ** 2
 
     def grad(w, X, y):
-        spin_if_armed(X)
+        hook(X)
         return X.T @ (X @ w - y) / len(y)
 
     rng = np.random.default_rng(0)
@@ -167,6 +164,18 @@ def _spinning_problem(flag):
         blocks.append((X, X @ np.ones(3)))
     return ss.Problem(ss.SampleFunction(value, grad, name="lsq"), dim=3,
                       data=ss.FederatedData(blocks))
+
+
+def _spinning_problem(flag):
+    """Client 1's functions spin in a Python loop (holding a core and, between bytecodes, the
+    GIL) once ``flag`` exists."""
+
+    def spin_if_armed(X):
+        if X[0, 0] == _SPIN_MARK and os.path.exists(flag):
+            while True:
+                pass
+
+    return _least_squares(spin_if_armed)
 
 
 @pytest.mark.parametrize("on_failure", ["raise", "drop"])
@@ -207,6 +216,90 @@ def test_a_process_client_spinning_in_a_user_function_is_cut_at_the_timeout(tmp_
                 (1, "ssca.round", 3), (1, "evaluate", 3)]
             assert 3 * 1.5 <= took < 3 * 1.5 + 2.0, took
         assert len(pids) >= 3
+
+
+# -- the first request of a task: the floor, and a bounded grace while the client computes -------
+
+def _first_call_problem(mode):
+    """Client 1's first call of a user function (in its process) sleeps for good
+    (``"sleep"``), computes for 2 s and answers (``"compile"``, a first call's JIT
+    compiling) or computes for good (``"spin"``)."""
+    called = []
+
+    def first_call(X):
+        if X[0, 0] != _SPIN_MARK or called:
+            return
+        called.append(True)
+        if mode == "sleep":
+            time.sleep(3600)
+        end = time.process_time() + 2.0          # 2 s of CPU, however loaded the machine
+        while mode == "spin" or time.process_time() < end:
+            pass
+
+    return _least_squares(first_call)
+
+
+@pytest.mark.parametrize("mode", ["sleep", "compile", "spin"])
+def test_the_first_request_has_the_floor_and_a_grace_only_while_computing(monkeypatch, mode):
+    """client_timeout="auto" on a task's first request, with the floor set to 1 s, steps of
+    0.2 s and the grace's end (AUTO_FIRST) at 3 s: a client asleep in its first call is found
+    after the floor (1 s, not AUTO_FIRST: before, 300 s by default); one that computes for 2 s
+    (compiling) is waited for and the run ends normally; one that computes for good is found
+    at the grace's end. Each message says which."""
+    from ssca_solver.federated import transports
+
+    monkeypatch.setattr(transports, "AUTO_FLOOR", 1.0)
+    monkeypatch.setattr(transports, "AUTO_STEP", 0.2)
+    monkeypatch.setattr(transports, "AUTO_FIRST", 3.0 if mode == "spin" else 30.0)
+    pids = []
+
+    def callback(it):
+        pids.extend(p for p in _client_pids().values() if p not in pids)
+
+    opts = dict(transport="process", max_iter=3, batch_size=5, seed=0, eval_every=None,
+                callback=callback)
+    with _recorded(pids):
+        start = time.monotonic()
+        if mode == "compile":
+            res = _first_call_problem(mode).solve(**opts)
+            assert res.nit == 3 and not res.dropouts
+            return
+        with pytest.raises(ss.ClientError) as info:
+            _first_call_problem(mode).solve(**opts)
+        took = time.monotonic() - start
+        pids.extend(p for p in _client_pids().values() if p not in pids)
+    err = info.value
+    assert err.client == 1
+    if mode == "sleep":
+        # the floor, or a step or two more when the process computed in its first moments
+        assert 1.0 <= took < 1.0 + 3.0, took
+        assert re.search(r"no answer within 1(\.[2-9])? s \(client_timeout='auto': the first "
+                         r"request of task '[a-z.]+': 1 s, (not extended for compiling: the "
+                         r"client's process was not computing|extended by 0.2 s at a time "
+                         r"while the client's process computed, until it stopped) \(under "
+                         r"0.5 % of a CPU( over the last step)?\)", str(err)), str(err)
+    else:
+        assert 3.0 <= took < 3.0 + 3.0, took
+        assert ("no answer within 3 s (client_timeout='auto': the first request of task "
+                in str(err)), str(err)
+        assert "extended while the client computed up to the grace's end, 3 s in all" \
+            in str(err)
+
+
+def test_the_first_request_limits_are_explicit():
+    from ssca_solver.federated import ClientTimeout
+    from ssca_solver.federated import transports as tr
+
+    assert (tr.AUTO_FLOOR, tr.AUTO_STEP, tr.AUTO_FIRST, tr.AUTO_COMPUTING) == (
+        60.0, 10.0, 300.0, 0.005)
+    t = ClientTimeout()
+    assert t.limits("ssca.round") == (60.0, 300.0)       # the floor; the grace's end
+    assert t.seconds("ssca.round") == 300.0              # a transport that cannot watch
+    t.record("ssca.round", 0.05)
+    assert t.limits("ssca.round") == (60.0, None)        # measured: no grace
+    assert ClientTimeout(2.5).limits("ssca.round") == (2.5, None)   # a number: exact
+    assert ClientTimeout(None).limits("x") == (None, None)
+    assert tr._cpu_seconds(os.getpid()) > 0
 
 
 def test_a_number_for_client_timeout_in_process_is_warned_about_not_ignored():

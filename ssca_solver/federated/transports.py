@@ -53,14 +53,21 @@ from .messages import Dropout, Reply, Request, describe_error
 #: The default ``client_timeout``: "auto", chosen from the measured answer times
 #: (:class:`ClientTimeout`).
 DEFAULT_CLIENT_TIMEOUT = "auto"
-#: client_timeout="auto": seconds allowed for the first request of each task (a client's
-#: first call imports modules and compiles JIT code), ...
-AUTO_FIRST = 300.0
-#: ... then the larger of AUTO_FLOOR seconds and AUTO_FACTOR times the slowest answer of the
-#: last AUTO_WINDOW requests of the same task
+#: client_timeout="auto": the larger of AUTO_FLOOR seconds and AUTO_FACTOR times the slowest
+#: answer of the last AUTO_WINDOW requests of the same task; on the first request of a task,
+#: when nothing has been measured, AUTO_FLOOR ...
 AUTO_FLOOR = 60.0
 AUTO_FACTOR = 10.0
 AUTO_WINDOW = 20
+#: ... and the grace for a first call's imports and JIT compiling: the process transport
+#: extends AUTO_FLOOR by AUTO_STEP seconds at a time, up to AUTO_FIRST seconds in all, while
+#: the client's process computes (its CPU time grew by at least AUTO_COMPUTING of the wall
+#: time since the last look); a client that waits (stopped, asleep, blocked, deadlocked) is
+#: ended at AUTO_FLOOR. Transports that cannot see a client's CPU time (Flower) allow the
+#: first request AUTO_FIRST seconds.
+AUTO_FIRST = 300.0
+AUTO_STEP = 10.0
+AUTO_COMPUTING = 0.005
 
 #: ``client_threads`` of :class:`ProcessTransport` (solve option of ``transport="process"``):
 #: "auto", each client process's thread pools get at most max(1, CPUs // clients) threads
@@ -164,12 +171,15 @@ class ClientTimeout:
         (the default, :data:`DEFAULT_CLIENT_TIMEOUT`).
 
     With "auto" the limit follows the answer times measured on this transport, task by task
-    (a round, a full-data evaluation, a probe each have their own): the first request of a
-    task may take :data:`AUTO_FIRST` seconds (300: imports and JIT compiling happen in a
-    client's first call); after that the limit is the larger of :data:`AUTO_FLOOR` (60 s) and
-    :data:`AUTO_FACTOR` (10) times the slowest answer among the last :data:`AUTO_WINDOW` (20)
-    requests of that task. An answer time runs from sending the request until the client's
-    reply is read (the slowest client of a request sets it); failed clients are not measured.
+    (a round, a full-data evaluation, a probe each have their own): the larger of
+    :data:`AUTO_FLOOR` (60 s) and :data:`AUTO_FACTOR` (10) times the slowest answer among the
+    last :data:`AUTO_WINDOW` (20) requests of that task. The first request of a task, with
+    nothing measured, has :data:`AUTO_FLOOR` and a bounded grace for a first call's imports
+    and JIT compiling (:meth:`limits`): up to :data:`AUTO_FIRST` (300 s) in all while the
+    client's process computes (the process transport watches its CPU time); a transport that
+    cannot watch allows :data:`AUTO_FIRST` (:meth:`seconds`). An answer time runs from
+    sending the request until the client's reply is read (the slowest client of a request
+    sets it); failed clients are not measured.
     So a frozen client stops a run of 0.1-second rounds after about a minute, not ten, and a
     run whose rounds slowly grow (a growing batch) keeps ten times its recent pace.
     """
@@ -200,6 +210,14 @@ class ClientTimeout:
             return AUTO_FIRST
         return max(AUTO_FLOOR, AUTO_FACTOR * max(times))
 
+    def limits(self, task: str) -> tuple:
+        """(limit, most): the limit for one client's answer to a request of ``task``, and the
+        most it may be extended to while the client's process computes (None: no extension;
+        only on the first request of a task under "auto": (AUTO_FLOOR, AUTO_FIRST))."""
+        if self.auto and not self._times.get(task):
+            return min(AUTO_FLOOR, AUTO_FIRST), AUTO_FIRST
+        return self.seconds(task), None
+
     def record(self, task: str, seconds: float) -> None:
         """The slowest answer time of one request of ``task`` (with "auto")."""
         if self.auto:
@@ -207,16 +225,32 @@ class ClientTimeout:
                 self._times[task] = collections.deque(maxlen=AUTO_WINDOW)
             self._times[task].append(float(seconds))
 
-    def describe(self, task: str) -> str:
+    def describe(self, task: str, waited: Optional[float] = None,
+                 grace: Optional[str] = None) -> str:
         """The limit in force for ``task``, for a message: "client_timeout=2 s", or with "auto"
-        the number and how it was chosen."""
-        limit = self.seconds(task)
+        the number and how it was chosen. On a task's first request, ``waited`` is how long the
+        process transport waited and ``grace`` how the grace of :meth:`limits` went: "idle"
+        (the client was not computing at the floor), "stopped" (it computed, then stopped) or
+        "over" (it computed to the grace's end)."""
+        limit = self.seconds(task) if waited is None else waited
         if not self.auto:
             return f"client_timeout={limit:g} s"
         times = self._times.get(task)
-        how = (f"the allowance for the first request of task {task!r}" if not times else
-               f"the larger of {AUTO_FLOOR:g} s and {AUTO_FACTOR:g} x the slowest answer, "
-               f"{max(times):.3g} s, of the last {len(times)} {task!r} request(s)")
+        if times:
+            how = (f"the larger of {AUTO_FLOOR:g} s and {AUTO_FACTOR:g} x the slowest answer, "
+                   f"{max(times):.3g} s, of the last {len(times)} {task!r} request(s)")
+        elif grace is None:
+            how = f"the allowance for the first request of task {task!r}"
+        else:
+            idle = f"under {100 * AUTO_COMPUTING:g} % of a CPU"
+            how = f"the first request of task {task!r}: {AUTO_FLOOR:g} s, " + {
+                "idle": f"not extended for compiling: the client's process was not computing "
+                        f"({idle})",
+                "stopped": f"extended by {AUTO_STEP:g} s at a time while the client's process "
+                           f"computed, until it stopped ({idle} over the last step)",
+                "over": f"extended while the client computed up to the grace's end, "
+                        f"{AUTO_FIRST:g} s in all, for a first call's imports and compiling",
+            }[grace]
         return (f"{limit:.3g} s (client_timeout='auto': {how}; pass client_timeout=SECONDS to "
                 "set it)")
 
@@ -403,6 +437,23 @@ def _client_loop(conn, client: Client, threads: Optional[tuple] = None) -> None:
 
 class _Late(Exception):
     """The deadline passed before a message was written or read whole."""
+
+
+try:
+    _CLOCK_TICKS = float(os.sysconf("SC_CLK_TCK"))
+except (AttributeError, ValueError, OSError):
+    _CLOCK_TICKS = 100.0
+
+
+def _cpu_seconds(pid: int) -> Optional[float]:
+    """The CPU time (user + system, all threads) process ``pid`` has used, from
+    /proc/PID/stat; None where it cannot be read (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _left(deadline: Optional[float]) -> Optional[float]:
@@ -731,17 +782,46 @@ class ProcessTransport(Transport):
                 return f"its process (pid {p.pid}) was killed by {signal.Signals(-code).name}"
         return f"its process (pid {p.pid}) exited with code {code}"
 
-    def _late(self, i: int, what: str, request: Request) -> str:
+    def _late(self, i: int, what: str, request: Request, waited: Optional[float] = None,
+              grace: Optional[str] = None) -> str:
         p = self._procs[i]
-        return (f"{what} within {self._timeout.describe(request.task)} (process pid {p.pid} "
-                f"is {_process_state(p)})")
+        limit = self._timeout.describe(request.task, waited, grace)
+        return f"{what} within {limit} (process pid {p.pid} is {_process_state(p)})"
+
+    def _wait(self, i: int, request: Request) -> tuple:
+        """Wait until client i's answer begins to arrive or its process ends, within the limit
+        (:meth:`ClientTimeout.limits`). On a task's first request under "auto" the limit is
+        extended by AUTO_STEP at a time, up to AUTO_FIRST in all, while the process computes
+        (a first call compiling); a process that does not (stopped, asleep, blocked) is not
+        waited for past AUTO_FLOOR. Returns (ready connections, empty on a timeout; the
+        deadline in force; seconds waited; how the grace went: None when none applies, else
+        "idle", "stopped" or "over", :meth:`ClientTimeout.describe`)."""
+        conn, proc = self._conns[i], self._procs[i]
+        start = time.monotonic()
+        limit, most = self._timeout.limits(request.task)
+        deadline = None if limit is None else start + limit
+        looked, cpu = start, _cpu_seconds(proc.pid)
+        grace = None if most is None else "idle"
+        while True:
+            ready = wait([conn, proc.sentinel], timeout=_left(deadline))
+            now = time.monotonic()
+            if ready or most is None:
+                return ready, deadline, now - start, grace
+            if now >= start + most:
+                return ready, deadline, now - start, "over"
+            used = _cpu_seconds(proc.pid)       # None where unreadable: extend, as before
+            if not (used is None or cpu is None
+                    or used - cpu >= AUTO_COMPUTING * (now - looked)):
+                return ready, deadline, now - start, grace
+            grace = "stopped"
+            looked, cpu = now, used
+            deadline = min(start + most, now + AUTO_STEP)
 
     def _receive(self, i: int, request: Request, tolerate: bool = False):
         """("ok", reply) or ("error", description) from client i. When it does not answer in
         time or its process died: ("dropout", Dropout) with ``tolerate`` (client i restarted),
         else ClientError (the transport is closed)."""
-        conn, proc = self._conns[i], self._procs[i]
-        deadline = self._deadline(request)
+        conn = self._conns[i]
 
         def fail(cause, kill=False):
             out = self._fail(i, request, cause, kill=kill, tolerate=tolerate)
@@ -749,9 +829,10 @@ class ProcessTransport(Transport):
                 return "dropout", out
             raise out
 
-        ready = wait([conn, proc.sentinel], timeout=_left(deadline))
+        ready, deadline, waited, grace = self._wait(i, request)
         if not ready:
-            return fail(self._late(i, "no answer", request), kill=True)
+            return fail(self._late(i, "no answer", request,
+                                   None if grace is None else waited, grace), kill=True)
         if conn not in ready and not conn.poll(0):
             return fail("the client process died: " + self._dead(i))
         try:
