@@ -171,6 +171,27 @@ CLASSICAL: dict[str, Classical] = {
                                    np.array([-0.9, 1.1, 0.8]), -1.0, None,
                                    [(lambda w: w @ w - 3.0, lambda w: 2.0 * w, "==",
                                      "|w|^2 - 3")], source="textbook"),
+    # zero curvature along the gradient at the start: min sin(w1) + (w2 - 1)^2 s.t.
+    # w1 - 2 w2 + 2 = 0 from (0, 1), where F_0's gradient (1, 0) meets sin's inflection and
+    # the constraint is linear; on the line f = sin(w1) + w1^2 / 4, whose only stationary
+    # point solves cos(w1) + w1 / 2 = 0: w1* = -1.029866529322258, f* = -0.5920740012779437
+    "sine_on_line": Classical(2, lambda w: np.sin(w[0]) + (w[1] - 1.0) ** 2,
+                              lambda w: np.array([np.cos(w[0]), 2.0 * (w[1] - 1.0)]),
+                              np.array([0.0, 1.0]), -0.5920740012779437,
+                              np.array([-1.029866529322258, 0.485066735338871]),
+                              [(lambda w: w[0] - 2.0 * w[1] + 2.0,
+                                lambda w: np.array([1.0, -2.0]), "==", "w1 - 2 w2 + 2")],
+                              source="constructed (a start at an inflection)"),
+    # gradients spanning 1e12 at the start, from a sixth power: min (w1 - w2)^2 + (w3 - 1)^6
+    # + (w4 - 1)^2 / 100 s.t. w1 + w2 + w3 + 4 w4 = 7 from (10, 7, -3, 0.8); f* = 0 at
+    # (1, 1, 1, 1), a degenerate minimum (w3 is fixed only to the sixth root of f's accuracy)
+    "sixth_power_equality": Classical(
+        4, lambda w: (w[0] - w[1]) ** 2 + (w[2] - 1.0) ** 6 + 0.01 * (w[3] - 1.0) ** 2,
+        lambda w: np.array([2 * (w[0] - w[1]), -2 * (w[0] - w[1]), 6 * (w[2] - 1.0) ** 5,
+                            0.02 * (w[3] - 1.0)]),
+        np.array([10.0, 7.0, -3.0, 0.8]), 0.0, None,
+        [(lambda w: w[0] + w[1] + w[2] + 4.0 * w[3] - 7.0, lambda w: np.array([1.0, 1, 1, 4]),
+          "==", "w1 + w2 + w3 + 4 w4 - 7")], source="constructed (a degenerate optimum)"),
 }
 
 

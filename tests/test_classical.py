@@ -16,7 +16,7 @@ from problems.classical import CLASSICAL, problem
 CERTIFIED = {"rosenbrock_circle", "linear_on_circle", "maratos", "halfplane", "quartic",
              "far_bounds", "far_start", "beale", "box_quadratic", "two_equalities",
              "equality_as_two_inequalities", "product_on_sphere", "no_kkt_point",
-             "rosenbrock", "rosenbrock_disc"}
+             "rosenbrock", "rosenbrock_disc", "sine_on_line", "sixth_power_equality"}
 FIRST_ORDER_UNCERTIFIED = {"rosenbrock", "rosenbrock_disc"}
 
 
@@ -78,3 +78,25 @@ def test_a_point_that_is_no_kkt_point_is_certified_only_within_the_tolerances():
     res = problem(c).solve(seed=0, x0=c.x0)
     assert res.status == "converged"
     assert res.kkt.feasibility[0] <= 1e-4 and res.kkt.multipliers[0] > 50
+
+
+def test_the_first_step_is_bounded_where_the_start_has_no_curvature():
+    """sine_on_line starts at sin's inflection with a linear constraint: the probe measures a
+    curvature of ~1e-9 along the gradient. The starting tau is at least |grad F_0| / (2
+    max(1, |x0|)), so the first step is at most max(1, |x0|) (an SQP code's identity Hessian);
+    with the probe's tau alone the first step went ~1e9 away and the run ended max_iter at
+    f = 4.7e4 (measured)."""
+    c = CLASSICAL["sine_on_line"]
+    res = problem(c).solve(seed=0, x0=c.x0, max_iter=1)
+    assert np.linalg.norm(res.x - c.x0) <= 1.0 + 1e-9
+
+
+def test_no_diagonal_metric_from_gradients_that_do_not_vary():
+    """One row per client (a deterministic function): the squared per-sample gradients are
+    the squared gradient, which spans 1e12 at sixth_power_equality's start. They are not a
+    curvature and no diagonal metric is set (with it the run ended max_iter at f = 734 after
+    800 rounds; without it, certified)."""
+    c = CLASSICAL["sixth_power_equality"]
+    res = problem(c).solve(seed=0, x0=c.x0)
+    assert "diagonal_metric" not in res.extras
+    assert res.status == "converged"

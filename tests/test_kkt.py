@@ -11,6 +11,7 @@ from conftest import ssca_clients
 from ssca_solver.diagnostics.evaluation import Evaluator, ProblemTerms
 from ssca_solver.diagnostics.kkt import MULTIPLIER_REGULARIZATION, kkt_report
 from ssca_solver.federated import InProcessTransport
+from ssca_solver.model.deterministic import DeterministicPart
 
 
 def _report(prob, w):
@@ -162,3 +163,48 @@ def test_cancelling_multipliers_of_an_equality_written_twice_do_not_certify():
     ok = kkt_report(w, _evaluation(g0, G, [0.0, 0.0, 0.0]), terms)
     assert ok.passed(1e-4, 1e-4)
     assert ok.multipliers[0] - ok.multipliers[1] == pytest.approx(0.5, rel=1e-6)
+
+
+def test_the_fit_takes_the_near_active_set_when_the_full_fit_leans_on_an_inactive_constraint():
+    """Issue 18: the regularised fit over all constraints gave a slightly inactive constraint
+    (2e-3 from its bound) with a large, nearly parallel gradient part of the force, where the
+    active one balances g exactly: complementarity 2e-3 at a KKT point (S2MPJ's EXPFITA: 22
+    linear constraints in 5 variables, independent KKT residual 5e-12, not certified). The
+    fit over the near-active set is also tried and the one with the smaller largest residual
+    kept."""
+    from ssca_solver.diagnostics.kkt import _best_fit, _fit_multipliers
+
+    g = np.array([-1.0, 0.0])
+    G = np.array([[1.0, 25.0], [0.0, 25e-3]])
+    cons = np.array([0.0, -2e-3])
+    eq = np.zeros(2, dtype=bool)
+    col = np.linalg.norm(G, axis=0)
+
+    def residuals(mu):
+        return (float(np.linalg.norm(g + G @ mu)),
+                float(np.max(np.minimum(mu * col, np.abs(cons)))))
+
+    stat, comp = residuals(_fit_multipliers(g, G, cons, eq))
+    assert comp > 1e-3                                    # what the full fit alone gave
+    mu = _best_fit(g, G, cons, eq, 1.0, np.ones(2))
+    stat, comp = residuals(mu)
+    assert stat <= 1e-7 and comp == 0.0
+    np.testing.assert_allclose(mu, [1.0, 0.0], atol=1e-7)
+
+
+def test_the_linearised_kkt_step_is_solved_at_any_scale():
+    """Issue 18: gradients of 1e6 (objective) and 5e4 (constraint) with bounds up to 1e4 left
+    Clarabel "unbounded" at every attempt of the report's linearised KKT problem (S2MPJ's
+    LAUNCH and HS84 lost their certificate to it); with each row divided by its gradient's
+    norm and the objective by |g_0| it is solved, with the multipliers in the user's units."""
+    d = 3
+    lo, hi = np.array([0.0, 0.0, 1e-8]), np.array([1.0, 1e4, 1e4])
+    det = DeterministicPart([], [lambda w: [w >= lo, w <= hi]], d)
+    w = np.array([1.0, 3383.0, 437.8])
+    g0 = np.array([-1e6, -1e4, 0.0])          # x1 pushed onto its bound, x2 against c
+    G = np.array([[0.0], [5e4], [0.0]])       # c(x) = 5e4 (x2 - 3383) <= 0, active
+    t = max(1.0, float(np.linalg.norm(w))) / float(np.linalg.norm(g0))
+    u, mu, duals, elastic = det.linearized_step(w, g0, G, np.zeros(1), step=t)
+    assert np.max(np.abs(u - w)) <= 1e-6 and elastic <= 1e-9
+    np.testing.assert_allclose(mu, [0.2], rtol=1e-6)          # 1e4 / 5e4
+    np.testing.assert_allclose(duals[1], [1e6, 0.0, 0.0], rtol=1e-6, atol=1e-3)

@@ -75,6 +75,8 @@ PROBE_TASK = "ssca.probe"
 METRIC_TASK = "ssca.metric"
 METRIC_ROWS = 64        # rows per client whose per-sample gradients give the diagonal metric
 METRIC_SPREAD = 1e6     # a diagonal metric when the curvature estimates span more than this
+METRIC_NO_VARIANCE = 1e-8  # per-sample gradients whose variance is below this share of their
+#                          # second moment do not vary: they give no metric
 #: a rejected trial step above this fraction of the rejected one before it (tau doubled in
 #: between) drops the diagonal metric (SSCA._metric_or_not): the steps are not shrinking
 METRIC_SHRINK = 0.7
@@ -228,7 +230,9 @@ def retry_steps(fn, w, X, y, v, g, where: str) -> np.ndarray:
 class MetricTask:
     """Client side of the diagonal metric: per function m, the sum over up to METRIC_ROWS rows
     (the batch of round 0, draw 1) of the squared per-sample gradients, ``"metric:m"`` (d,),
-    a Gauss-Newton (empirical Fisher) estimate of the diagonal of F_m's Hessian up to a factor."""
+    a Gauss-Newton (empirical Fisher) estimate of the diagonal of F_m's Hessian up to a factor,
+    and the sum of the per-sample gradients, ``"metric_sum:m"`` (d,), which tells whether
+    they vary at all (:func:`diagonal_metric`)."""
 
     def __init__(self, functions):
         self.functions = tuple(functions)
@@ -239,12 +243,14 @@ class MetricTask:
         where = f"client {client.index}, before round 1 (diagonal metric)"
         arrays = {}
         for m, fn in enumerate(self.functions):
-            acc = np.zeros(w.size)
+            acc, first = np.zeros(w.size), np.zeros(w.size)
             for i in range(X.shape[0]):
                 g = checked_grad(fn, w, X[i:i + 1], None if y is None else y[i:i + 1],
                                  w.size, where)
                 acc += g * g
+                first += g
             arrays[f"metric:{m}"] = acc
+            arrays[f"metric_sum:{m}"] = first
         return client.reply(request, arrays, batch_size=b)
 
 
@@ -255,10 +261,23 @@ def diagonal_metric(replies, num_functions: int, num_samples: int) -> np.ndarray
     sample moved them) get D = 1, the largest curvature: short, safe steps along them."""
     rows = []
     for m in range(num_functions):
-        total = None
+        total = mean = None
         for r in replies:
-            v = aggregation_weight(r, num_samples) * np.asarray(r.arrays[f"metric:{m}"])
+            h = aggregation_weight(r, num_samples)
+            v = h * np.asarray(r.arrays[f"metric:{m}"])
             total = v if total is None else total + v
+            if f"metric_sum:{m}" in r.arrays:
+                u = h * np.asarray(r.arrays[f"metric_sum:{m}"])
+                mean = u if mean is None else mean + u
+        if mean is not None and np.all(np.isfinite(total)) and np.all(np.isfinite(mean)):
+            # squared gradients that do not vary from sample to sample (one row, or rows
+            # that are all alike: a deterministic function written as a SampleFunction) are
+            # the squared gradient, not a curvature: no metric from this function (with
+            # HS47/HS49's gradients at x0 the "metric" spanned 2e8 and 2e10, and its
+            # first-order steps did not certify in 800 rounds)
+            spread_of_samples = float(np.sum(np.maximum(total - mean * mean, 0.0)))
+            if not spread_of_samples > METRIC_NO_VARIANCE * float(np.sum(total)):
+                total = np.zeros_like(total)
         rows.append(total)
     D = np.vstack(rows)
     spread = 1.0
