@@ -20,8 +20,8 @@ a fork). This module gathers their public names; neither JAX nor torch is import
 """
 
 from .autodiff_common import BUCKETS, DTYPES, AutodiffSampleFunction, bucket_size
-from .autodiff_jax import (INSTALL_HINT, JaxSampleFunction, ensure_x64, from_jax,  # noqa: F401
-                           import_jax, _jax_started)
+from .autodiff_jax import INSTALL_HINT, JaxSampleFunction, ensure_x64, from_jax, import_jax
+from .autodiff_jax import _jax_started  # noqa: F401  (tests read it; not public)
 from .autodiff_torch import (TORCH_DTYPES, TORCH_INSTALL_HINT, TorchSampleFunction,
                              from_torch, import_torch)
 
