@@ -28,7 +28,8 @@ def _demo(args) -> int:
     print(f"  minimise mean logistic loss on class 1 + {args.lam:g} |w|^2   subject to   "
           f"mean logistic loss on class 0 <= {args.alpha:g}      (d = {X.shape[1]})")
     print(f"  SSCA: B = {args.batch_size} rows per client per round, tau = {args.tau}, up to "
-          f"{args.rounds} rounds per penalty value, penalties {args.penalty}\n")
+          f"{args.rounds * len(args.penalty)} rounds in all ({args.rounds} per penalty "
+          f"value given), penalties {args.penalty}\n")
     prob = neyman_pearson(data, args.alpha, lam=args.lam)
     # --rounds is per penalty value; max_iter bounds the whole run
     res = prob.solve(method="ssca", batch_size=args.batch_size,
@@ -99,7 +100,8 @@ def main(argv=None) -> int:
     demo.add_argument("--clients", type=int, default=5)
     demo.add_argument("--batch-size", type=_auto_or(int), default="auto",
                       help="rows per client per round, 'full', or 'auto' (default: adaptive)")
-    demo.add_argument("--rounds", type=int, default=1000, help="rounds per penalty value")
+    demo.add_argument("--rounds", type=int, default=1000, help="rounds per penalty value given: the run is bounded by this times the number "
+                      "of --penalty values (max_iter, which bounds the whole run)")
     demo.add_argument("--tau", type=_auto_or(float), default="auto",
                       help="proximal weight, or 'auto' (default: measured and adapted)")
     demo.add_argument("--penalty", type=float, nargs="+", default=[10.0, 100.0, 1000.0])

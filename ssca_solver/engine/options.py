@@ -137,9 +137,11 @@ class RunOptions:
         stops with ClientError (or, with ``on_client_failure="drop"``, leaves it out): seconds
         (honoured exactly), None (wait forever) or "auto" (the default), which follows the
         answer times measured in the run, task by task: the first request of a task (a
-        round, a full-data evaluation, a probe) may take 300 s (imports, JIT compiling), each
-        later one the larger of 60 s and 10 times the slowest answer of the last 20 requests
-        of that task (:class:`ssca_solver.federated.ClientTimeout`). Process and Flower
+        round, a full-data evaluation, a probe) may take 60 s, extended 10 s at a time up to
+        300 s while the client's process computes (imports, JIT compiling; Flower, which
+        cannot see its clients' CPU: 300 s), each later one the larger of 60 s and 10 times
+        the slowest answer of the last 20 requests of that task
+        (:class:`ssca_solver.federated.ClientTimeout`, docs/running.md). Process and Flower
         transports: in-process clients cannot be interrupted.
       flower_engine, flower_superlink, flower_bridge, flower_start_timeout: the options of
         ``transport="flower"`` (:mod:`ssca_solver.federated.flower_options`, docs/engines.md);
