@@ -357,3 +357,16 @@ def test_int8_features_give_the_iterates_of_the_same_numbers_in_float64():
     np.testing.assert_array_equal(a.x, b.x)
     ref = np.linalg.lstsq(X8.astype(float), y, rcond=None)[0]
     assert np.abs(b.x - ref).max() < 1e-3 * np.abs(ref).max()
+
+
+def test_the_first_request_answered_by_one_client_without_an_array_is_a_reply_error():
+    """The first request of a task answered by a single client has no earlier reply to
+    compare its layout with: the method's fold names the client, the round and the array
+    (before: ValueError("client 0: statistics [...], the server expects [...]"), no round)."""
+    with pytest.raises(ReplyError) as info:
+        _quadratic(1).solve(transport=_transport(
+            lambda r: r.round == 1 and r.task == "ssca.round", lambda r: _without(r, "0:lin")),
+            **ROUND_OPTS)
+    err = info.value
+    assert (err.client, err.round, err.kind, err.array) == (0, 1, "layout", "0:lin")
+    assert "has no array '0:lin'" in str(err), str(err)

@@ -161,12 +161,18 @@ def describe_error(exc: BaseException) -> str:
 
 
 def array(reply: Reply, name: str) -> np.ndarray:
-    """``reply.arrays[name]`` with an error naming the client and task when it is missing."""
+    """``reply.arrays[name]``; a missing one is the client's fault: a
+    :class:`~ssca_solver.errors.ReplyError` (kind "layout") naming the client, round, task and
+    array (the first request of a task answered by one client has no other reply to compare
+    its layout with, :mod:`.replies`)."""
     try:
         return reply.arrays[name]
     except KeyError:
-        raise ValueError(f"client {reply.client}: the reply to task {reply.task!r} has no array "
-                         f"{name!r} (it has {sorted(reply.arrays)})") from None
+        from ..errors import ReplyError
+
+        raise ReplyError(reply.client, "evaluation" if reply.task == "evaluate" else reply.round,
+                         f"its reply to task {reply.task!r} has no array {name!r} (it has "
+                         f"{sorted(reply.arrays)})", kind="layout", array=name) from None
 
 
 def optional_int(value: Optional[Scalar]) -> Optional[int]:

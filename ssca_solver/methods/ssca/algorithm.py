@@ -466,7 +466,7 @@ class SSCA(FrontDoor):
                 for m, (fn, b) in enumerate(zip(p.functions, self.builders)):
                     if not b.strongly_convex:        # an equality's affine surrogate
                         continue
-                    st = {k: reply.arrays[ssca_step.stat_key(m, k)]
+                    st = {k: array(reply, ssca_step.stat_key(m, k))
                           for k in (s.name for s in b.statistic_specs(p.dim))}
                     check_strongly_convex(b, st, p.dim, fn.name)
             yield reply

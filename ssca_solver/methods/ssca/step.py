@@ -182,8 +182,13 @@ def average_with_messages(previous: tuple, messages: Iterable[Reply], num_sample
     expected = {stat_key(m, k) for m, p in enumerate(previous) for k in p}
     for msg in messages:
         if set(msg.arrays) != expected:
-            raise ValueError(f"client {msg.client}: statistics {sorted(msg.arrays)}, the server "
-                             f"expects {sorted(expected)}")
+            from ...errors import ReplyError
+
+            missing, extra = sorted(expected - set(msg.arrays)), sorted(set(msg.arrays) - expected)
+            raise ReplyError(msg.client, msg.round,
+                             f"its statistics are {sorted(msg.arrays)}; the server expects "
+                             f"{sorted(expected)} (missing {missing}, unexpected {extra})",
+                             kind="layout", array=(missing or extra or [None])[0])
         group.append(msg)
         held += 8 * msg.num_floats()
         del msg          # the group holds it; no loop variable may keep a folded one alive
