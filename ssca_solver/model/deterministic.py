@@ -221,8 +221,11 @@ class DeterministicPart:
         # same geometry, with forces mu_m |G_m| for duals (divided back below); with the rows
         # as given, constraint gradients of 5e4 made the elastic weight 5e10 and Clarabel
         # called the problem unbounded at every attempt (S2MPJ's LAUNCH)
+        # (a gradient that vanishes at w is not blown up: each row is divided by at least 1e-3
+        # of the largest row's norm; dividing by 1e-13 made HS108's problem a "solver_error")
         norms = np.linalg.norm(G, axis=0) if M else np.zeros(0)
-        row = np.where(norms > 0, norms, 1.0)
+        row = np.maximum(norms, 1e-3 * float(np.max(norms, initial=0.0)))
+        row = np.where(row > 0, row, 1.0)
         G = G / row
         cons = cons / row
         # and the objective divided by sigma = |g_0| (duals multiplied back below): gradients
