@@ -74,6 +74,10 @@ MERIT_ROUNDING = 1e-14  # and below this times the size of the terms the merit i
 PROBE_TASK = "ssca.probe"
 METRIC_TASK = "ssca.metric"
 METRIC_ROWS = 64        # rows per client whose per-sample gradients give the diagonal metric
+ROUND_EVAL_EPS = 64 * np.finfo(float).eps  # rounding of values read from the statistics, per
+#                                          # unit of the terms that cancel in them
+ROUND_EVAL_SHARE = 1e-2  # share of feas_tol / kkt_tol that rounding may take in a round's
+#                        # free evaluation (SSCA._round_evaluation_exact)
 METRIC_SPREAD = 1e6     # a diagonal metric when the curvature estimates span more than this
 METRIC_NO_VARIANCE = 1e-8  # per-sample gradients whose variance is below this share of their
 #                          # second moment do not vary: they give no metric
