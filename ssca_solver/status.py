@@ -40,7 +40,18 @@ REASONS = (CONVERGED, MAX_ITER, STOPPED, SETTLED)
 
 
 def converged(kkt, t: int, feas_tol: float, kkt_tol: float) -> tuple[str, str]:
-    """(CONVERGED, message) for a run whose full-data KKT test passed at round ``t``."""
+    """(CONVERGED, message) for a run whose full-data KKT test passed at round ``t``, provided
+    ``kkt``, the full-data report at the returned point, passes too. When it does not (the
+    test passed on an evaluation the returned point's own report contradicts: a defect of the
+    library, as the free evaluations of rounds whose statistics were too inexact once were),
+    (ERROR, a message naming the residual that fails): "converged" is never claimed against
+    the report the Result carries."""
+    if kkt is not None and not kkt.passed(feas_tol, kkt_tol):
+        name, value, tol = kkt.residuals(feas_tol, kkt_tol)[0]
+        return ERROR, (f"the KKT test passed at round {t}, but the full-data report at the "
+                       f"returned point does not: {name} = {value:.3g} > {tol:g} (relative); "
+                       "the run's stop test and its final report disagree, a defect of the "
+                       "library: please report it")
     return CONVERGED, kkt.passed_message(t, feas_tol, kkt_tol)
 
 

@@ -365,3 +365,25 @@ def test_the_message_never_says_the_kkt_test_failed_when_its_report_passes(case)
     else:
         # computed without client 2: no certificate, and the message says why
         assert res.status == "max_iter" and "no certificate: client(s) 2" in res.message
+
+
+def test_converged_is_never_claimed_against_the_report_the_result_carries():
+    """The status helper every method's "converged" goes through: a run whose stop test
+    passed but whose full-data report at the returned point fails is an "error" naming the
+    failing residual (HS75 was certified against its own report: relative stationarity 0.048,
+    a violation of 0.015), and a passing report is "converged" as before."""
+    from types import SimpleNamespace
+
+    from ssca_solver import status as st
+
+    def report(passed, residual):
+        return SimpleNamespace(passed=lambda f, k: passed,
+                               residuals=lambda f, k: [residual],
+                               passed_message=lambda t, f, k: f"the full-data KKT test passed "
+                                                              f"at round {t}")
+
+    status, message = st.converged(report(False, ("stationarity", 0.048, 1e-4)), 88, 1e-4,
+                                   1e-4)
+    assert status == st.ERROR and "stationarity = 0.048 > 0.0001" in message, message
+    status, message = st.converged(report(True, ("stationarity", 5e-5, 1e-4)), 12, 1e-4, 1e-4)
+    assert status == st.CONVERGED and "round 12" in message
