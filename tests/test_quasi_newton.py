@@ -148,10 +148,22 @@ def test_the_model_is_not_used_on_sampled_rounds_or_with_a_fixed_tau():
         np.testing.assert_array_equal(a.x, b.x)
 
 
-def test_checkpoint_layout_admits_the_pairs():
+def test_checkpoint_layout_admits_the_pairs(tmp_path):
+    """The pairs (twice the memory: SMALL_MEMORY at small d) fit the checkpoint's layout: a
+    run of a small problem with 64 pairs resumes from its checkpoint."""
     from ssca_solver.engine.checkpoint import STATE_ROWS
+    from ssca_solver.methods.ssca import quasi_newton as qn
 
-    assert MEMORY <= STATE_ROWS
+    assert 2 * MEMORY <= STATE_ROWS and qn.memory_for(10) == qn.SMALL_MEMORY
+    assert qn.memory_for(qn.SMALL_DIM + 1) == MEMORY
+    c = CLASSICAL["sixth_power_equality"]              # certified at round 31 with 64 pairs
+    path = tmp_path / "run.npz"
+    first = problem(c).solve(seed=0, x0=c.x0, max_iter=200, checkpoint=path,
+                             callback=lambda it: it.t >= 25)          # stopped at round 25
+    resumed = problem(c).solve(seed=0, resume=path, max_iter=200)
+    whole = problem(c).solve(seed=0, x0=c.x0, max_iter=200)
+    assert first.status == "stopped" and resumed.status == whole.status == "converged"
+    np.testing.assert_array_equal(resumed.x, whole.x)
 
 
 def test_cvxpy_path_with_the_model_matches_the_closed_form():

@@ -82,8 +82,8 @@ def data_fingerprint(data) -> list[str]:
 
 # -- what a checkpoint of one solve holds ----------------------------------------------------------
 
-#: rows of d floats a state array filled in during the run may have (the quasi-Newton pairs of
-#: method "ssca", at most ``quasi_newton.MEMORY`` = 8 of them)
+#: rows of d floats a state array filled in during the run may have, unless the method says
+#: otherwise (its ``state_rows``: method "ssca"'s quasi-Newton pairs, twice its memory)
 STATE_ROWS = 16
 
 
@@ -100,20 +100,21 @@ class Layout:
 
     def __init__(self, state: Mapping[str, np.ndarray], round_columns: Mapping[str, tuple],
                  dim: int, num_functions: int, num_constraints: int, num_clients: int,
-                 num_stages: int):
+                 num_stages: int, state_rows: int = STATE_ROWS):
         self.state = {k: (tuple(np.shape(v)), np.asarray(v).dtype) for k, v in state.items()}
         self.round_columns = {k: tuple(s) for k, s in round_columns.items()}
         self.eval_columns = {"eval_t": (), "objective": (), "constraints": (num_constraints,)}
         self.dim, self.F, self.M = int(dim), int(num_functions), int(num_constraints)
         self.clients, self.num_stages = int(num_clients), int(num_stages)
-        self.wide = max(self.dim, self.M, self.F, STATE_ROWS)
+        self.state_rows = max(int(state_rows), STATE_ROWS)
+        self.wide = max(self.dim, self.M, self.F, self.state_rows)
 
     def _state_bytes(self) -> int:
         """The largest state array: a fresh state's, or a row of d floats per function (a
-        diagonal metric, the previous point) or STATE_ROWS rows of d floats (quasi-Newton
+        diagonal metric, the previous point) or state_rows rows of d floats (quasi-Newton
         pairs), whichever is larger."""
         fresh = max((8 * math.prod(s) for s, _ in self.state.values()), default=0)
-        return max(fresh, 8 * (max(self.F, STATE_ROWS) + 2) * self.wide)
+        return max(fresh, 8 * (max(self.F, self.state_rows) + 2) * self.wide)
 
     def _dropouts(self, rounds: int) -> int:
         """Dropouts a run of ``rounds`` rounds can record at most: each client in each round,
@@ -146,7 +147,7 @@ class Layout:
         members = (len(self.state) + len(self.round_columns) + len(self.eval_columns) + 8)
         state = sum(8 * math.prod(s) for s, _ in self.state.values())
         state += 8 * (self.F + 1) * self.dim            # a metric and a previous point
-        state += 8 * STATE_ROWS * self.dim               # quasi-Newton pairs
+        state += 8 * self.state_rows * self.dim          # quasi-Newton pairs
         rows = sum(8 * math.prod(s) for s in self.round_columns.values()) + 16
         evals = 16 + 8 * self.M
         return (members * (128 + _ZIP_OVERHEAD) + 4 * meta_bytes + state

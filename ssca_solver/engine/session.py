@@ -156,7 +156,7 @@ class Session:
                 algorithm.state_arrays(algorithm.init(np.zeros(problem.dim))),
                 {k: c.shape for k, c in recorder.columns.items()}, problem.dim,
                 len(problem.functions), problem.num_constraints, problem.data.num_clients,
-                algorithm.num_stages)
+                algorithm.num_stages, getattr(algorithm, "state_rows", ckpt.STATE_ROWS))
         if opts.checkpoint:          # before round 1: a path the run can write to
             ckpt.check_writable(opts.checkpoint, layout.estimate(
                 opts.max_iter * algorithm.num_stages, len(json.dumps(fp))))

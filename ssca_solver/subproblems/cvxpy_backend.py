@@ -58,7 +58,9 @@ _CLARABEL_FALLBACKS = [{"static_regularization_enable": False}, {"equilibrate_en
 CLARABEL_TOLERANCES = {"tol_gap_abs": 1e-9, "tol_gap_rel": 1e-9, "tol_feas": 1e-9}
 _CLARABEL_DEFAULTS = {"tol_gap_abs": 1e-8, "tol_gap_rel": 1e-8, "tol_feas": 1e-8}
 
-#: columns of the quasi-Newton term's factor (twice the model's memory of 8 pairs)
+#: least columns of the quasi-Newton term's factor (twice the model's memory of 8 pairs); a
+#: model with more directions (a larger memory at small d) rebuilds the term with twice as
+#: many columns (up to d), so a run compiles it a few times at most
 MODEL_RANK = 16
 
 #: The other solvers tried, at these settings, when every attempt of the chosen solver failed
@@ -249,7 +251,7 @@ class CvxpySubproblem:
             # (u = V'(w - x) with V'x and sqrt(delta) x given as their own values: no copy
             # of w among the variables)
             # (in the local form the model's centre is the round's point: w - x = v)
-            u = cp.Variable(MODEL_RANK, name="qn_coords")
+            u = cp.Variable(qn["sh"].shape[0], name="qn_coords")
             if local:
                 cons += [u == qn["V"].T @ v]
                 obj_terms.append(0.5 * cp.sum_squares(qn["sd"] * v - qn["Vs"] @ u)
@@ -471,30 +473,41 @@ class CvxpySubproblem:
         quasi-Newton term: V an orthonormal basis of Psi's span that diagonalises B there
         (eigenvalues h), zero-padded to MODEL_RANK columns."""
         P = model.directions()
-        if P.shape[0] > MODEL_RANK:
-            raise ValueError(f"the quasi-Newton model has {P.shape[0]} directions; the CVXPY "
-                             f"subproblem takes at most {MODEL_RANK}")
         Q, _ = np.linalg.qr(P.T)
+        rank = self._model_rank(Q.shape[1])
         H = Q.T @ model.matmat(Q)
         h, E = np.linalg.eigh(0.5 * (H + H.T))
-        V = np.zeros((self.dim, MODEL_RANK))
-        sh = np.zeros(MODEL_RANK)
+        V = np.zeros((self.dim, rank))
+        sh = np.zeros(rank)
         V[:, :h.size] = Q @ E
         sh[:h.size] = np.sqrt(np.maximum(h, 0.0))
         sd = float(np.sqrt(max(model.delta, 0.0)))
         x = np.asarray(center, dtype=float)
         return {"Vx": V.T @ x, "sdx": sd * x, "V": V, "Vs": sd * V, "sd": sd, "sh": sh}
 
+    def _model_rank(self, needed: int) -> int:
+        """The columns of the quasi-Newton term: MODEL_RANK, doubled (up to d) until ``needed``
+        fit; a change drops the compiled problems that hold the term (rebuilt on next use)."""
+        rank = getattr(self, "_qn_rank", None) or min(self.dim, MODEL_RANK)
+        while rank < needed:
+            rank = min(self.dim, 2 * rank)
+        if rank != getattr(self, "_qn_rank", None):
+            self._qn_rank = rank
+            self._qn_main = None
+            self._local.pop(True, None)
+        return rank
+
     def _model_main(self) -> _Model:
         """The parametrised Problem 5 with the quasi-Newton term (built on first use)."""
         if getattr(self, "_qn_main", None) is None:
+            rank = self._model_rank(0)
             self._qn_params = {
-                "Vx": cp.Parameter(MODEL_RANK, name="qn_Vx"),
+                "Vx": cp.Parameter(rank, name="qn_Vx"),
                 "sdx": cp.Parameter(self.dim, name="qn_sdx"),
-                "V": cp.Parameter((self.dim, MODEL_RANK), name="qn_V"),
-                "Vs": cp.Parameter((self.dim, MODEL_RANK), name="qn_Vs"),
+                "V": cp.Parameter((self.dim, rank), name="qn_V"),
+                "Vs": cp.Parameter((self.dim, rank), name="qn_Vs"),
                 "sd": cp.Parameter(nonneg=True, name="qn_sd"),
-                "sh": cp.Parameter(MODEL_RANK, nonneg=True, name="qn_sh")}
+                "sh": cp.Parameter(rank, nonneg=True, name="qn_sh")}
             self._qn_main = self._build(self._params, self._c, qn=self._qn_params)
         return self._qn_main
 

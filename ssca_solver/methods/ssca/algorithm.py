@@ -92,6 +92,9 @@ class SSCA(FrontDoor):
         self.model_ok = (hessian == "lbfgs" and bool(unit_steps) and self.adapt_tau
                          and hasattr(subproblem, "with_model")
                          and (self.auto_batch or batch_size is None))
+        # the quasi-Newton pairs kept, and the rows of d floats they take in a checkpoint
+        self.qn_memory = qn.memory_for(problem.dim)
+        self.state_rows = 2 * self.qn_memory
         self.rho, self.gamma = rho, gamma
         self.participation = float(participation)
         self.surrogate_init = surrogate_init
@@ -179,7 +182,7 @@ class SSCA(FrontDoor):
                 return state
             if c != 0.0:
                 y += c * (g1 - g0)
-        pairs = add_pair(state.qn_s, state.qn_y, s, y)
+        pairs = add_pair(state.qn_s, state.qn_y, s, y, memory=self.qn_memory)
         if pairs is None:
             return state
         return state._replace(qn_s=pairs[0], qn_y=pairs[1])

@@ -41,12 +41,24 @@ from typing import Optional
 
 import numpy as np
 
-#: pairs kept (the model's rank is at most twice this)
+#: pairs kept (the model's rank is at most twice this) above SMALL_DIM variables
 MEMORY = 8
+#: pairs kept at most SMALL_DIM variables, where a model of rank up to 2 SMALL_MEMORY costs
+#: little: a layer-normalised network with d = 113 was certified in 727 rounds with 64 pairs
+#: and not in 800 with 8 (relative stationarity 0.024; 32 pairs: 1.3e-4); on the held-out HS
+#: family the mean rounds of the problems certified both ways fell from 22.4 to 19.4 (median
+#: 12 both) and four more were certified; diabetes (d = 11) took 55 rounds instead of 48
+SMALL_DIM = 512
+SMALL_MEMORY = 64
 #: Powell's damping threshold: s'y >= DAMPING s'Bs after damping
 DAMPING = 0.2
 #: a pair whose step is this small relative to |w| carries rounding, not curvature
 MIN_STEP = 1e-10
+
+
+def memory_for(dim: int) -> int:
+    """The pairs the model keeps for a problem with ``dim`` variables."""
+    return SMALL_MEMORY if int(dim) <= SMALL_DIM else MEMORY
 
 
 class LBFGSModel:
