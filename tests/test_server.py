@@ -4,7 +4,7 @@ clients' messages and the transports' message streams."""
 import numpy as np
 import pytest
 
-import ssca_solver as ss
+from ssca_solver.errors import ReplyError
 from problems.neyman_pearson import neyman_pearson
 from ssca_solver.methods.ssca import step as driver
 from ssca_solver._kernels import FOLD_WIDTH, convex_step, fold
@@ -78,7 +78,7 @@ def test_average_refuses_no_messages_and_foreign_statistics(cancer_data):
     msg = InProcessTransport(ssca_clients(prob, 0)).exchange(
         round_request(1, np.zeros(prob.dim), 7))[0]
     bad = replace(msg, arrays={k: v for k, v in msg.arrays.items() if k.startswith("0:")})
-    with pytest.raises(ss.ReplyError, match=r"client 0, round 1: its statistics are .*"
+    with pytest.raises(ReplyError, match=r"client 0, round 1: its statistics are .*"
                                             r"missing \['1:const', '1:lin', '1:quad'\]") as info:
         driver.average_with_messages(prev, [msg, bad], cancer_data.num_samples, 0.5)
     assert (info.value.kind, info.value.array) == ("layout", "1:const")
