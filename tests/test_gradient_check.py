@@ -289,3 +289,30 @@ def test_secure_aggregation_clients_retry_and_still_catch(rows):
     # the right gradient passes the clients' own check (the probe sends curvatures only)
     value, grad, d, y, x0 = case("logistic", "small", rows)
     prepare(ss.SampleFunction(value, grad), d, X, y, x0, secure_aggregation=True)
+
+
+def test_a_gradient_right_on_the_domain_passes_where_the_domain_fixes_a_variable():
+    """f(w) = (w_0 - 1)^2 + w_1 log w_1 on a domain that fixes w_1 = 0, where the slope is
+    infinite and the user's gradient (log w_1 + 1, written as 1 at 0, as S2MPJ's QCNEW has it)
+    is right on the domain but not off it. The check along the whole gradient refused it; the
+    recheck compares along the coordinates the domain leaves free, and the run is certified.
+    The same gradient on a domain that leaves w_1 free is still refused."""
+    def value(w, X, y):
+        t = w[1] * np.log(w[1]) if w[1] > 0 else 0.0
+        return np.full(len(X), (w[0] - 1.0) ** 2 + t)
+
+    def grad(w, X, y):
+        return np.array([2.0 * (w[0] - 1.0), np.log(w[1]) + 1.0 if w[1] > 0 else 1.0])
+
+    f = ss.SampleFunction(value, grad, name="f")
+    data = ss.FederatedData([(np.zeros((1, 1)), None)])
+    fixed = ss.Problem(f, dim=2, data=data, domain=lambda w: [w[1] == 0.0, w[0] <= 5.0])
+    res = fixed.solve(x0=np.array([3.0, 0.0]), seed=0)
+    assert res.status == "converged", res.message
+    # what the certificate states: (w_0 - 1)^2 curves by 2, so |w_0 - 1| <= the stationarity
+    # residual / 2 (absolute, gradient units; w_1 is held by the domain)
+    assert abs(res.x[1]) <= 1e-9
+    assert abs(res.x[0] - 1.0) <= res.kkt.stationarity / 2 + 1e-9, (res.x, res.kkt.stationarity)
+    free = ss.Problem(f, dim=2, data=data, domain=lambda w: [w[1] >= 0.0, w[1] <= 1.0])
+    with pytest.raises(ss.UserFunctionError, match="gradient does not match"):
+        free.solve(x0=np.array([3.0, 0.0]), seed=0)

@@ -150,6 +150,36 @@ class DeterministicPart:
         self._w.value = np.asarray(w, dtype=float)
         return float(max(np.max(np.atleast_1d(c.violation())) for c in self._cons))
 
+    def fixed_coordinates(self, w, max_dim: int = 200,
+                          solver: str = "CLARABEL") -> np.ndarray:
+        """The coordinates the domain fixes (min w_i = max w_i over D, to 1e-12 max(1, |w_i|)),
+        as indices; empty without a domain, above ``max_dim`` variables (2 d small solves) or
+        when a solve fails. For the gradient check: a function need not be differentiable off
+        the domain along a fixed coordinate (S2MPJ's QCNEW: x log x at a variable fixed at 0)."""
+        if not self._domain or self.dim > max_dim:
+            return np.zeros(0, dtype=int)
+        u = cp.Variable(self.dim)
+        try:
+            _, dom = self.instantiate(u)
+        except Exception:
+            return np.zeros(0, dtype=int)
+        w = np.asarray(w, dtype=float)
+        fixed = []
+        for i in range(self.dim):
+            ends = []
+            for sense in (cp.Minimize, cp.Maximize):
+                prob = cp.Problem(sense(u[i]), dom)
+                try:
+                    prob.solve(solver=solver)
+                except Exception:
+                    return np.zeros(0, dtype=int)
+                if prob.status != cp.OPTIMAL:
+                    break
+                ends.append(float(prob.value))
+            if len(ends) == 2 and ends[1] - ends[0] <= 1e-12 * max(1.0, abs(float(w[i]))):
+                fixed.append(i)
+        return np.array(fixed, dtype=int)
+
     def project(self, w, solver: str = "CLARABEL") -> np.ndarray:
         """The point of the domain D nearest to ``w`` (``w`` itself when it is in D):
         argmin |u - w|^2 subject to u in D, solved with CVXPY in the step v = u - w (no large

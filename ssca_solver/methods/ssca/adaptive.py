@@ -148,9 +148,15 @@ class ProbeTask:
         w, n = request.w, X.shape[0]
         where = f"client {client.index}, before round 1 (gradient check)"
         check = bool(request.config.get("check"))
+        # coordinates the domain fixes ("i,j,..."): left out of the direction the gradient is
+        # checked along (SSCA._recheck_elsewhere)
+        fixed = [int(i) for i in str(request.config.get("fixed") or "").split(",") if i]
         arrays = {}
         for m, fn in enumerate(self.functions):
             v, g = checked_value_and_grad(fn, w, X, y, where)
+            if fixed:
+                g = g.copy()
+                g[fixed] = 0.0
             norm = float(np.linalg.norm(g))
             if norm == 0.0:
                 arrays[f"probe:{m}"] = np.array([0.0, 0.0, float(v.mean()), 0.0])
@@ -170,6 +176,9 @@ class ProbeTask:
                 arrays[f"probe:{m}"] = np.array([norm, np.nan, float(v.mean()), 0.0])
                 continue
             g2 = checked_grad(fn, w + side * u, X, y, w.size, where)
+            if fixed:
+                g2 = g2.copy()
+                g2[fixed] = 0.0
             arrays[f"probe:{m}"] = np.array([norm, fd, float(v.mean()),
                                              float(np.linalg.norm(g2 - g)) / abs(side)])
             if check:
