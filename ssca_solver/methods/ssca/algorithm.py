@@ -289,8 +289,10 @@ class SSCA(FrontDoor):
         batch = min(ad.START_BATCH, max(self.sizes)) if self.auto_batch else self.batch_size
         failed = {}
         curvature = self._probe_at(exchange, x0, batch, failed)
+        norms = self._probe_norms             # x0's, for the first step's bound
         if failed:
             self._recheck_elsewhere(exchange, x0, batch, failed)
+        self._probe_norms = norms
         if not self.auto_tau:
             self._warn_unstable_tau(curvature, batch)
             return self.tau
