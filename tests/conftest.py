@@ -87,3 +87,32 @@ def kill_process_client_at(t, client, killed):
             os.kill(pids[client], signal.SIGKILL)
 
     return callback
+
+
+#: the first column of the marked client's rows in :func:`hooked_least_squares`
+HOOK_MARK = 7.0
+
+
+def hooked_least_squares(hook, num_clients=3):
+    """Least squares on ``num_clients`` clients of 20 rows; client 1's rows have the first
+    column HOOK_MARK, and every call of the functions first runs ``hook(X)`` (in the client's
+    process): a function made to hang, spin or compile on one client (test_timeouts,
+    test_flower_deployment)."""
+
+    def value(w, X, y):
+        hook(X)
+        return 0.5 * (X @ w - y) ** 2
+
+    def grad(w, X, y):
+        hook(X)
+        return X.T @ (X @ w - y) / len(y)
+
+    rng = np.random.default_rng(0)
+    blocks = []
+    for i in range(num_clients):
+        X = rng.normal(size=(20, 3))
+        if i == 1:
+            X[:, 0] = HOOK_MARK
+        blocks.append((X, X @ np.ones(3)))
+    return ss.Problem(ss.SampleFunction(value, grad, name="lsq"), dim=3,
+                      data=ss.FederatedData(blocks))

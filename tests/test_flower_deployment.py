@@ -13,6 +13,7 @@ pytest.importorskip("flwr", reason="Flower is an optional extra: pip install 'ss
 
 import ssca_solver as ss  # noqa: E402
 from problems.neyman_pearson import neyman_pearson  # noqa: E402
+from conftest import HOOK_MARK, hooked_least_squares  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -72,33 +73,16 @@ def test_secure_aggregation_runs_on_the_deployment_runtime(federation):
 
 # -- a user function that never returns on a SuperNode ------------------------------------------
 
-_STUCK_MARK = 7.0
-
-
 def _stuck_problem(flag):
     """Least squares on two clients; client 1's functions sleep for good once ``flag``
     exists (its rows are marked in column 0)."""
     import time
 
-    def value(w, X, y):
-        if X[0, 0] == _STUCK_MARK and os.path.exists(flag):
+    def stuck_if_armed(X):
+        if X[0, 0] == HOOK_MARK and os.path.exists(flag):
             time.sleep(10 ** 6)
-        return 0.5 * (X @ w - y) ** 2
 
-    def grad(w, X, y):
-        if X[0, 0] == _STUCK_MARK and os.path.exists(flag):
-            time.sleep(10 ** 6)
-        return X.T @ (X @ w - y) / len(y)
-
-    rng = np.random.default_rng(0)
-    blocks = []
-    for i in range(2):
-        X = rng.normal(size=(20, 3))
-        if i == 1:
-            X[:, 0] = _STUCK_MARK
-        blocks.append((X, X @ np.ones(3)))
-    return ss.Problem(ss.SampleFunction(value, grad, name="lsq"), dim=3,
-                      data=ss.FederatedData(blocks))
+    return hooked_least_squares(stuck_if_armed, num_clients=2)
 
 
 def _descendants(pids) -> dict:

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import ssca_solver as ss
+from conftest import HOOK_MARK, hooked_least_squares
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="forks, and reads process states from /proc")
@@ -140,42 +141,16 @@ def test_a_frozen_process_client_is_found_after_the_auto_limit(monkeypatch, on_f
         assert len(pids) >= 3
 
 
-_SPIN_MARK = 7.0
-
-
-def _least_squares(hook):
-    """Three clients of least squares; client 1's rows have the first column _SPIN_MARK, and
-    every call of the functions first runs ``hook(X)`` (in the client's process)."""
-
-    def value(w, X, y):
-        hook(X)
-        return 0.5 * (X @ w - y) ** 2
-
-    def grad(w, X, y):
-        hook(X)
-        return X.T @ (X @ w - y) / len(y)
-
-    rng = np.random.default_rng(0)
-    blocks = []
-    for i in range(3):
-        X = rng.normal(size=(20, 3))
-        if i == 1:
-            X[:, 0] = _SPIN_MARK
-        blocks.append((X, X @ np.ones(3)))
-    return ss.Problem(ss.SampleFunction(value, grad, name="lsq"), dim=3,
-                      data=ss.FederatedData(blocks))
-
-
 def _spinning_problem(flag):
     """Client 1's functions spin in a Python loop (holding a core and, between bytecodes, the
     GIL) once ``flag`` exists."""
 
     def spin_if_armed(X):
-        if X[0, 0] == _SPIN_MARK and os.path.exists(flag):
+        if X[0, 0] == HOOK_MARK and os.path.exists(flag):
             while True:
                 pass
 
-    return _least_squares(spin_if_armed)
+    return hooked_least_squares(spin_if_armed)
 
 
 @pytest.mark.parametrize("on_failure", ["raise", "drop"])
@@ -227,7 +202,7 @@ def _first_call_problem(mode):
     called = []
 
     def first_call(X):
-        if X[0, 0] != _SPIN_MARK or called:
+        if X[0, 0] != HOOK_MARK or called:
             return
         called.append(True)
         if mode == "sleep":
@@ -236,7 +211,7 @@ def _first_call_problem(mode):
         while mode == "spin" or time.process_time() < end:
             pass
 
-    return _least_squares(first_call)
+    return hooked_least_squares(first_call)
 
 
 @pytest.mark.parametrize("mode", ["sleep", "compile", "spin"])
