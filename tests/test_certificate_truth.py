@@ -67,6 +67,39 @@ def test_a_point_in_a_curved_valley_is_not_certified_by_a_start_floor():
     assert START_FLOOR * fl.grad_scale > 1e4 * np.linalg.norm(g)        # the old floor passed
 
 
+def test_a_start_where_the_objective_is_flat_leaves_the_local_secant_alone():
+    """A start gradient of exactly 0 (the objective at its minimum, only the constraints
+    move the iterates): 1 % of it, the secant from it and the objective's size (0 at both
+    ends) measure nothing, and a floor of 0 made any rounding-level |g| fail at a ratio near
+    1. The floor is the local secant candidate, 0 until two points are tested."""
+    fl = StationarityFloor()
+    fl.start(np.zeros(2), np.zeros(2), 0.0)
+    assert fl.at(np.array([0.5, 0.5]), np.array([1e-16, -1e-16]), 0.0) == 0.0
+    floor = fl.at(np.array([0.5, 0.5 + 1e-3]), np.array([-2e-3, 2e-3]), 1e-6)
+    L_local = 2e-3 * 1e-3 / 1e-6                     # |(g2 - g1).d| / |d|^2
+    assert fl.local_curvature == pytest.approx(L_local)
+    assert floor == pytest.approx(L_local * 1.0)     # max(1, |w|) = 1
+    # a nonzero start gradient keeps every candidate (the minimum)
+    fl2 = StationarityFloor()
+    fl2.start(np.zeros(2), np.array([1e-3, 0.0]), 0.0)
+    assert fl2.at(np.array([0.5, 0.5]), np.array([1e-16, -1e-16]), 0.0) == 0.0
+
+
+def test_a_zero_residual_objective_that_starts_at_zero_is_certified():
+    """min (w1 - 3 w2)^2 s.t. w1 + w2 = 1 from (0, 0) (the mechanism of S2MPJ's TAME): the
+    start is a minimum of the objective, the solution (3/4, 1/4) another, where |g| is the
+    rounding of w1 - 3 w2 (2e-12 here; some other coefficients give exactly 0). The run ended 'max_iter ... the penalised problem is solved' at a
+    relative stationarity near 1."""
+    f = fn(lambda w: (w[0] - 3 * w[1]) ** 2,
+           lambda w: 2 * (w[0] - 3 * w[1]) * np.array([1.0, -3.0]), "f")
+    h = fn(lambda w: w[0] + w[1], lambda w: np.ones(2), "h")
+    res = ss.Problem(f, [h == 1.0], dim=2, data=ONE_ROW).solve(x0=np.zeros(2), seed=0,
+                                                             batch_size="full")
+    assert res.status == "converged", res.message
+    np.testing.assert_allclose(res.x, [0.75, 0.25], atol=1e-6)
+    assert res.kkt.scale > 0.0 and res.kkt.stationarity <= 1e-4 * res.kkt.scale
+
+
 def test_the_linearised_step_is_measured_in_gradient_units():
     """min -5800 w over w <= 1 at w = 0.43: 0.57 from the bound its gradient pushes it to.
     With a unit step the residual |u - w| = 0.57 was divided by |g| = 5800 (9.8e-5: passed,

@@ -39,9 +39,22 @@ def stationarity_floor(grad_scale: float, curvature: Optional[float], w,
     Each candidate alone was measured to let a wrong point pass (a far start: 1 % of a start
     gradient of 3.3e7 against |g| = 78 at a point 2.8 above the optimum; a narrow curved
     valley: secant curvatures of 4e3 across it at |g| = 3e-3, f = 1.42 where the optimum is
-    0), so the floor is their minimum: it can only make the test stricter."""
-    floor = START_FLOOR * float(grad_scale)
+    0), so the floor is their minimum: it can only make the test stricter.
+
+    When the start point is a stationary point of F_0 + R (``grad_scale`` 0: the objective is
+    flat there, e.g. a zero-residual least-squares objective that starts at zero and only the
+    constraints move the iterates), the start floor is 0, the start secant runs between two
+    vanishing gradients and the objective's size is its rounding at a zero-residual solution:
+    those candidates measure nothing (S2MPJ's TAME and ORTHREGB: KKT points whose |g| of
+    3e-16 and 1e-13 is the rounding of F_0, refused at stationarity 0.71 and 1.0 because the
+    floor was 0). The floor is then the local secant candidate alone, and 0 until it is
+    known."""
     size = max(1.0, float(np.linalg.norm(w)))
+    if not float(grad_scale) > 0.0:
+        if local is not None and np.isfinite(local):
+            return float(local) * size
+        return 0.0
+    floor = START_FLOOR * float(grad_scale)
     for L in (curvature, local):
         if L is not None and np.isfinite(L):
             floor = min(floor, float(L) * size)
