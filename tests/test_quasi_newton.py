@@ -208,3 +208,33 @@ def test_the_max_iter_message_names_the_steps_that_ran():
     assert second.status == first.status == "max_iter"
     assert "quasi-Newton" in second.message and "first order" not in second.message
     assert "first order" in first.message and "quasi-Newton" not in first.message
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pairs_of_rounding_curvature_leave_the_model_a_symmetric_positive_definite_matrix(seed):
+    """S2MPJ's MAKELA1 (d = 3, a linear objective): the first pairs come from a Lagrangian
+    that is linear to rounding (y about 1e-16 s), the later ones from curvatures near 1, and
+    the steps lie in a plane (w1 = w2). N is then singular to rounding: its inverse made B
+    asymmetric (0.65) and indefinite (an eigenvalue of -4.7), the closed form solved another
+    problem (objective -1.30 where Clarabel finds -1.414 for the same subproblem) and every
+    step raised the objective. The oldest pairs are dropped until the compact form is a
+    positive definite matrix again (every seed failed before)."""
+    rng = np.random.default_rng(seed)
+    d = 3
+    S, Y = np.zeros((0, d)), np.zeros((0, d))
+    for j in range(12):
+        p, q, r = rng.uniform(0.1, 2.0, 3)
+        H = np.array([[p, q, 0.3], [q, p, 0.3], [0.3, 0.3, r]])      # symmetric in w1, w2
+        a, b = rng.standard_normal(2) * 0.6 ** j
+        s = np.array([a, a, b])
+        out = add_pair(S, Y, s, (1e-16 if j < 2 else 1.0) * (H @ s), memory=64)
+        if out is not None:
+            S, Y = out
+        model = LBFGSModel(S, Y)
+        B = model.matmat(np.eye(d))
+        x = rng.standard_normal(d)
+        tol = 1e-8 * np.abs(B).max()
+        assert np.allclose(B, B.T, rtol=1e-8, atol=tol)
+        assert np.allclose(model.matvec(x), B @ x, rtol=1e-8, atol=tol)
+        assert np.linalg.eigvalsh(0.5 * (B + B.T))[0] > 0.0
+        assert len(model) == len(S)          # the state keeps the pairs the model uses

@@ -54,6 +54,11 @@ SMALL_MEMORY = 64
 DAMPING = 0.2
 #: a pair whose step is this small relative to |w| carries rounding, not curvature
 MIN_STEP = 1e-10
+#: the model's smallest eigenvalue must exceed this fraction of its largest, and its middle
+#: matrix's inverse must satisfy |N N^-1 - I|_max <= INVERSE_TOL (LBFGSModel); else the
+#: oldest pairs are dropped
+PD_TOL = 1e-10
+INVERSE_TOL = 1e-8
 
 
 def memory_for(dim: int) -> int:
@@ -66,8 +71,39 @@ class LBFGSModel:
     first; the y_k already damped), with B = delta I - Psi N^{-1} Psi' (module docstring)."""
 
     def __init__(self, S: np.ndarray, Y: np.ndarray):
-        self.S = np.asarray(S, dtype=float)
-        self.Y = np.asarray(Y, dtype=float)
+        S = np.asarray(S, dtype=float)
+        Y = np.asarray(Y, dtype=float)
+        # every pair has s'y > 0, so B is positive definite in exact arithmetic; in floating
+        # point the compact form loses it when the steps are nearly dependent (more pairs than
+        # variables, or iterates converging along a line): N is then nearly singular and its
+        # inverse garbage. The oldest pairs are dropped until B is positive definite on the
+        # span of Psi (on its complement B = delta I). S2MPJ's MAKELA1 (d = 3, 10 pairs): an
+        # eigenvalue of -4.7, steps that raised the objective at every tau, "settled" 0.04
+        # above the optimum
+        while True:
+            self._build(S, Y)
+            if self.Psi is None or (self.Ninv is not None and self._positive_definite()):
+                return
+            if S.shape[0] <= 1:
+                # one pair with s'y > 0 whose N cannot be inverted: no model
+                self._build(S[:0], Y[:0])
+                return
+            S, Y = S[1:], Y[1:]
+
+    def _positive_definite(self) -> bool:
+        """Whether B's smallest eigenvalue on the span of Psi is above PD_TOL of its largest
+        (and of delta): one QR of d x 2k and a 2k x 2k eigendecomposition."""
+        if self.Psi is None:
+            return True
+        Q, _ = np.linalg.qr(self.Psi.T)
+        H = Q.T @ self.matmat(Q)
+        h = np.linalg.eigvalsh(0.5 * (H + H.T))
+        if not np.all(np.isfinite(h)):
+            return False
+        return bool(h[0] > PD_TOL * max(float(h[-1]), self.delta))
+
+    def _build(self, S: np.ndarray, Y: np.ndarray) -> None:
+        self.S, self.Y = S, Y
         k = self.S.shape[0]
         if k == 0:
             self.delta, self.Psi, self.Ninv = 0.0, None, None
@@ -80,16 +116,17 @@ class LBFGSModel:
         N = np.block([[self.delta * (self.S @ self.S.T), Lo], [Lo.T, -D]])
         self.Psi = np.vstack([self.delta * self.S, self.Y])            # (2k, d): rows
         try:
-            self.Ninv = np.linalg.inv(N)
+            Ninv = np.linalg.inv(N)
         except np.linalg.LinAlgError:
+            Ninv = None
+        # the inverse must be one: with nearly dependent steps (more pairs than variables,
+        # or iterates converging along a line) N is singular to rounding and inv(N) garbage
+        # (an asymmetric B, B x off by 1e1 from B @ x, on a d = 3 problem with 8 pairs)
+        if (Ninv is None or not np.all(np.isfinite(Ninv))
+                or not np.max(np.abs(N @ Ninv - np.eye(2 * k))) <= INVERSE_TOL):
             self.Ninv = None
-        if self.Ninv is None or not np.all(np.isfinite(self.Ninv)):
-            # nearly dependent pairs (N singular in floating point): the newest pair alone
-            self.S, self.Y = self.S[-1:], self.Y[-1:]
-            sy = float(s @ y)
-            N = np.array([[self.delta * float(s @ s), 0.0], [0.0, -sy]])
-            self.Psi = np.vstack([self.delta * self.S, self.Y])
-            self.Ninv = np.linalg.inv(N)
+            return
+        self.Ninv = 0.5 * (Ninv + Ninv.T)
 
     def __len__(self) -> int:
         return self.S.shape[0]
@@ -138,4 +175,9 @@ def add_pair(S: np.ndarray, Y: np.ndarray, s: np.ndarray, y: np.ndarray,
         y = theta * y + (1.0 - theta) * Bs
     S2 = np.vstack([S.reshape(-1, s.size), s[None, :]])[-memory:]
     Y2 = np.vstack([Y.reshape(-1, s.size), y[None, :]])[-memory:]
-    return S2, Y2
+    # the pairs the model can use (LBFGSModel drops the oldest while its compact form is not
+    # positive definite to rounding): the state keeps only those
+    kept = LBFGSModel(S2, Y2)
+    if not len(kept):
+        return None
+    return kept.S, kept.Y
