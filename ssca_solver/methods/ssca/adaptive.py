@@ -68,7 +68,10 @@ MODEL_TAU_FLOOR = 1e-10
 #: an accepted step of relative length <= TINY_STEP is lost in rounding: tau is then cut by
 #: TAU_TINY, and TINY_ROUNDS of them settle the point (SSCA._backtracking_step, .settled)
 TINY_STEP, TAU_TINY, TINY_ROUNDS = 1e-12, 0.1, 12
-MAX_REJECTS = 8         # rejected steps in a row after which the point is settled
+#: rejected steps in a row after which the point is settled when the last rejected trial
+#: step was at most SETTLE_STEP max(1, |w|) long, and after MAX_REJECTS_LONG whatever its
+#: length (SSCA.settled)
+MAX_REJECTS, SETTLE_STEP, MAX_REJECTS_LONG = 8, 1e-6, 24
 MERIT_RTOL = {"closed_form": 1e-12, "cvxpy": 1e-10}  # merit increases below this are rounding
 MERIT_ROUNDING = 1e-14  # and below this times the size of the terms the merit is made of
 PROBE_TASK = "ssca.probe"

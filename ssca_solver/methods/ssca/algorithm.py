@@ -605,6 +605,8 @@ class SSCA(FrontDoor):
             if correction is not None:
                 return correction
         if worse:                                    # reject w_t
+            self._rejected_length = (float(np.linalg.norm(state.w - state.prev_w))
+                                     / max(1.0, float(np.linalg.norm(state.prev_w))))
             if not corrected and self._pinned(state):
                 # doubling tau did not shorten the trial steps: without the diagonal metric
                 # if there is one, else one second-order correction before tau doubles again
@@ -780,8 +782,15 @@ class SSCA(FrontDoor):
         More rounds at this c change nothing."""
         if not (info.batch is None and self.unit_steps and (self.auto_batch or self.auto_tau)):
             return False
-        if state.rejects >= ad.MAX_REJECTS:    # no step improves the merit at this precision
-            return True
+        if state.rejects >= ad.MAX_REJECTS:
+            # no step improves the merit at this precision: the trial steps have become short,
+            # or tau grew long enough that they should have. Eight rejections alone settled
+            # trial steps of 0.6 relative (half of them second-order corrections at the same
+            # tau, so tau grew 16-fold): logistic regression on iris with |w|^2 = 4 ended
+            # 'max_iter' at objective 0.99 where SLSQP finds 0.245
+            if (state.rejects >= ad.MAX_REJECTS_LONG
+                    or getattr(self, "_rejected_length", 0.0) <= ad.SETTLE_STEP):
+                return True
         if self._saturated(state, info):
             return True
         if info.rejected == 0 and getattr(self, "_stall", 0) >= ad.STALL_ROUNDS:

@@ -160,14 +160,15 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
     elif reason == st.SETTLED and getattr(state, "rejects", 0) >= MAX_REJECTS:
         return st.MAX_ITER, (f"the iterates stopped moving at round {state.t}: no step improved "
                             "the exact penalty F_0 + R + c (violation) in "
-                            f"{MAX_REJECTS} tries in a row (tau doubled at each), and the "
+                            f"{state.rejects} tries in a row (tau doubled or a second-order "
+                            "correction at each), and the "
                             f"full-data KKT test did not pass: {name} = {value:.3g} > {tol:g} "
                             "(relative); the point may sit at a kink of a nonsmooth function, "
                             "the penalised problem's rounding may hide the decrease, or c "
                             f"= {state.penalty:g} may be below the multipliers: try larger "
                             "penalties" if M else
                             f"the iterates stopped moving at round {state.t}: no step improved "
-                            f"the objective in {MAX_REJECTS} tries in a row (tau doubled at "
+                            f"the objective in {state.rejects} tries in a row (tau doubled at "
                             f"each), and the full-data KKT test did not pass: {name} = "
                             f"{value:.3g} > {tol:g} (relative); the point may sit at a kink of "
                             "a nonsmooth function, or rounding may hide the decrease")
