@@ -284,3 +284,24 @@ def test_eight_rejections_of_long_trial_steps_do_not_settle_the_point():
     assert res.status == "converged", res.message
     assert res.fun == pytest.approx(ref.fun, abs=1e-6)
     assert abs(res.x @ res.x - 4.0) <= 1e-6
+
+
+def test_a_coordinate_the_bounds_fix_is_left_out_of_the_probe():
+    """S2MPJ's EQC and QCNEW: x log x at variables the bounds fix at 0, so the gradient's
+    component along them is huge and the probe's curvature along the gradient was 9e15: tau
+    9e15, statistics that carried nothing below the units digit, round 1 'error'. The probe's
+    direction leaves out the coordinates the domain's simple bounds fix (read from the
+    constraints, nothing solved), and the CVXPY answers are clipped into those bounds."""
+    f = fn(lambda w: (w[0] - 1.0) ** 2 + 1e16 * w[1] ** 2 + 1e8 * w[1],
+           lambda w: np.array([2.0 * (w[0] - 1.0), 2e16 * w[1] + 1e8]), "f")
+    domain = lambda w: [w[1] == 0.0, w[0] <= 5.0]              # noqa: E731
+    det = DeterministicPart((), (domain,), 2)
+    assert det.bound_fixed(np.zeros(2)).tolist() == [1]
+    lo, hi = det.simple_bounds()
+    assert lo.tolist() == [-np.inf, 0.0] and hi.tolist() == [5.0, 0.0]
+    assert det.clip(np.array([6.0, -1e-12])).tolist() == [5.0, 0.0]
+    res = ss.Problem(f, dim=2, data=ONE_ROW, domain=domain).solve(x0=np.zeros(2), seed=0,
+                                                                  batch_size="full")
+    assert res.status == "converged", res.message
+    np.testing.assert_allclose(res.x, [1.0, 0.0], atol=1e-6)
+    assert res.nit <= 30

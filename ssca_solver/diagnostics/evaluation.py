@@ -122,12 +122,14 @@ class Evaluator:
                           count * request.num_floats(), complete)
 
     def objective_gradient(self, ev: Evaluation, w: np.ndarray) -> np.ndarray:
-        """grad F_0(w) + grad R(w) (R's gradient only when R is smooth)."""
+        """grad F_0(w) + grad R(w) (R's gradient only when R is smooth), with the coordinates
+        the domain's simple bounds fix set to 0 (:meth:`DeterministicPart.bound_fixed`): the
+        objective's side of the stationarity balance, for the KKT test's scale and floor."""
         det = self.terms.deterministic
         g = ev.grads[0] if self.terms.stochastic_objective else np.zeros(w.size)
         if det.smooth:
             g = g + det.grad(w)
-        return np.asarray(g, dtype=float)
+        return det.free(np.asarray(g, dtype=float))
 
     def objective_gradient_norm(self, ev: Evaluation, w: np.ndarray) -> float:
         """|grad F_0(w) + grad R(w)| (R's gradient only when R is smooth)."""

@@ -605,8 +605,10 @@ class CvxpySubproblem:
         # an inequality's multiplier is >= 0 (rounding below 0 clipped); an equality's has
         # either sign
         mult = np.where(self._equality, mult, np.maximum(mult, 0.0)) if M else mult
-        return SubproblemSolution(np.array(w, dtype=float), slack, mult, value,
-                                  retries=retries, inaccurate=inaccurate)
+        # inside the domain's simple bounds (the interior point answer can be 1e-12 outside)
+        w = self._deterministic.clip(np.array(w, dtype=float))
+        return SubproblemSolution(w, slack, mult, value, retries=retries,
+                                  inaccurate=inaccurate)
 
 
 class ModelCvxpy:

@@ -288,7 +288,9 @@ class SSCA(FrontDoor):
         starting tau (``tau="auto"``) or the fixed tau."""
         batch = min(ad.START_BATCH, max(self.sizes)) if self.auto_batch else self.batch_size
         failed = {}
-        curvature = self._probe_at(exchange, x0, batch, failed)
+        fixed = self.problem.deterministic.bound_fixed(x0)
+        curvature = self._probe_at(exchange, x0, batch, failed,
+                                   fixed=",".join(str(int(i)) for i in fixed))
         norms = self._probe_norms             # x0's, for the first step's bound
         if failed:
             self._recheck_elsewhere(exchange, x0, batch, failed)
