@@ -305,3 +305,20 @@ def test_a_coordinate_the_bounds_fix_is_left_out_of_the_probe():
     assert res.status == "converged", res.message
     np.testing.assert_allclose(res.x, [1.0, 0.0], atol=1e-6)
     assert res.nit <= 30
+
+
+def test_the_linearised_step_survives_an_exponentially_flat_objective():
+    """S2MPJ's HS54: an objective exp(-huge) whose gradient is 6e-86 at |w| = 5e7, so the
+    step length t = max(1, |w|) / scale was 3e16 and the proximal weight 1 / (2 t |g_0|)
+    2.5e68: Clarabel answered 'solver_error' at every attempt and the report was NaN. The
+    objective is now divided by at least max(1, |w|) / t."""
+    w = np.array([6.0e3, 2.9, 4.0e6, 2.1, -0.9999, 5.0e7])
+    lo = np.array([0.0, -10.0, 0.0, 0.0, -1.0, 0.0])
+    hi = np.array([2e4, 10.0, 1e7, 20.0, 1.0, 2e8])
+    det = DeterministicPart((), (lambda u: [u >= lo, u <= hi],), 6)
+    g0 = np.full(6, 6e-86 / np.sqrt(6.0))
+    G = np.zeros((6, 1))
+    G[0, 0] = 4000.0
+    u, mu, duals, elastic = det.linearized_step(w, g0, G, np.array([0.0]), step=3.3e16)
+    assert np.all(np.isfinite(u)) and np.linalg.norm(u - w) / 3.3e16 <= 1e-12
+    assert elastic <= 1e-9

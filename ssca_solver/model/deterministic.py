@@ -20,6 +20,10 @@ def term_label(kind: str, i: int, fn) -> str:
     return f"{kind} #{i} ({name})" if name != "<lambda>" else f"{kind} #{i}"
 
 
+#: above this |w| the linearised KKT step is solved in the step v = u - w first
+RECENTRE_FIRST = 1e4
+
+
 class DeterministicPart:
     """The deterministic terms (objective and regularizers) and domain constraints of a problem.
 
@@ -342,7 +346,11 @@ class DeterministicPart:
         # and the objective divided by sigma = |g_0| (duals multiplied back below): gradients
         # of 1e6 with a proximal weight 1/(2t) of the same size left Clarabel "unbounded" at
         # every attempt (S2MPJ's HS84)
-        sigma = float(np.linalg.norm(g0))
+        # ... and at least by max(1, |w|) / t, the gradient scale the step length stands for:
+        # with |g_0| = 6e-86 (an exponentially flat objective, S2MPJ's HS54) and t = 3e16 the
+        # proximal weight 1 / (2 t |g_0|) was 2.5e68 and Clarabel answered 'solver_error' at
+        # every attempt; so the proximal weight is at most 1 / (2 max(1, |w|))
+        sigma = max(float(np.linalg.norm(g0)), max(1.0, float(np.linalg.norm(w))) / t)
         if not (np.isfinite(sigma) and sigma > 0):
             sigma = 1.0
         g0 = g0 / sigma
@@ -353,7 +361,11 @@ class DeterministicPart:
         tight = ({"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11, "tol_feas": 1e-11}
                  if solver.upper() == "CLARABEL" else {})
         statuses, found = [], False
-        for recentred in (False, True):
+        # far from the origin the form in the step v = u - w goes first: in u the objective
+        # carries constants of |w|^2 / (2 t) whose rounding left a step of 6e5 where 0 was
+        # the answer at |w| = 5e7 (S2MPJ's HS54)
+        order = (True, False) if float(np.linalg.norm(w)) > RECENTRE_FIRST else (False, True)
+        for recentred in order:
             if recentred:
                 v = cp.Variable(self.dim)
                 u = w + v
