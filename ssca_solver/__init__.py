@@ -13,8 +13,8 @@ from .engine.options import RunOptions
 from .engine.runner import Iteration
 from .engine.solve import front_door, register_method
 from .errors import (CheckpointError, ClientError, DataError, DivergenceError, ModelError,
-                     RoundFailedError, ScheduleError, SecureAggregationError, SSCAError,
-                     SubproblemError, UserFunctionError)
+                     ReplyError, ResourceLimitError, RoundFailedError, ScheduleError,
+                     SecureAggregationError, SSCAError, SubproblemError, UserFunctionError)
 from .methods import (BUILTIN, AugmentedLagrangian, AugmentedLagrangianOptions, FedAvg,
                       FedAvgOptions, PrimalDual, PrimalDualOptions, SSCA, SSCAOptions)
 from .model.autodiff import JaxSampleFunction, TorchSampleFunction, from_jax, from_torch
@@ -46,7 +46,8 @@ __all__ = [
     "EpochStep", "ScheduleWarning", "SSCAOptions", "solve_ssca", "Result", "SSCAResult", "Iteration",
     "History", "KKTReport", "Communication", "Stage", "SurrogateBuilder", "Statistic",
     "ProximalLinear", "DiagonalCurvature", "Linearization", "SSCAError", "DataError", "ModelError",
-    "UserFunctionError", "ScheduleError", "SubproblemError", "ClientError", "DivergenceError",
+    "UserFunctionError", "ScheduleError", "SubproblemError", "ClientError", "ReplyError",
+    "ResourceLimitError", "DivergenceError",
     "RoundFailedError", "SecureAggregationError", "CheckpointError", "load_result",
     "ResultFileError", "__version__",
 ]

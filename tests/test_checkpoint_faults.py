@@ -72,9 +72,11 @@ def _files(directory) -> list[str]:
     return sorted(os.listdir(directory))
 
 
-def _rewrite(src, dst, arrays=None, meta=None) -> str:
+def _rewrite(src, dst, arrays=None, meta=None, checksums=True) -> str:
     """A copy of checkpoint ``src`` at ``dst`` with ``arrays`` replaced (None: dropped) and
-    the metadata updated by ``meta`` (or replaced by it when it is a string)."""
+    the metadata updated by ``meta`` (or replaced by it when it is a string). With
+    ``checksums`` the metadata's checksums are those of the new arrays (so what is tested is
+    the check of their contents, not of their checksums)."""
     with np.load(src, allow_pickle=False) as f:
         payload = {k: f[k] for k in f.files}
     for k, v in (arrays or {}).items():
@@ -82,12 +84,14 @@ def _rewrite(src, dst, arrays=None, meta=None) -> str:
             payload.pop(k, None)
         else:
             payload[k] = v
-    if meta is not None:
-        if isinstance(meta, str):
-            payload["__meta__"] = np.array(meta)
-        else:
-            payload["__meta__"] = np.array(json.dumps({**json.loads(str(payload["__meta__"])),
-                                                       **meta}))
+    if isinstance(meta, str):
+        payload["__meta__"] = np.array(meta)
+    else:
+        new = json.loads(str(payload["__meta__"]))
+        if checksums:
+            new["checksums"] = {k: ckpt.checksum(v) for k, v in payload.items()
+                                if k != "__meta__"}
+        payload["__meta__"] = np.array(json.dumps({**new, **(meta or {})}))
     with open(dst, "wb") as out:
         np.savez(out, **payload)
     return str(dst)
@@ -355,6 +359,42 @@ def test_inconsistent_contents_are_refused_naming_the_field(written, tmp_path, e
     assert err.field == field
     assert not isinstance(err, ss.UserFunctionError)
 
+
+
+@pytest.mark.parametrize("edit, field", [
+    ({"state/tau": np.asarray(-1.0)}, "state/tau"),
+    ({"state/w": np.zeros(2, dtype=np.int64)}, "state/w"),
+    ({"state/stats/0/quad": np.asarray(-5.0)}, "state/stats/0/quad"),
+    ({"state/bonus": np.ones(3)}, "state/bonus"),
+])
+def test_an_array_edited_after_writing_is_refused_naming_it(written, tmp_path, edit, field):
+    """Issue 20's probe: a state that fits the solve's shapes but not what was written (a
+    negative tau, an integer w, a negative curvature) was accepted and blamed on the solver
+    (DivergenceError at round 31) or the user's function; each array's checksum is kept in
+    the metadata now (a member added is refused by it too)."""
+    prob, good = written
+    path = _rewrite(good, tmp_path / "bad.npz", arrays=edit, checksums=False)
+    err = _refused(prob, path, field)
+    assert err.field == field
+
+
+@pytest.mark.parametrize("meta, field", [
+    ({"method": "fedavg"}, "method"),
+    ({"x0": None}, "x0"),
+    ({"checksums": None}, "checksums"),
+])
+def test_metadata_that_contradicts_itself_or_lacks_a_hash_is_refused(written, tmp_path, meta,
+                                                                     field):
+    """Issue 20's probe: a method other than the fingerprint's, or a checkpoint without the
+    start point's hash (so another x0 could not be refused) or without the arrays' checksums,
+    was accepted."""
+    prob, good = written
+    src = json.loads(str(np.load(good)["__meta__"]))
+    src.update(meta)
+    for k in [k for k, v in meta.items() if v is None]:
+        del src[k]
+    err = _refused(prob, _rewrite(good, tmp_path / "bad.npz", meta=json.dumps(src)), field)
+    assert err.field == field
 
 
 def test_a_long_client_error_in_the_dropouts_still_resumes(written, tmp_path):

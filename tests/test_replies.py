@@ -214,6 +214,54 @@ def test_the_gatherer_checks_every_transports_replies():
         list(Gatherer(Short(ok), [3, 3]).collect(Request("t", 1, np.zeros(2))))
 
 
+def test_under_secure_aggregation_a_reply_that_is_none_names_the_client():
+    """Issue 20's probe: a raw AttributeError ('NoneType' object has no attribute 'client')
+    from the server's tally."""
+    pytest.importorskip("cryptography")
+    with pytest.raises(ss.SecureAggregationError, match=r"^client 1: its reply to "
+                       r"'ssca.round' \(round 3\) is a NoneType, not a Reply"):
+        _problem().solve(transport=_transport(lambda r: r.client == 1 and r.round == 3
+                                              and "masked" in r.arrays, lambda r: None),
+                         secure_aggregation=True, **OPTS)
+
+
+def test_under_secure_aggregation_a_masked_reply_with_an_extra_array_names_the_client():
+    """Issue 20's probe: the extra array was ignored without a word (under plain aggregation
+    it is refused as a layout fault)."""
+    pytest.importorskip("cryptography")
+
+    def extra(r):
+        return _arrays(r, bonus=np.ones(3)) if "masked" in r.arrays else r
+
+    with pytest.raises(ss.SecureAggregationError, match=r"client 1: its masked reply to "
+                       r"'ssca.round' \(round 3\) is not one uint64 vector with its layout "
+                       r"\(arrays \['bonus', 'layout', 'masked'\]"):
+        _problem().solve(transport=_transport(_at(1, 3), extra), secure_aggregation=True,
+                         **OPTS)
+
+
+def test_under_secure_aggregation_a_corrupted_masked_vector_is_caught_by_its_sum():
+    """Issue 20's probe: random numbers in one client's masked vector unmasked to a sum of
+    huge values, refused later by the closed form as 'objective curvature a_0 > 0' (a
+    ValueError that named neither aggregation nor client). The sum of values within
+    secure_range is bounded, and the server checks it."""
+    pytest.importorskip("cryptography")
+
+    def scramble(r):
+        if "masked" not in r.arrays:
+            return r
+        m = r.arrays["masked"]
+        return _arrays(r, masked=np.random.default_rng(1).integers(
+            0, 2 ** 63, size=m.shape, dtype=np.int64).view(np.uint64))
+
+    with pytest.raises(ss.SecureAggregationError, match=r"secure aggregation of 'ssca.round' "
+                       r"at round 3: the unmasked sum holds .* more than the 3 clients' "
+                       r"weighted values within secure_range = .* can add up to: a masked "
+                       r"reply was corrupted"):
+        _problem().solve(transport=_transport(_at(1, 3), scramble), secure_aggregation=True,
+                         **OPTS)
+
+
 # -- the process transport's file descriptors ---------------------------------------------------
 
 def test_the_descriptors_per_client_are_stated():

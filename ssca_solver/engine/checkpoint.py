@@ -228,11 +228,23 @@ class Layout:
 
 # -- writing --------------------------------------------------------------------------------------
 
+def checksum(a: np.ndarray) -> str:
+    """A hash of one array (its dtype, shape and bytes), kept in the metadata's ``checksums``:
+    an array edited by hand after the checkpoint was written no longer matches it."""
+    a = np.asarray(a)
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
 def save(path: str, arrays: Mapping[str, np.ndarray], meta: dict) -> str:
     """Write ``arrays`` and ``meta`` (JSON-serialisable) to ``path`` atomically; return path.
-    The temporary file is removed when the write fails (and the error re-raised)."""
+    The metadata also gets each array's :func:`checksum`. The temporary file is removed when
+    the write fails (and the error re-raised)."""
     payload = {k: np.asarray(v) for k, v in arrays.items()}
-    payload["__meta__"] = np.array(json.dumps({"format": FORMAT, **meta}))
+    sums = {k: checksum(v) for k, v in payload.items()}
+    payload["__meta__"] = np.array(json.dumps({"format": FORMAT, **meta, "checksums": sums}))
     return npzfile.write(path, payload)
 
 
@@ -347,6 +359,14 @@ def _meta_fields(meta, path: str) -> dict:
         bad("method", f"= {meta['method']!r} is not a name")
     if not isinstance(meta["fingerprint"], dict):
         bad("fingerprint", f"is a {type(meta['fingerprint']).__name__}, not an object")
+    if meta["method"] != meta["fingerprint"].get("method", meta["method"]):
+        bad("method", f"= {meta['method']!r}, but fingerprint.method = "
+                      f"{meta['fingerprint']['method']!r}")
+    if "x0" not in meta:
+        # every checkpoint of this version keeps the start point's hash; without it a resume
+        # given another x0 could not be refused
+        bad("x0", "is missing (the start point's hash; written by an earlier version of "
+                  "ssca-solver?); start afresh")
     seed = meta["seed"]
     if not (isinstance(seed, str) and seed.isdigit()):
         bad("seed", f"= {seed!r} is not a non-negative integer")
@@ -441,7 +461,32 @@ def load(path: str, layout: Optional[Layout] = None,
                               path, field) from None
     if layout is not None:
         layout.check(arrays, meta, path)
+    _check_sums(arrays, meta, path)
     return arrays, meta
+
+
+def _check_sums(arrays: Mapping[str, np.ndarray], meta: dict, path: str) -> None:
+    """Refuse arrays that are not the ones written with the metadata: a member edited, added
+    or removed by hand after the checkpoint was written (its :func:`checksum` differs)."""
+    def bad(field, what):
+        raise CheckpointError(f"resume: the checkpoint {path!r} was edited after it was "
+                              f"written: {field} {what}", path, field)
+
+    sums = meta.get("checksums")
+    if not isinstance(sums, dict):
+        raise CheckpointError(f"resume: the checkpoint {path!r} has bad metadata: checksums "
+                              + ("is missing (written by an earlier version of ssca-solver?); "
+                                 "start afresh" if sums is None else
+                                 f"is a {type(sums).__name__}, not an object"),
+                              path, "checksums")
+    for name, a in arrays.items():
+        if name not in sums:
+            bad(name, "is a member the checkpoint was not written with")
+        if checksum(a) != sums[name]:
+            bad(name, "differs from the array written (its checksum does not match)")
+    for name in sums:
+        if name not in arrays:
+            bad(name, "is missing")
 
 
 #: fingerprint entries added after checkpoints existed: a checkpoint without one resumes

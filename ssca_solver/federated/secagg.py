@@ -375,7 +375,7 @@ class SecureAggregation:
             """Replies of ``who`` to ``req`` by client; the failed ones go to ``failed``."""
             got = {}
             words = req.num_floats()
-            for item in transport.stream(req, who, tolerate):
+            for item in _replies(transport.stream(req, who, tolerate), who, req):
                 down[item.client] += words
                 if isinstance(item, Dropout):
                     failed[item.client] = f"{label}: {item.error}"
@@ -419,7 +419,8 @@ class SecureAggregation:
                     "factor": np.array([factor[i] for i in u2])})
         total, layout, overflow = None, None, []
         words = masked_request.num_floats()
-        for item in transport.stream(masked_request, u2, tolerate):   # summed as they come
+        stream = transport.stream(masked_request, u2, tolerate)
+        for item in _replies(stream, u2, masked_request):              # summed as they come
             down[item.client] += words
             if isinstance(item, Dropout):
                 failed[item.client] = f"masked step: {item.error}"
@@ -428,12 +429,17 @@ class SecureAggregation:
             if "overflow" in item.arrays:
                 overflow.append(item)
                 continue
-            if not (isinstance(item, Reply) and isinstance(item.arrays.get("masked"), np.ndarray)
+            if not (isinstance(item.arrays.get("masked"), np.ndarray)
                     and item.arrays["masked"].dtype == np.uint64
-                    and item.arrays["masked"].ndim == 1 and "layout" in item.arrays):
+                    and item.arrays["masked"].ndim == 1
+                    and set(item.arrays) == {"masked", "layout"}):
                 raise SecureAggregationError(
-                    f"client {item.client}: its masked reply to {request.task!r} is not one "
-                    "uint64 vector with its layout")
+                    f"client {item.client}: its masked reply to {request.task!r} (round "
+                    f"{request.round}) is not one uint64 vector with its layout (arrays "
+                    f"{sorted(item.arrays)}"
+                    + (f", 'masked' of dtype {item.arrays['masked'].dtype} and shape "
+                       f"{item.arrays['masked'].shape}"
+                       if isinstance(item.arrays.get("masked"), np.ndarray) else "") + ")")
             if layout is None:
                 layout = _untext(item.arrays["layout"])
             elif _untext(item.arrays["layout"]) != layout:
@@ -484,7 +490,21 @@ class SecureAggregation:
         drops = self._dropouts(request, order, u3, failed)
         gatherer.pending.extend(drops)
         s = gatherer.renormalisation(order, h, u3, request, drops)
-        values = total.view(np.int64).astype(float) * (self.num_samples * 2.0 ** -bits)
+        sums = total.view(np.int64)
+        # each survivor's weighted values are within secure_range (the clients check theirs),
+        # so a sum beyond len(u3) times it means a masked reply was corrupted (or masked with
+        # other keys): after unmasking it is uniform over the 64 bits, out of range at least
+        # half the time per number
+        reach = len(u3) * (self.range * 2.0 ** bits + 1)
+        largest = float(np.max(np.abs(sums.astype(float)))) if n else 0.0
+        if largest > reach:
+            raise SecureAggregationError(
+                f"secure aggregation of {request.task!r} at round {request.round}: the "
+                f"unmasked sum holds {largest * 2.0 ** -bits:.3g}, more "
+                f"than the {len(u3)} clients' weighted values within secure_range = "
+                f"{self.range:g} can add up to: a masked reply was corrupted on its way or "
+                f"masked with other keys (secure aggregation cannot tell whose: clients {u3})")
+        values = sums.astype(float) * (self.num_samples * 2.0 ** -bits)
         arrays, at = {}, 0
         for name, shape in json.loads(layout):
             size = int(np.prod(shape))
@@ -503,3 +523,18 @@ class SecureAggregation:
         for i in order:
             if up[i] or down[i]:
                 gatherer.count(kind, up[i], down[i])
+
+
+def _replies(stream, who: Sequence[int], request: Request):
+    """The items of a transport's ``stream`` to ``who`` (in that order), each a Reply or a
+    Dropout of one of them, else SecureAggregationError naming the client in whose place it
+    came (a transport yields the participants' replies in their order)."""
+    for k, item in enumerate(stream):
+        if not (isinstance(item, (Reply, Dropout)) and item.client in who):
+            place = f"client {who[k]}" if k < len(who) else f"item {k + 1} of {len(who)}"
+            got = (f"a {type(item).__name__}" if not isinstance(item, (Reply, Dropout))
+                   else f"the {type(item).__name__} of client {item.client!r}")
+            raise SecureAggregationError(
+                f"{place}: its reply to {request.task!r} (round {request.round}) is {got}, "
+                f"not a Reply of one of the clients asked ({list(who)})")
+        yield item
