@@ -270,14 +270,16 @@ def test_a_kkt_report_that_fails_only_at_the_end_keeps_a_certificate_earned_ther
 
 
 def test_the_linearised_kkt_step_retries_recentred(monkeypatch):
-    """The linearised KKT problem failing in its first form (both tolerances) is solved
-    recentred at w, with the same step and multipliers."""
+    """The linearised KKT problem failing in its first form (both tolerances) is solved in
+    the other (at |w| = 2e3, below RECENTRE_FIRST: in u first, then recentred at w), with the
+    same step and multipliers; the step length the KKT report gives, max(1, |w|) / |g|."""
     d = 4
-    det = DeterministicPart([], [lambda w: [w >= 1e4, w <= 1e4 + 1]], d)
+    det = DeterministicPart([], [lambda w: [w >= 1e3, w <= 1e3 + 1]], d)
     rng = np.random.default_rng(0)
-    w = 1e4 + rng.uniform(0, 1, d)
+    w = 1e3 + rng.uniform(0, 1, d)
     g0, G, cons = rng.normal(size=d), rng.normal(size=(d, 1)), np.array([-0.1])
-    u_ref, mu_ref, duals_ref, _ = det.linearized_step(w, g0, G, cons)
+    t = float(np.linalg.norm(w)) / float(np.linalg.norm(g0))
+    u_ref, mu_ref, duals_ref, _ = det.linearized_step(w, g0, G, cons, step=t)
     calls = {"n": 0}
 
     def solve(problem, *args, **kwargs):
@@ -287,13 +289,13 @@ def test_the_linearised_kkt_step_retries_recentred(monkeypatch):
         return ORIGINAL_SOLVE(problem, *args, **kwargs)
 
     monkeypatch.setattr(cp.Problem, "solve", solve)
-    u, mu, duals, _ = det.linearized_step(w, g0, G, cons)
+    u, mu, duals, _ = det.linearized_step(w, g0, G, cons, step=t)
     assert calls["n"] == 3
     np.testing.assert_allclose(u, u_ref, atol=1e-6)
     np.testing.assert_allclose(mu, mu_ref, atol=1e-6)
     calls["n"] = -100                                  # every attempt fails
     with pytest.raises(ss.SubproblemError, match="linearised KKT problem"):
-        det.linearized_step(w, g0, G, cons)
+        det.linearized_step(w, g0, G, cons, step=t)
 
 
 def test_a_status_decision_whose_diagnostic_fails_gives_status_error(np_problem, monkeypatch):
