@@ -370,3 +370,25 @@ def test_the_first_request_answered_by_one_client_without_an_array_is_a_reply_er
     err = info.value
     assert (err.client, err.round, err.kind, err.array) == (0, 1, "layout", "0:lin")
     assert "has no array '0:lin'" in str(err), str(err)
+
+
+# -- option values no other test tried (benchmarks/fault_probe.py, category "options") -----------
+
+@pytest.mark.parametrize("opts, match", [
+    ({"feas_tol": -1.0}, "feas_tol"),
+    ({"kkt_tol": float("nan")}, "kkt_tol"),
+    ({"subproblem": "cvxpy", "solver_options": [1]}, "solver_options"),
+    ({"transport": "process", "client_timeout": float("nan")}, "client_timeout"),
+    ({"transport": "process", "client_timeout": -1}, "client_timeout"),
+    ({"x0": np.full(4, np.nan)}, "x0"),
+    ({"x0": np.zeros((4, 1))}, "x0"),
+    ({"clients_per_round": 4}, "clients_per_round"),
+    ({"on_client_failure": "ignore"}, "on_client_failure"),
+], ids=lambda v: str(v) if isinstance(v, str) else None)
+def test_option_values_the_probe_tried_are_refused_naming_the_option(opts, match):
+    """Each is refused before round 1 (a ValueError or TypeError naming the option), never
+    run with a meaning of its own: no round runs."""
+    rounds = []
+    with pytest.raises((ValueError, TypeError), match=match):
+        _quadratic().solve(max_iter=3, seed=0, callback=lambda it: rounds.append(it.t), **opts)
+    assert rounds == []
