@@ -1152,6 +1152,167 @@ def ctrl_c_process_transport(ctx):
     raise Verdict("silent_wrong", "Ctrl-C did not stop the solve")
 
 
+# -- more checkpoint files: the zip's own structure ------------------------------------------------
+
+def _zip_case(build):
+    def fn(ctx):
+        prob, path, o, X, y = written(ctx)
+        bad = ctx.path("edited.npz")
+        with zipfile.ZipFile(path) as zin, zipfile.ZipFile(bad, "w") as zout:
+            build(zin, zout)
+        res = prob.solve(**o, resume=bad)
+        raise Verdict("silent_wrong", f"accepted ({res.status})")
+    return fn
+
+
+def _copy_all(zin, zout, skip=()):
+    for info in zin.infolist():
+        if info.filename not in skip:
+            zout.writestr(info, zin.read(info))
+
+
+def _meta_bomb(zin, zout):
+    _copy_all(zin, zout, skip=("__meta__.npy",))
+    zi = zipfile.ZipInfo("__meta__.npy")
+    zi.compress_type = zipfile.ZIP_DEFLATED
+    n = 50_000_000                              # characters: 200 MB of UCS-4
+    with zout.open(zi, "w", force_zip64=True) as f:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, {"descr": f"<U{n}", "fortran_order": False,
+                                                   "shape": ()})
+        f.write(buf.getvalue())
+        chunk = b" \0\0\0" * (1 << 18)
+        for _ in range(n * 4 // len(chunk)):
+            f.write(chunk)
+
+
+def _repeated(zin, zout):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # zipfile warns of the duplicate name
+        _copy_all(zin, zout)
+        zout.writestr("state/w.npy", npy_bytes(np.ones(6)))
+
+
+def _traversal(zin, zout):
+    _copy_all(zin, zout)
+    zout.writestr("../../escape.npy", npy_bytes(np.ones(3)))
+
+
+def _many(zin, zout):
+    _copy_all(zin, zout)
+    for i in range(20000):
+        zout.writestr(f"history/x{i}.npy", b"")
+
+
+for _key, _build, _names in [
+    ("meta_decompression_bomb", _meta_bomb, ("__meta__",)),
+    ("repeated_member", _repeated, ("state/w",)),
+    ("path_traversal_member", _traversal, ("escape",)),
+    ("20000_members", _many, ("history/x",)),
+]:
+    add(f"file_{_key}", "checkpoint_file", "clear_error", _zip_case(_build),
+        names=_names + ("edited.npz",), timeout=120)
+
+
+@case("checkpoint_file", "clear_error", names=("fifo", "empty"))
+def file_resume_from_a_fifo(ctx):
+    """A named pipe as resume=: refused, not a read that waits for a writer forever."""
+    prob, path, o, X, y = written(ctx)
+    os.mkfifo(ctx.path("fifo"))
+    prob.solve(**o, resume=ctx.path("fifo"))
+    raise Verdict("silent_wrong", "accepted")
+
+
+@case("checkpoint_path", "clear_error", names=("not a regular file",))
+def ckpt_path_symlink_to_dev_null(ctx):
+    os.symlink("/dev/null", ctx.path("link.npz"))
+    _never_run(ctx, ctx.path("link.npz"))
+
+
+@case("checkpoint_path", "correct")
+def ckpt_path_pathlib(ctx):
+    X, y = synth()
+    prob = ls_problem(X, y)
+    path = ctx.tmp / "run.npz"
+    o = dict(max_iter=60, seed=0)
+    prob.solve(**o, checkpoint=path, callback=lambda it: it.t >= 10)
+    return resume_check(ctx, prob, path, o, X, y)
+
+
+def _secure_written(ctx, **first):
+    X, y = synth()
+    prob = ls_problem(X, y)
+    path = ctx.path("run.npz")
+    o = dict(max_iter=30, seed=0, batch_size=10, tau=1.0)
+    prob.solve(**o, **first, checkpoint=path, callback=lambda it: it.t >= 5)
+    return prob, path, o
+
+
+@case("resume_mismatch", "clear_error", names=("secure_aggregation", "run.npz"),
+      needs="cryptography")
+def resume_without_secure_aggregation(ctx):
+    prob, path, o = _secure_written(ctx, secure_aggregation=True)
+    prob.solve(**o, resume=path)
+    raise Verdict("silent_wrong", "accepted")
+
+
+@case("resume_mismatch", "clear_error", names=("clients_per_round", "run.npz"))
+def resume_other_clients_per_round(ctx):
+    prob, path, o = _secure_written(ctx, clients_per_round=2)
+    prob.solve(**o, clients_per_round=3, resume=path)
+    raise Verdict("silent_wrong", "accepted")
+
+
+@case("resume_mismatch", "correct")
+def resume_other_checkpoint_every(ctx):
+    prob, path, o, X, y = written(ctx)
+    res = prob.solve(**o, resume=path, checkpoint=path, checkpoint_every=3)
+    full = prob.solve(**o)
+    if not np.array_equal(res.x, full.x):
+        raise Verdict("silent_wrong", "another checkpoint_every changed the iterates")
+    return Verdict("correct", "the uninterrupted iterates")
+
+
+@case("client_fault", "correct", timeout=120, needs="cryptography")
+def client_process_secure_drop_nan(ctx):
+    """Secure aggregation on processes, on_client_failure="drop": client 0's gradient turns
+    NaN from round 4; it is left out (a dropout) and the run goes on, honest about it."""
+    prob, cb, X, y = faulty(ctx, _nan_grad)
+    res = prob.solve(batch_size="full", tau=1.0, max_iter=12, seed=0, callback=cb,
+                     transport="process", secure_aggregation=True, on_client_failure="drop")
+    if not res.dropouts:
+        raise Verdict("silent_wrong", "no dropout recorded")
+    v = check_ls(res, X, y, want_converged=False)
+    return Verdict(v.outcome, f"{len(res.dropouts)} dropouts; " + v.note)
+
+
+@case("client_fault", "clear_error", names=("client 0",), state=True, timeout=120,
+      needs="cryptography")
+def client_process_secure_killed(ctx):
+    timed_error(ctx, _kill_self, 20.0, transport="process", secure_aggregation=True)
+
+
+def _explicit(change):
+    def fn(ctx):
+        X, y = synth()
+        parts = [(X[:120].copy(), y[:120].copy()), (X[120:].copy(), y[120:].copy())]
+        change(parts)
+        res = ss.Problem(ls_function(), dim=6, data=ss.FederatedData(parts)).solve(seed=0)
+        return check_ls(res, X, y) if parts[1][0].dtype != bool else Verdict(
+            "correct", f"bool features accepted ({res.status})")
+    return fn
+
+
+for _key, _change, _expected, _names in [
+    ("nan_in_client_1", lambda p: _set(p[1][0], (3, 1), np.nan), "clear_error", ("client 1",)),
+    ("inf_y_in_client_1", lambda p: _set(p[1][1], 3, -np.inf), "clear_error", ("client 1",)),
+    ("bool_X", lambda p: p.__setitem__(1, (p[1][0] > 0, p[1][1])), "clear_error",
+     ("client 1", "bool")),
+]:
+    add(f"data_explicit_{_key}", "data", _expected, _explicit(_change), names=_names,
+        accept=(("clear_error", "correct") if _key == "bool_X" else ()))
+
+
 # -- operating-system limits -----------------------------------------------------------------------
 
 def _nofile(limit):

@@ -380,8 +380,9 @@ def test_an_array_edited_after_writing_is_refused_naming_it(written, tmp_path, e
 
 @pytest.mark.parametrize("meta, field", [
     ({"method": "fedavg"}, "method"),
+    ({"x0": "<delete>"}, "x0"),
     ({"x0": None}, "x0"),
-    ({"checksums": None}, "checksums"),
+    ({"checksums": "<delete>"}, "checksums"),
 ])
 def test_metadata_that_contradicts_itself_or_lacks_a_hash_is_refused(written, tmp_path, meta,
                                                                      field):
@@ -391,7 +392,7 @@ def test_metadata_that_contradicts_itself_or_lacks_a_hash_is_refused(written, tm
     prob, good = written
     src = json.loads(str(np.load(good)["__meta__"]))
     src.update(meta)
-    for k in [k for k, v in meta.items() if v is None]:
+    for k in [k for k, v in meta.items() if v == "<delete>"]:
         del src[k]
     err = _refused(prob, _rewrite(good, tmp_path / "bad.npz", meta=json.dumps(src)), field)
     assert err.field == field

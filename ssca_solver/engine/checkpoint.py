@@ -362,7 +362,7 @@ def _meta_fields(meta, path: str) -> dict:
     if meta["method"] != meta["fingerprint"].get("method", meta["method"]):
         bad("method", f"= {meta['method']!r}, but fingerprint.method = "
                       f"{meta['fingerprint']['method']!r}")
-    if "x0" not in meta:
+    if meta.get("x0") is None:
         # every checkpoint of this version keeps the start point's hash; without it a resume
         # given another x0 could not be refused
         bad("x0", "is missing (the start point's hash; written by an earlier version of "
