@@ -392,3 +392,29 @@ def test_option_values_the_probe_tried_are_refused_naming_the_option(opts, match
     with pytest.raises((ValueError, TypeError), match=match):
         _quadratic().solve(max_iter=3, seed=0, callback=lambda it: rounds.append(it.t), **opts)
     assert rounds == []
+
+
+@pytest.mark.slow
+def test_the_probe_program_classifies_and_writes_its_results(tmp_path):
+    """benchmarks/fault_probe.py end to end on three cases (a refusal, a correct run, one
+    whose error must arrive within client_timeout; the latter's secure variant comes along):
+    each in its own process group, the JSON and the PNG written to --results-dir. About 15 s
+    (one process imports the library)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "fault_probe.py"), "--results-dir",
+         str(tmp_path), "--only",
+         "ckpt_path_missing_directory,resume_same_everything,client_process_sleeps_past_timeout"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    doc = json.loads((tmp_path / "fault_probe_only.json").read_text())
+    got = {r["name"]: (r["outcome"], r["met"]) for r in doc["cases"]}
+    got.pop("client_process_sleeps_past_timeout_secure", None)    # its name contains ours
+    assert got == {"ckpt_path_missing_directory": ("clear_error", True),
+                   "resume_same_everything": ("correct", True),
+                   "client_process_sleeps_past_timeout": ("clear_error", True)}, doc["cases"]
+    assert doc["counts"]["hang"] == 0 and (tmp_path / "fault_probe_only.png").stat().st_size
