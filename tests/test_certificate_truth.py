@@ -88,8 +88,8 @@ def test_a_start_where_the_objective_is_flat_leaves_the_local_secant_alone():
 def test_a_zero_residual_objective_that_starts_at_zero_is_certified():
     """min (w1 - 3 w2)^2 s.t. w1 + w2 = 1 from (0, 0) (the mechanism of S2MPJ's TAME): the
     start is a minimum of the objective, the solution (3/4, 1/4) another, where |g| is the
-    rounding of w1 - 3 w2 (2e-12 here; some other coefficients give exactly 0). The run ended 'max_iter ... the penalised problem is solved' at a
-    relative stationarity near 1."""
+    rounding of w1 - 3 w2 (2e-12 here; some other coefficients give exactly 0). The run
+    ended 'max_iter ... the penalised problem is solved' at a relative stationarity near 1."""
     f = fn(lambda w: (w[0] - 3 * w[1]) ** 2,
            lambda w: 2 * (w[0] - 3 * w[1]) * np.array([1.0, -3.0]), "f")
     h = fn(lambda w: w[0] + w[1], lambda w: np.ones(2), "h")
