@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -93,20 +95,33 @@ def kill_process_client_at(t, client, killed):
 HOOK_MARK = 7.0
 
 
+def hooked_lsq_function(hook=None, name="lsq", record=None) -> ss.SampleFunction:
+    """f(w, x, y) = (x.w - y)^2 / 2; ``hook(X)`` runs first in every call (in the client's
+    process, to misbehave); with a directory ``record``, every process that calls it leaves a
+    file named by its PID there (test_faults, test_timeouts, test_flower_deployment)."""
+
+    def before(X):
+        if record is not None:
+            (record / f"pid-{os.getpid()}").touch()
+        if hook is not None:
+            hook(X)
+
+    def value(w, X, y):
+        before(X)
+        return 0.5 * (X @ w - y) ** 2
+
+    def grad(w, X, y):
+        before(X)
+        return X.T @ (X @ w - y) / len(y)
+
+    return ss.SampleFunction(value, grad, name=name)
+
+
 def hooked_least_squares(hook, num_clients=3):
     """Least squares on ``num_clients`` clients of 20 rows; client 1's rows have the first
     column HOOK_MARK, and every call of the functions first runs ``hook(X)`` (in the client's
     process): a function made to hang, spin or compile on one client (test_timeouts,
     test_flower_deployment)."""
-
-    def value(w, X, y):
-        hook(X)
-        return 0.5 * (X @ w - y) ** 2
-
-    def grad(w, X, y):
-        hook(X)
-        return X.T @ (X @ w - y) / len(y)
-
     rng = np.random.default_rng(0)
     blocks = []
     for i in range(num_clients):
@@ -114,5 +129,4 @@ def hooked_least_squares(hook, num_clients=3):
         if i == 1:
             X[:, 0] = HOOK_MARK
         blocks.append((X, X @ np.ones(3)))
-    return ss.Problem(ss.SampleFunction(value, grad, name="lsq"), dim=3,
-                      data=ss.FederatedData(blocks))
+    return ss.Problem(hooked_lsq_function(hook), dim=3, data=ss.FederatedData(blocks))

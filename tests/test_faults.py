@@ -33,6 +33,8 @@ import pytest
 import ssca_solver as ss
 from ssca_solver.federated import ProcessTransport, Request, build_clients
 
+from conftest import hooked_lsq_function
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads process states from /proc")
 
@@ -118,29 +120,8 @@ def _data(num_clients: int = 3) -> ss.FederatedData:
     return ss.FederatedData(clients)
 
 
-def _least_squares(hook=None, name="lsq", record=None) -> ss.SampleFunction:
-    """f(w, x, y) = (x.w - y)^2 / 2; ``hook(X)`` runs first in every call (to misbehave); with
-    a directory ``record``, every process that calls it leaves a file named by its PID there."""
-
-    def before(X):
-        if record is not None:
-            (record / f"pid-{os.getpid()}").touch()
-        if hook is not None:
-            hook(X)
-
-    def value(w, X, y):
-        before(X)
-        return 0.5 * (X @ w - y) ** 2
-
-    def grad(w, X, y):
-        before(X)
-        return X.T @ (X @ w - y) / len(y)
-
-    return ss.SampleFunction(value, grad, name=name)
-
-
 def _problem(hook=None, name="lsq", record=None) -> ss.Problem:
-    return ss.Problem(_least_squares(hook, name, record), dim=D, data=_data())
+    return ss.Problem(hooked_lsq_function(hook, name, record), dim=D, data=_data())
 
 
 def _recorded(record) -> list[int]:
