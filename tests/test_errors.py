@@ -192,7 +192,8 @@ def test_a_wrong_gradient_is_caught_before_round_1(cancer_data, mistake, match):
 
 
 def test_divergence_is_the_solvers_failure_not_the_users(cancer):
-    """Least squares on features scaled by 1e3 with a fixed tiny tau and constant steps: the
+    """Least squares on features scaled by 1e3 with a fixed tiny tau on
+    sampled rounds (B = 10; full batches are guarded, tests/test_full_batch_guard.py): the
     iterates explode; the error says so and points at the settings, not at the function."""
     X, y = cancer
     X = X * 1e3
@@ -207,7 +208,7 @@ def test_divergence_is_the_solvers_failure_not_the_users(cancer):
     prob = ss.Problem(ss.SampleFunction(value, grad, name="ls"), dim=31, data=data)
     with pytest.raises(ss.DivergenceError, match="the iterates diverged at round .*tau") as info:
         with np.errstate(over="ignore", invalid="ignore"):
-            prob.solve(batch_size="full", tau=1e-3, rho=1.0, gamma=1.0, max_iter=200,
+            prob.solve(batch_size=10, tau=1e-3, max_iter=200,
                        eval_every=None)
     assert info.value.state is not None and isinstance(info.value.__cause__,
                                                        (ss.UserFunctionError, type(None)))

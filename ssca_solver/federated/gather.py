@@ -42,6 +42,10 @@ from .replies import ReplyCheck, where
 #: blame the solver's steps for it
 OUTLIER_FACTOR = 1e6
 
+#: With on_client_failure="drop", a client that failed k times in a row sits out the next
+#: min(2^(k-1), SKIP_MAX) rounds (:meth:`Gatherer.collect`)
+SKIP_MAX = 32
+
 
 class Gatherer:
     """Collects replies through ``transport`` (see the module docstring).
@@ -69,6 +73,8 @@ class Gatherer:
         #: (round, {client: the largest magnitude in its reply}) of the latest round request
         #: (plain aggregation; :meth:`outlier`)
         self.magnitudes: tuple = (None, {})
+        #: client -> (failures in a row, the last round it sits out) with "drop"
+        self._skip: dict = {}
 
     def take(self) -> list[Dropout]:
         """The dropouts recorded since the last call (and forget them)."""
@@ -124,7 +130,56 @@ class Gatherer:
     def collect(self, request: Request, participants: Optional[Sequence[int]] = None,
                 factors: Optional[np.ndarray] = None, kind: str = "round") -> Iterator[Reply]:
         """The replies to ``request`` from ``participants`` (None: every client) with their
-        weights ``factors`` (h_i; None: 1), as described in the module docstring."""
+        weights ``factors`` (h_i; None: 1), as described in the module docstring.
+
+        With ``on_client_failure="drop"`` a client that failed is not asked again at once:
+        after its k-th failure in a row it sits out the next min(2^(k-1), SKIP_MAX) rounds
+        (each a Dropout, "not asked"), and the weights of those asked are scaled so that the
+        data of the clients left out still add up (the same renormalisation as for a
+        failure). A client stuck in its function then costs ``client_timeout`` about
+        log2(rounds) times plus once every SKIP_MAX rounds, not at every round (20 rounds at
+        client_timeout=3 took 72 s before)."""
+        if not self.drop:
+            yield from self._collect(request, participants, factors, kind)
+            return
+        order = list(range(len(self.sizes))) if participants is None else list(participants)
+        h = np.ones(len(order)) if factors is None else np.asarray(factors, dtype=float)
+        now = int(request.round)
+        out = [k for k, i in enumerate(order) if self._skip.get(i, (0, -1))[1] >= now]
+        if not out or len(out) == len(order):       # nobody left out, or nobody left to ask
+            asked, hk, ratio = participants, factors, 1.0
+            out = []
+        else:
+            keep = [k for k in range(len(order)) if k not in set(out)]
+            asked = [order[k] for k in keep]
+            hk = h[keep]
+            ratio = (float(np.sum(h * self.sizes[order]))
+                     / float(np.sum(hk * self.sizes[asked])))
+        before = len(self.pending)
+        done = False
+        try:
+            for reply in self._collect(request, asked, hk, kind):
+                yield reply if ratio == 1.0 else replace(reply, weight=reply.weight * ratio)
+                del reply
+            done = True
+        finally:
+            failed = {d.client for d in self.pending[before:]}
+            for i in (order if asked is None else asked):
+                if i in failed:
+                    k = self._skip.get(i, (0, -1))[0] + 1
+                    self._skip[i] = (k, now + min(2 ** (k - 1), SKIP_MAX))
+                elif done:
+                    self._skip.pop(i, None)
+            for k in out:
+                i = order[k]
+                n, until = self._skip[i]
+                self.pending.append(Dropout(
+                    i, request.task, request.round,
+                    f"not asked: it failed {n} time(s) in a row, most recently at round "
+                    f"{until - min(2 ** (n - 1), SKIP_MAX)}; asked again at round "
+                    f"{until + 1} (on_client_failure='drop')"))
+
+    def _collect(self, request: Request, participants, factors, kind) -> Iterator[Reply]:
         if self.secure is not None:
             yield from self.secure.collect(self, request, participants, factors, kind)
             return

@@ -72,6 +72,9 @@ TINY_STEP, TAU_TINY, TINY_ROUNDS = 1e-12, 0.1, 12
 #: step was at most SETTLE_STEP max(1, |w|) long, and after MAX_REJECTS_LONG whatever its
 #: length (SSCA.settled)
 MAX_REJECTS, SETTLE_STEP, MAX_REJECTS_LONG = 8, 1e-6, 24
+#: the guarded full-batch rounds (a fixed tau, a builder with its own curvature) settle after
+#: this many rejections in a row however long the last trial (gamma halved 60 times: 1e-18)
+GUARD_REJECTS = 60
 MERIT_RTOL = {"closed_form": 1e-12, "cvxpy": 1e-10}  # merit increases below this are rounding
 MERIT_ROUNDING = 1e-14  # and below this times the size of the terms the merit is made of
 PROBE_TASK = "ssca.probe"
@@ -396,11 +399,33 @@ def surrogate_gradient(stats: Mapping[str, np.ndarray], w: np.ndarray) -> Option
 def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float) -> dict:
     """Proximal-linear statistics at w with tau multiplied by k: quad' = k quad,
     lin' = lin - 2 (k - 1) quad w, const' = const + (k - 1) quad |w|^2 (the same values and
-    gradient at w, k times the curvature)."""
-    quad = float(stats["quad"])
-    return {"quad": np.asarray(k * quad),
-            "lin": np.asarray(stats["lin"]) - 2.0 * (k - 1.0) * quad * w,
-            "const": np.asarray(float(stats["const"]) + (k - 1.0) * quad * float(w @ w))}
+    gradient at w, k times the curvature). ``quad`` may be a vector (DiagonalCurvature's
+    h / 2 + tau per coordinate): then elementwise."""
+    quad = np.asarray(stats["quad"], dtype=float)
+    out = {"quad": k * quad,
+           "lin": np.asarray(stats["lin"]) - 2.0 * (k - 1.0) * quad * w,
+           "const": np.asarray(float(stats["const"]) + (k - 1.0) * float(np.sum(quad * w * w)))}
+    out.update({key: v for key, v in stats.items() if key not in out})
+    return out
+
+
+def curvature_factor(stats, w: np.ndarray, curvature: float) -> float:
+    """kappa >= 1 with which a builder's own curvature (DiagonalCurvature: 2 quad per
+    coordinate at round 1, statistics at x0) reaches ``curvature``, the probe's secant
+    curvature of F along its gradient, along the surrogate's gradient at x0: a diagonal
+    from the squared features is no majoriser when the features are correlated (uncentred
+    features 0..249: the Hessian's top eigenvalue about d times the diagonal), and unit
+    steps on such a surrogate diverged at round 31 in the sampled rounds of batch_size="auto",
+    where nothing backtracks. 1 when the gradient is 0 or the curvature unknown."""
+    g = surrogate_gradient(stats, w)
+    if g is None or not np.isfinite(curvature) or curvature <= 0:
+        return 1.0
+    gn = float(np.linalg.norm(g))
+    if not np.isfinite(gn) or gn == 0.0:
+        return 1.0
+    u = g / gn
+    own = 2.0 * float(np.sum(np.asarray(stats["quad"], dtype=float) * u * u))
+    return max(1.0, curvature / own) if own > 0 else 1.0
 
 
 def own_curvature(builder) -> bool:

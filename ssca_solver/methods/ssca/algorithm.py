@@ -106,6 +106,7 @@ class SSCA(FrontDoor):
         # lambda when the deterministic part is lambda |w|^2: its value and gradient without
         # CVXPY, which the adaptive defaults need every round
         self.ridge = problem.deterministic.norm2_coefficient()
+        self._fresh_step = False       # the guarded rounds' last step came from fresh statistics
         self.columns = {"rho": (), "gamma": (), "penalty": (), "slack": (self.M,),
                         "multipliers": (self.M,), "surrogate_value": (), "step_norm": (),
                         "retries": (), "inaccurate": (), "batch_size": (), "tau": (),
@@ -207,7 +208,7 @@ class SSCA(FrontDoor):
     def tentative(self, state) -> bool:
         """In the backtracking regime w_t is a trial point until the next round's merit test
         accepts it."""
-        return self._backtracking(state) and len(state.prev_stats) > 0
+        return (self._backtracking(state) or self._guarded(state)) and len(state.prev_stats) > 0
 
     def round_work(self, request) -> float:
         """Rows the round reads: sum_i min(B, N_i) (every row on full batches), times K / I
@@ -291,6 +292,7 @@ class SSCA(FrontDoor):
         fixed = self.problem.deterministic.bound_fixed(x0)
         curvature = self._probe_at(exchange, x0, batch, failed,
                                    fixed=",".join(str(int(i)) for i in fixed))
+        self._probe_curvature = curvature
         norms = self._probe_norms             # x0's, for the first step's bound
         if failed:
             self._recheck_elsewhere(exchange, x0, batch, failed)
@@ -417,12 +419,15 @@ class SSCA(FrontDoor):
         bound = g * r * curvature / (4.0 * (1.0 + (1.0 - r) * (1.0 - g)))
         if self.tau < bound:
             self.unstable_tau = (self.tau, float(bound), float(curvature))
+            guarded = batch is None and not self.sampled_clients
+            what = ("on full batches the steps that raise the objective (the exact penalty) "
+                    "are taken back and shortened, which costs rounds" if guarded else
+                    "the iterates may diverge before the schedules shorten the steps")
             warnings.warn(
                 f"tau={self.tau:g} is below {bound:.3g}, the smallest tau at which round 1's "
                 f"step (rho_1 = {r:.3g}, gamma_1 = {g:.3g}) is stable for the curvature "
-                f"measured at x0 ({curvature:.3g}): the iterates may diverge before the "
-                "schedules shorten the steps; tau='auto' measures and adapts it",
-                RuntimeWarning, stacklevel=4)
+                f"measured at x0 ({curvature:.3g}): {what}; tau='auto' measures and adapts "
+                "it", RuntimeWarning, stacklevel=4)
 
     def divergence_cause(self):
         """What made the iterates diverge, when the method knows (a fixed tau below round 1's
@@ -467,17 +472,96 @@ class SSCA(FrontDoor):
         noise = np.zeros(len(self.builders))
         nonfinite = []
         replies = self._screened(replies, t, noise, nonfinite)
-        stats = ssca_step.average_with_messages(state.stats, replies, self.num_samples, r,
-                                                allow_empty=True)
+        guarded = self._guarded(state)
+        stats = ssca_step.average_with_messages(state.stats, replies, self.num_samples,
+                                                1.0 if guarded else r, allow_empty=True)
         if stats is None and not nonfinite:
             raise ValueError("average_with_messages: no client messages")
+        if stats is not None and (guarded or r == 1.0):
+            state, stats = self._own_curvature(state, stats)
         if full and self.adapt_tau and self.unit_steps:
             return self._backtracking_step(state, stats, bool(nonfinite))
+        if guarded:
+            return self._guarded_step(state, stats, r, g, bool(nonfinite))
         new, info = ssca_step.move(state, stats, r, g, self.subproblem)
         ratio = 0.0
         if self.auto_batch and not full:
             new, ratio = self._adapt_batch(new, state.w, stats, noise, info.solution)
         return new, _Info(info, self._batch(state), self._tau(state), ratio, 0)
+
+    def _own_curvature(self, state, stats):
+        """With tau="auto", the statistics of builders with a curvature of their own
+        (DiagonalCurvature) scaled by the state's kappa (:func:`.adaptive.rescale_tau`: the
+        same value and gradient at w_t), kappa set at round 1 from the probe's curvature
+        (:func:`.adaptive.curvature_factor`). ``stats``: the round's own, not averaged."""
+        own = [m for m, b in enumerate(self.builders) if ad.own_curvature(b)]
+        if not (own and self.auto_tau):
+            return state, stats
+        if state.t == 0:
+            curvature = getattr(self, "_probe_curvature", float("nan"))
+            kappa = max(ad.curvature_factor(stats[m], state.w, curvature) for m in own)
+            state = state._replace(kappa=float(kappa))
+        if state.kappa == 1.0:
+            return state, stats
+        stats = tuple(ad.rescale_tau(st, state.w, state.kappa) if m in own else st
+                      for m, st in enumerate(stats))
+        return state, stats
+
+    def _guarded(self, state) -> bool:
+        """Full batches from every client outside the backtracking regime (a numeric tau, a
+        builder with its own curvature such as DiagonalCurvature, or rho/gamma given): each
+        round's statistics are the full data's at w_t, so the exact-penalty merit there is
+        known and a step that raised it is taken back (:meth:`_guarded_step`)."""
+        return (self._full(state) and not self.sampled_clients
+                and not (self.adapt_tau and self.unit_steps))
+
+    def _guarded_step(self, state, fresh, r, g, nonfinite: bool):
+        """A full-batch round outside the backtracking regime, kept monotone in the exact
+        penalty F_0 + R + c sum (F_m - U_m)_+ (Problem 5's merit) by the step fraction alone:
+        the user's tau, surrogates and schedules stay as given. ``fresh``: this round's
+        statistics, the full data's at w_t (not yet averaged with rho_t).
+
+        If the merit at w_t is not above the last accepted point's (up to the rounding of the
+        merit and the subproblem solver's accuracy), w_t is accepted and eq. (updatew) moves
+        from it with gamma_t times ``shrink``; else w_t is taken back and the step from the
+        last accepted point is retried with ``shrink`` halved (one round per halving: the
+        merit at the new trial point is only known from the next round's replies). A fixed
+        tau far below the curvature (tau = 1e-6 against 1.26: steps 6e5 times too long at
+        gamma_1 = 0.9) raised DivergenceError at round 3; a DiagonalCurvature whose diagonal
+        is no majoriser (uncentred features: the Hessian's top eigenvalue about d times the
+        diagonal) at round 31. Now the steps are shortened until they descend: gradient
+        descent with a line search on gamma, slow where tau is far too small, never
+        divergent."""
+        if nonfinite and not len(state.prev_stats):
+            raise ValueError("average_with_messages: no client messages")
+        merit = np.inf if nonfinite else self._merit(fresh, state.w, state.penalty)
+        reference = state.merit
+        rtol = ad.MERIT_RTOL.get(getattr(self.subproblem, "name", ""), 1e-9)
+        noise = 0.0 if nonfinite else ad.MERIT_ROUNDING * self._merit_size(fresh, state.w)
+        worse = (len(state.prev_stats) > 0 and np.isfinite(reference)
+                 and not merit <= reference + max(rtol * max(1.0, abs(reference)), noise))
+        if worse:
+            # the retry starts the averages afresh from the accepted point's own statistics
+            # (rho = 1: a surrogate with F's gradient there, so its step descends; averaged
+            # ones need not, and halving gamma along them did not help: 34 rejections in a
+            # row at tau = 0.1). The first rejection of a step that came from averages only
+            # restarts them; each later one also halves gamma.
+            base_w, base = state.prev_w, state.prev_stats
+            self._rejected_length = (float(np.linalg.norm(state.w - base_w))
+                                     / max(1.0, float(np.linalg.norm(base_w))))
+            averaged = state.rejects == 0 and not self._fresh_step
+            shrink = state.shrink if averaged else 0.5 * state.shrink
+            new, info = ssca_step.move(state._replace(w=base_w), base, 1.0, g * shrink,
+                                       self.subproblem)
+            self._fresh_step = True
+            new = new._replace(prev_w=base_w.copy(), prev_stats=base, merit=reference,
+                               rejects=state.rejects + 1, shrink=shrink)
+            return new, _Info(info, None, self._tau(state), 0.0, 1)
+        stats = fresh if r == 1.0 else ssca_step.average_statistics(state.stats, fresh, r)
+        self._fresh_step = r == 1.0
+        new, info = ssca_step.move(state, stats, r, g * state.shrink, self.subproblem)
+        new = new._replace(prev_w=state.w.copy(), prev_stats=fresh, merit=merit, rejects=0)
+        return new, _Info(info, None, self._tau(state), 0.0, 0)
 
     def _steps(self, state, t):
         """rho_t and gamma_t of eqs. (rho)/(gamma) (the solve resolved "auto" to the defaults
@@ -781,7 +865,13 @@ class SSCA(FrontDoor):
         """Deterministic SCA (full batches, unit steps) at a fixed point: TINY_ROUNDS accepted
         steps of relative length <= TINY_STEP (1e-12) with none above 100 TINY_STEP in
         between (tau cut by TAU_TINY after each), or MAX_REJECTS rejected steps in a row.
-        More rounds at this c change nothing."""
+        More rounds at this c change nothing. In the guarded full-batch regime
+        (:meth:`_guarded_step`): MAX_REJECTS rejections in a row whose last trial step was at
+        most TINY_STEP max(1, |w|) long (gamma shrunk to rounding), or GUARD_REJECTS."""
+        if self._guarded(state) and info.batch is None:
+            return bool(state.rejects >= ad.GUARD_REJECTS
+                        or (state.rejects >= ad.MAX_REJECTS
+                            and getattr(self, "_rejected_length", 1.0) <= ad.TINY_STEP))
         if not (info.batch is None and self.unit_steps and (self.auto_batch or self.auto_tau)):
             return False
         if state.rejects >= ad.MAX_REJECTS:
@@ -861,7 +951,8 @@ class SSCA(FrontDoor):
                "noise": np.asarray(state.noise), "since": np.asarray(state.since),
                "merit": np.asarray(state.merit), "prev_w": state.prev_w,
                "rejects": np.asarray(state.rejects), "metric": state.metric,
-               "qn_s": state.qn_s, "qn_y": state.qn_y}
+               "qn_s": state.qn_s, "qn_y": state.qn_y, "shrink": np.asarray(state.shrink),
+               "kappa": np.asarray(state.kappa)}
         for name, group in (("stats", state.stats), ("prev_stats", state.prev_stats)):
             for m, st in enumerate(group):
                 for k, v in st.items():
@@ -893,7 +984,30 @@ class SSCA(FrontDoor):
             int(arrays["rejects"]),
             np.array(arrays["metric"], dtype=float) if "metric" in arrays else np.zeros((0, 0)),
             *(np.array(arrays[k], dtype=float) if k in arrays else np.zeros((0, 0))
-              for k in ("qn_s", "qn_y")))
+              for k in ("qn_s", "qn_y")),
+            _shrink(arrays), _kappa(arrays))
+
+
+def _shrink(arrays) -> float:
+    """The guarded rounds' factor on gamma from a checkpoint (1 in one written before it)."""
+    if "shrink" not in arrays:
+        return 1.0
+    value = float(arrays["shrink"])
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"resume: the checkpoint's state/shrink is {value!r}; it must be in "
+                         "(0, 1]")
+    return value
+
+
+def _kappa(arrays) -> float:
+    """The own-curvature factor from a checkpoint (1 in one written before it)."""
+    if "kappa" not in arrays:
+        return 1.0
+    value = float(arrays["kappa"])
+    if not (np.isfinite(value) and value >= 1.0):
+        raise ValueError(f"resume: the checkpoint's state/kappa is {value!r}; it must be a "
+                         "finite number >= 1")
+    return value
 
 
 class _Info:

@@ -66,6 +66,12 @@ class SSCAState(NamedTuple):
       qn_s, qn_y: the quasi-Newton pairs (rows, oldest first; y Powell-damped) of the
         full-batch phase's model of the Lagrangian's Hessian (:mod:`.quasi_newton`; empty:
         none yet, or the first-order surrogates).
+      shrink: the factor on gamma_t of the guarded full-batch rounds (a fixed tau, a builder
+        with its own curvature, or given schedules: halved at each step the exact-penalty
+        merit rejects; 1: never rejected).
+      kappa: the factor on the curvature of the builders with their own (DiagonalCurvature)
+        under tau="auto", set at round 1 so that their surrogate majorises F along the probe's
+        direction (1: none).
     """
 
     t: int
@@ -84,6 +90,8 @@ class SSCAState(NamedTuple):
     metric: np.ndarray = np.zeros((0, 0))
     qn_s: np.ndarray = np.zeros((0, 0))
     qn_y: np.ndarray = np.zeros((0, 0))
+    shrink: float = 1.0
+    kappa: float = 1.0
 
 
 class StepInfo(NamedTuple):
