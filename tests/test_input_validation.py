@@ -253,3 +253,16 @@ def test_problem_builders_check_features_and_that_labels_exist():
     with pytest.raises(ss.DataError, match="needs labels"):
         classification_con(ss.FederatedData([rng.normal(size=(6, 4))]), NET)
     assert classification_uncon(data, NET).dim == NET.dim  # valid data still builds
+
+
+@pytest.mark.parametrize("op,bound", [(op, b) for op in ("<=", ">=", "==")
+                                      for b in (float("nan"), float("inf"), "0.5")
+                                      if not (op == "==" and b == "0.5")])
+def test_a_bad_constraint_bound_names_the_function(op, bound):
+    """``energy <= nan`` raised a ValueError that did not name the function (issue 20): the
+    message now starts with the constraint as written. (``f == "0.5"`` is no constraint:
+    a SampleFunction compared with anything but a number is equal only to itself.)"""
+    f = ss.SampleFunction(lambda w, X, y: (X @ w) ** 2,
+                          lambda w, X, y: 2 * X.T @ (X @ w) / len(X), name="energy")
+    with pytest.raises((ValueError, TypeError), match=rf"^energy {op} "):
+        {"<=": f.__le__, ">=": f.__ge__, "==": f.__eq__}[op](bound)

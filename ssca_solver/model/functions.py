@@ -68,11 +68,11 @@ class SampleFunction:
         return from_torch(loss, name, **options)
 
     def __le__(self, bound) -> "StochasticConstraint":
-        return StochasticConstraint(self, _as_bound(bound))
+        return StochasticConstraint(self, _as_bound(bound, self.name, "<="))
 
     def __ge__(self, bound) -> "StochasticConstraint":
         """``f >= L`` is modelled as ``-f <= -L`` (a constraint of Problem 3)."""
-        return StochasticConstraint(-self, -_as_bound(bound))
+        return StochasticConstraint(-self, -_as_bound(bound, self.name, ">="))
 
     def __eq__(self, bound):
         """``f == b``: the equality constraint F(w) = b (a number); its surrogate is affine
@@ -81,7 +81,7 @@ class SampleFunction:
         number, a SampleFunction is equal only to itself."""
         if isinstance(bound, SampleFunction) or not _is_number(bound):
             return NotImplemented
-        return StochasticConstraint(self, _as_bound(bound), equality=True)
+        return StochasticConstraint(self, _as_bound(bound, self.name, "=="), equality=True)
 
     def __ne__(self, other):
         return NotImplemented        # identity, as for any object (f != 0.5 is no constraint)
@@ -119,8 +119,9 @@ def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
-def _as_bound(bound) -> float:
-    """The bound U of ``f <= U`` (or L of ``f >= L``) as a finite Python float.
+def _as_bound(bound, name: str = "f", op: str = "<=") -> float:
+    """The bound U of ``f <= U`` (or L of ``f >= L``, b of ``f == b``) as a finite Python
+    float; errors name the constraint (``name``, ``op``: the function's name and relation).
 
     Accepts a real number: int, float, a NumPy integer or floating scalar, or a 0-d array of
     one. Refuses strings, bools, None, complex numbers and sequences (TypeError) instead of
@@ -131,12 +132,14 @@ def _as_bound(bound) -> float:
     if isinstance(bound, (bool, np.bool_)) or not isinstance(bound, numbers.Real):
         got = (f"an array of shape {bound.shape}" if isinstance(bound, np.ndarray)
                else f"{type(bound).__name__} {bound!r}")
-        raise TypeError(f"a stochastic constraint bound must be a real number (int, float or a "
+        raise TypeError(f"{name} {op} ...: a stochastic constraint bound must be a real "
+                        f"number (int, float or a "
                         f"NumPy scalar), got {got}; write e.g. f <= 0.5, one constraint per "
                         "bound")
     b = float(bound)
     if not np.isfinite(b):
-        raise ValueError(f"a stochastic constraint bound must be finite, got {bound!r}; drop "
+        raise ValueError(f"{name} {op} {bound!r}: a stochastic constraint bound must be "
+                         f"finite, got {bound!r}; drop "
                          "the constraint if it should not bind")
     return b
 
