@@ -453,11 +453,11 @@ def test_library_failure_classifies_exceptions():
     assert "error" in st.STATUSES and st.ERROR == "error"
 
 
-def _barrier_problem():
+def _barrier_problem(rows=1):
     """min -w - 0.01 log(2 - w): the minimum w* = 1.99 sits next to the edge of the
     function's domain, and the first full-batch steps (tau from the curvature 0.0025 at 0)
-    jump past w = 2, where the value is NaN."""
-    data = ss.FederatedData([(np.zeros((1, 1)), None), (np.zeros((1, 1)), None)])
+    jump past w = 2, where the value is NaN. ``rows`` per client."""
+    data = ss.FederatedData([(np.zeros((rows, 1)), None), (np.zeros((rows, 1)), None)])
 
     def value(w, X, y):
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -482,8 +482,10 @@ def test_a_trial_point_outside_a_functions_domain_is_a_rejected_step(x0):
 
 
 def test_a_non_finite_value_still_raises_where_no_step_can_be_rejected():
-    """With a fixed mini-batch (no backtracking) the same point is the iterate itself: a
-    function that is not finite there is the user's error, as before."""
+    """With a fixed mini-batch (sampled rounds: B = 1 of 2 rows, no merit test) the same point
+    is the iterate itself: a function that is not finite there is the user's error, as
+    before. (On full batches, a fixed tau included, it is a rejected step:
+    tests/test_full_batch_guard.py.)"""
     with pytest.raises(ss.UserFunctionError, match="non-finite"):
-        _barrier_problem().solve(seed=0, x0=np.array([0.0]), batch_size=1, tau=1e-3,
-                                 max_iter=50)
+        _barrier_problem(rows=2).solve(seed=0, x0=np.array([0.0]), batch_size=1, tau=1e-3,
+                                       max_iter=50)

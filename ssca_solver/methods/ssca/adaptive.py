@@ -401,6 +401,11 @@ def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float) -> dic
     lin' = lin - 2 (k - 1) quad w, const' = const + (k - 1) quad |w|^2 (the same values and
     gradient at w, k times the curvature). ``quad`` may be a vector (DiagonalCurvature's
     h / 2 + tau per coordinate): then elementwise."""
+    if np.ndim(stats["quad"]) == 0:
+        quad = float(stats["quad"])
+        return {"quad": np.asarray(k * quad),
+                "lin": np.asarray(stats["lin"]) - 2.0 * (k - 1.0) * quad * w,
+                "const": np.asarray(float(stats["const"]) + (k - 1.0) * quad * float(w @ w))}
     quad = np.asarray(stats["quad"], dtype=float)
     out = {"quad": k * quad,
            "lin": np.asarray(stats["lin"]) - 2.0 * (k - 1.0) * quad * w,
