@@ -42,9 +42,11 @@ from .replies import ReplyCheck, where
 #: blame the solver's steps for it
 OUTLIER_FACTOR = 1e6
 
-#: With on_client_failure="drop", a client that failed k times in a row sits out the next
+#: With on_client_failure="drop", a client that timed out k times in a row sits out the next
 #: min(2^(k-1), SKIP_MAX) rounds (:meth:`Gatherer.collect`)
 SKIP_MAX = 32
+#: what every transport's timeout dropout says (``ClientTimeout.describe``)
+TIMEOUT_MARK = "client_timeout"
 
 
 class Gatherer:
@@ -132,13 +134,15 @@ class Gatherer:
         """The replies to ``request`` from ``participants`` (None: every client) with their
         weights ``factors`` (h_i; None: 1), as described in the module docstring.
 
-        With ``on_client_failure="drop"`` a client that failed is not asked again at once:
-        after its k-th failure in a row it sits out the next min(2^(k-1), SKIP_MAX) rounds
-        (each a Dropout, "not asked"), and the weights of those asked are scaled so that the
-        data of the clients left out still add up (the same renormalisation as for a
-        failure). A client stuck in its function then costs ``client_timeout`` about
-        log2(rounds) times plus once every SKIP_MAX rounds, not at every round (20 rounds at
-        client_timeout=3 took 72 s before)."""
+        With ``on_client_failure="drop"`` a client that did not answer within
+        ``client_timeout`` is not asked again at once: after its k-th timeout in a row it sits
+        out the next min(2^(k-1), SKIP_MAX) requests' rounds (each a Dropout, "not asked"),
+        and the weights of those asked are scaled so that the data of the clients left out
+        still add up (the same renormalisation as for a failure). A client stuck in its
+        function then costs ``client_timeout`` about log2(rounds) times plus once every
+        SKIP_MAX rounds, not at every round (20 rounds at client_timeout=3 took 72 s
+        before). Other failures (a raise, a dead process, a malformed reply) cost no wait:
+        such a client is asked again at the next request."""
         if not self.drop:
             yield from self._collect(request, participants, factors, kind)
             return
@@ -163,7 +167,9 @@ class Gatherer:
                 del reply
             done = True
         finally:
-            failed = {d.client for d in self.pending[before:]}
+            # only a timeout costs the round its wait; a client that raised, died or sent a
+            # malformed reply answers at once and is asked again next round
+            failed = {d.client for d in self.pending[before:] if TIMEOUT_MARK in d.error}
             for i in (order if asked is None else asked):
                 if i in failed:
                     k = self._skip.get(i, (0, -1))[0] + 1
@@ -175,7 +181,8 @@ class Gatherer:
                 n, until = self._skip[i]
                 self.pending.append(Dropout(
                     i, request.task, request.round,
-                    f"not asked: it failed {n} time(s) in a row, most recently at round "
+                    f"not asked: it did not answer within client_timeout {n} time(s) in a "
+                    f"row, most recently at round "
                     f"{until - min(2 ** (n - 1), SKIP_MAX)}; asked again at round "
                     f"{until + 1} (on_client_failure='drop')"))
 
