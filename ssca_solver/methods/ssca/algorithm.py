@@ -106,7 +106,6 @@ class SSCA(FrontDoor):
         # lambda when the deterministic part is lambda |w|^2: its value and gradient without
         # CVXPY, which the adaptive defaults need every round
         self.ridge = problem.deterministic.norm2_coefficient()
-        self._fresh_step = False       # the guarded rounds' last step came from fresh statistics
         self.columns = {"rho": (), "gamma": (), "penalty": (), "slack": (self.M,),
                         "multipliers": (self.M,), "surrogate_value": (), "step_norm": (),
                         "retries": (), "inaccurate": (), "batch_size": (), "tau": (),
@@ -515,6 +514,13 @@ class SSCA(FrontDoor):
         return (self._full(state) and not self.sampled_clients
                 and not (self.adapt_tau and self.unit_steps))
 
+    def _round_rho(self, t: int) -> float:
+        """rho_t of a guarded round t (:meth:`step`'s choice on full batches), from the state
+        alone so that a resumed run takes the same decisions."""
+        if t < 1 or (self.unit_steps and (self.auto_batch or self.auto_tau)):
+            return 1.0
+        return self._steps_at(None, t)[0]
+
     def _guarded_step(self, state, fresh, r, g, nonfinite: bool):
         """A full-batch round outside the backtracking regime, kept monotone in the exact
         penalty F_0 + R + c sum (F_m - U_m)_+ (Problem 5's merit) by the step fraction alone:
@@ -549,16 +555,14 @@ class SSCA(FrontDoor):
             base_w, base = state.prev_w, state.prev_stats
             self._rejected_length = (float(np.linalg.norm(state.w - base_w))
                                      / max(1.0, float(np.linalg.norm(base_w))))
-            averaged = state.rejects == 0 and not self._fresh_step
+            averaged = state.rejects == 0 and self._round_rho(state.t) < 1.0
             shrink = state.shrink if averaged else 0.5 * state.shrink
             new, info = ssca_step.move(state._replace(w=base_w), base, 1.0, g * shrink,
                                        self.subproblem)
-            self._fresh_step = True
             new = new._replace(prev_w=base_w.copy(), prev_stats=base, merit=reference,
                                rejects=state.rejects + 1, shrink=shrink)
             return new, _Info(info, None, self._tau(state), 0.0, 1)
         stats = fresh if r == 1.0 else ssca_step.average_statistics(state.stats, fresh, r)
-        self._fresh_step = r == 1.0
         new, info = ssca_step.move(state, stats, r, g * state.shrink, self.subproblem)
         new = new._replace(prev_w=state.w.copy(), prev_stats=fresh, merit=merit, rejects=0)
         return new, _Info(info, None, self._tau(state), 0.0, 0)
