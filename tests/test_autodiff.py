@@ -162,7 +162,10 @@ def test_auto_batch_sizes_do_not_recompile_every_round(cancer, cancer_data):
     assert len(seen) >= 4, seen                      # measured: 1, 16, 32, 113, 114 rows
     buckets = {autodiff.bucket_size(n) for n in seen}
     assert len(buckets) < len(seen)
-    assert f.traces <= 2 * len(buckets) and 20 * f.traces < res.nit, (f.traces, seen, res.nit)
+    # traces bounded by the distinct shapes, not by the rounds (5 traces in 53 rounds since
+    # GROW_EVERY = 10; 160 rounds before)
+    assert f.traces <= 2 * len(buckets) and f.traces <= len(seen), (f.traces, seen, res.nit)
+    assert 5 * f.traces < res.nit, (f.traces, res.nit)
 
 
 # -- a convex model with a constraint, against CVXPY -------------------------------------------

@@ -160,8 +160,11 @@ def test_a_saddle_of_the_violation_is_not_called_infeasible():
 
 def test_too_few_evaluations_to_judge_the_violation_say_so(cancer_data):
     """A last stage with fewer than 4 evaluations: the message said 'smallest nan in the first
-    half ...'; it now says there were too few evaluations."""
+    half ...'; it now says there were too few evaluations. (A fixed batch: sampled rounds are
+    evaluated only every eval_every rounds; with batch_size="auto" the batch is full from
+    round 21 since GROW_EVERY = 10, and full-batch rounds are evaluations of their own.)"""
     res = neyman_pearson(cancer_data, alpha=0.01).solve(max_iter=40, eval_every=10,
-                                                        penalty=[1.0, 10.0], seed=0)
+                                                        penalty=[1.0, 10.0], seed=0,
+                                                        batch_size=16)
     assert res.status == "max_iter"
     assert "nan" not in res.message and "fewer than 4" in res.message, res.message
