@@ -17,8 +17,9 @@ class SSCAOptions(opt.RunOptions):
     :class:`~ssca_solver.engine.options.RunOptions`).
 
     Attributes:
-      batch_size: "auto" (default: start at 32 rows per client and double while the gradient
-        noise exceeds the gradient, up to every row, see
+      batch_size: "auto" (default: start at 32 rows per client and double every 10 rounds
+        (the norm test's noise ratio is recorded; it could ask sooner only with MIN_ROUNDS
+        below GROW_EVERY), up to every row, see
         :mod:`ssca_solver.methods.ssca.adaptive`), B (rows each client draws per round; paper:
         1, 10, 100), or "full" (or None: every row of every client, deterministic SCA).
       tau: proximal weight of eqs. (fs0bar)/(fsmbar): "auto" (default: with batch_size
