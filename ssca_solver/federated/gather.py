@@ -75,7 +75,7 @@ class Gatherer:
         #: (round, {client: the largest magnitude in its reply}) of the latest round request
         #: (plain aggregation; :meth:`outlier`)
         self.magnitudes: tuple = (None, {})
-        #: client -> (failures in a row, the last round it sits out) with "drop"
+        #: client -> (timeouts in a row, the round of the last, the last round it sits out)
         self._skip: dict = {}
 
     def take(self) -> list[Dropout]:
@@ -149,16 +149,16 @@ class Gatherer:
         order = list(range(len(self.sizes))) if participants is None else list(participants)
         h = np.ones(len(order)) if factors is None else np.asarray(factors, dtype=float)
         now = int(request.round)
-        out = [k for k, i in enumerate(order) if self._skip.get(i, (0, -1))[1] >= now]
+        out = [i for i in order if self._skip.get(i, (0, 0, -1))[2] >= now]
         if not out or len(out) == len(order):       # nobody left out, or nobody left to ask
             asked, hk, ratio = participants, factors, 1.0
             out = []
         else:
-            keep = [k for k in range(len(order)) if k not in set(out)]
+            keep = [k for k, i in enumerate(order) if i not in out]
             asked = [order[k] for k in keep]
             hk = h[keep]
-            ratio = (float(np.sum(h * self.sizes[order]))
-                     / float(np.sum(hk * self.sizes[asked])))
+            # the data of those left out, renormalised away as for those who fail
+            ratio = self.renormalisation(order, h, asked, request, [])
         before = len(self.pending)
         done = False
         try:
@@ -172,19 +172,17 @@ class Gatherer:
             failed = {d.client for d in self.pending[before:] if TIMEOUT_MARK in d.error}
             for i in (order if asked is None else asked):
                 if i in failed:
-                    k = self._skip.get(i, (0, -1))[0] + 1
-                    self._skip[i] = (k, now + min(2 ** (k - 1), SKIP_MAX))
+                    k = self._skip.get(i, (0, 0, -1))[0] + 1
+                    self._skip[i] = (k, now, now + min(2 ** (k - 1), SKIP_MAX))
                 elif done:
                     self._skip.pop(i, None)
-            for k in out:
-                i = order[k]
-                n, until = self._skip[i]
+            for i in out:
+                n, last, until = self._skip[i]
                 self.pending.append(Dropout(
                     i, request.task, request.round,
                     f"not asked: it did not answer within client_timeout {n} time(s) in a "
-                    f"row, most recently at round "
-                    f"{until - min(2 ** (n - 1), SKIP_MAX)}; asked again at round "
-                    f"{until + 1} (on_client_failure='drop')"))
+                    f"row, most recently at round {last}; asked again at round {until + 1} "
+                    "(on_client_failure='drop')"))
 
     def _collect(self, request: Request, participants, factors, kind) -> Iterator[Reply]:
         if self.secure is not None:

@@ -413,17 +413,12 @@ def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float) -> dic
     lin' = lin - 2 (k - 1) quad w, const' = const + (k - 1) quad |w|^2 (the same values and
     gradient at w, k times the curvature). ``quad`` may be a vector (DiagonalCurvature's
     h / 2 + tau per coordinate): then elementwise."""
-    if np.ndim(stats["quad"]) == 0:
-        quad = float(stats["quad"])
-        return {"quad": np.asarray(k * quad),
-                "lin": np.asarray(stats["lin"]) - 2.0 * (k - 1.0) * quad * w,
-                "const": np.asarray(float(stats["const"]) + (k - 1.0) * quad * float(w @ w))}
     quad = np.asarray(stats["quad"], dtype=float)
-    out = {"quad": k * quad,
-           "lin": np.asarray(stats["lin"]) - 2.0 * (k - 1.0) * quad * w,
-           "const": np.asarray(float(stats["const"]) + (k - 1.0) * float(np.sum(quad * w * w)))}
-    out.update({key: v for key, v in stats.items() if key not in out})
-    return out
+    q = float(quad) if quad.ndim == 0 else quad
+    added = (k - 1.0) * q * float(w @ w) if quad.ndim == 0 else (k - 1.0) * float(q @ (w * w))
+    return {"quad": np.asarray(k * q),
+            "lin": np.asarray(stats["lin"]) - 2.0 * (k - 1.0) * q * w,
+            "const": np.asarray(float(stats["const"]) + added)}
 
 
 def curvature_factor(stats, w: np.ndarray, curvature: float) -> float:

@@ -106,6 +106,9 @@ class SSCA(FrontDoor):
         # lambda when the deterministic part is lambda |w|^2: its value and gradient without
         # CVXPY, which the adaptive defaults need every round
         self.ridge = problem.deterministic.norm2_coefficient()
+        #: the builders with a curvature of their own (scaled by kappa under tau="auto")
+        self.own_curvature = tuple(m for m, b in enumerate(self.builders)
+                                   if ad.own_curvature(b))
         self.columns = {"rho": (), "gamma": (), "penalty": (), "slack": (self.M,),
                         "multipliers": (self.M,), "surrogate_value": (), "step_norm": (),
                         "retries": (), "inaccurate": (), "batch_size": (), "tau": (),
@@ -462,12 +465,7 @@ class SSCA(FrontDoor):
     def step(self, state, replies):
         t = state.t + 1
         full = self._full(state)
-        if self.unit_steps and (self.auto_batch or (full and self.auto_tau)):
-            # adaptive sampling controls the noise (constant steps, as in Byrd et al. 2012);
-            # on full batches this is deterministic SCA (majorization-minimization)
-            r = g = 1.0
-        else:
-            r, g = self._steps(state, t)
+        r, g = self._round_steps(state, t)
         noise = np.zeros(len(self.builders))
         nonfinite = []
         replies = self._screened(replies, t, noise, nonfinite)
@@ -493,7 +491,7 @@ class SSCA(FrontDoor):
         (DiagonalCurvature) scaled by the state's kappa (:func:`.adaptive.rescale_tau`: the
         same value and gradient at w_t), kappa set at round 1 from the probe's curvature
         (:func:`.adaptive.curvature_factor`). ``stats``: the round's own, not averaged."""
-        own = [m for m, b in enumerate(self.builders) if ad.own_curvature(b)]
+        own = self.own_curvature
         if not (own and self.auto_tau):
             return state, stats
         if state.t == 0:
@@ -514,12 +512,14 @@ class SSCA(FrontDoor):
         return (self._full(state) and not self.sampled_clients
                 and not (self.adapt_tau and self.unit_steps))
 
-    def _round_rho(self, t: int) -> float:
-        """rho_t of a guarded round t (:meth:`step`'s choice on full batches), from the state
-        alone so that a resumed run takes the same decisions."""
-        if t < 1 or (self.unit_steps and (self.auto_batch or self.auto_tau)):
-            return 1.0
-        return self._steps_at(None, t)[0]
+    def _round_steps(self, state, t: int) -> tuple:
+        """rho_t, gamma_t of round t from ``state``: 1, 1 with unit steps where adaptive
+        sampling controls the noise (constant steps, as in Byrd et al. 2012) or, on full
+        batches with tau="auto", deterministic SCA (majorization-minimization); else
+        :meth:`_steps`."""
+        if self.unit_steps and (self.auto_batch or (self._full(state) and self.auto_tau)):
+            return 1.0, 1.0
+        return self._steps(state, t)
 
     def _guarded_step(self, state, fresh, r, g, nonfinite: bool):
         """A full-batch round outside the backtracking regime, kept monotone in the exact
@@ -539,13 +539,13 @@ class SSCA(FrontDoor):
         descent with a line search on gamma, slow where tau is far too small, never
         divergent."""
         if nonfinite and not len(state.prev_stats):
-            raise ValueError("average_with_messages: no client messages")
+            # clients reject non-finite values only at a tentative point, which has one
+            raise RuntimeError("a function was not finite at w_t and no accepted point "
+                               "exists to step back to")
         merit = np.inf if nonfinite else self._merit(fresh, state.w, state.penalty)
         reference = state.merit
-        rtol = ad.MERIT_RTOL.get(getattr(self.subproblem, "name", ""), 1e-9)
-        noise = 0.0 if nonfinite else ad.MERIT_ROUNDING * self._merit_size(fresh, state.w)
         worse = (len(state.prev_stats) > 0 and np.isfinite(reference)
-                 and not merit <= reference + max(rtol * max(1.0, abs(reference)), noise))
+                 and (np.isnan(merit) or self._merit_rose(merit, reference, fresh, state.w)))
         if worse:
             # the retry starts the averages afresh from the accepted point's own statistics
             # (rho = 1: a surrogate with F's gradient there, so its step descends; averaged
@@ -555,7 +555,9 @@ class SSCA(FrontDoor):
             base_w, base = state.prev_w, state.prev_stats
             self._rejected_length = (float(np.linalg.norm(state.w - base_w))
                                      / max(1.0, float(np.linalg.norm(base_w))))
-            averaged = state.rejects == 0 and self._round_rho(state.t) < 1.0
+            # (rho of the rejected step's round, from the state: a resume decides the same)
+            averaged = (state.rejects == 0 and state.t >= 1
+                        and self._round_steps(state, state.t)[0] < 1.0)
             shrink = state.shrink if averaged else 0.5 * state.shrink
             new, info = ssca_step.move(state._replace(w=base_w), base, 1.0, g * shrink,
                                        self.subproblem)
@@ -653,6 +655,16 @@ class SSCA(FrontDoor):
         violation = excess(np.asarray(values[k:]) - self.problem.bounds, self.equality)
         return float(obj + penalty * np.sum(np.maximum(violation, 0.0)))
 
+    def _merit_rose(self, merit: float, reference: float, stats, w) -> bool:
+        """The merit at w (from ``stats`` taken there) is above ``reference`` by more than
+        rounding: an increase within the subproblem solver's accuracy (MERIT_RTOL) is rounding,
+        not a bad step; and so is one within the rounding of the merit itself, which the
+        statistics give as const + lin.w + quad |w|^2, terms far larger than the value when
+        tau is large (MERIT_ROUNDING of their size)."""
+        rtol = ad.MERIT_RTOL.get(getattr(self.subproblem, "name", ""), 1e-9)
+        noise = ad.MERIT_ROUNDING * self._merit_size(stats, w) if np.isfinite(merit) else 0.0
+        return merit > reference + max(rtol * max(1.0, abs(reference)), noise)
+
     def _merit_size(self, stats, w) -> float:
         """The size of the terms the merit is computed from (its rounding is ~1e-16 of it)."""
         size = 0.0
@@ -679,13 +691,8 @@ class SSCA(FrontDoor):
             # both points judged by the same exact penalty (the stored merit may have been
             # computed with another weight)
             reference = self._merit(state.prev_stats, state.prev_w, c_merit)
-        # an increase within the subproblem solver's accuracy is rounding, not a bad step; and
-        # so is one within the rounding of the merit itself, which the statistics give as
-        # const + lin.w + quad |w|^2, terms far larger than the value when tau is large
-        rtol = ad.MERIT_RTOL.get(getattr(self.subproblem, "name", ""), 1e-9)
-        noise = ad.MERIT_ROUNDING * self._merit_size(stats, state.w)
         worse = (np.isfinite(state.merit) and len(state.prev_stats)
-                 and merit > reference + max(rtol * max(1.0, abs(reference)), noise))
+                 and self._merit_rose(merit, reference, stats, state.w))
         corrected, self._corrected = getattr(self, "_corrected", False), False
         if worse and not corrected and self._model_on(state):
             # a quasi-Newton step rejected: first the second-order correction (a full SQP step
