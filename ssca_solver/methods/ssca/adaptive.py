@@ -73,8 +73,8 @@ SATURATED = 5
 #: MERIT_PROGRESS of its size settle the point (SSCA._track_progress)
 STALL_ROUNDS, MERIT_PROGRESS = 30, 1e-12
 #: with the model the merit test weighs the violation by min(c, max(MERIT_MULTIPLIERS
-#: max |nu|, MERIT_FLOOR c)) (SSCA._merit_penalty)
-MERIT_MULTIPLIERS, MERIT_FLOOR = 2.0, 0.01
+#: max |nu|, MERIT_FLOOR c)) (SSCA._merit_penalty; the floor was 0.01 until stop 29)
+MERIT_MULTIPLIERS, MERIT_FLOOR = 2.0, 1e-4
 #: with the model tau stays at least this times the model's scale delta
 MODEL_TAU_FLOOR = 1e-10
 #: an accepted step of relative length <= TINY_STEP is lost in rounding: tau is then cut by

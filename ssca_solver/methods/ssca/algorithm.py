@@ -748,8 +748,12 @@ class SSCA(FrontDoor):
         step's subproblem. Any weight above the multipliers makes the merit exact (Nocedal &
         Wright, Thm 17.3); the smallest safe one lets an SQP step along a curved active
         constraint through, where c = 100 against a multiplier of 0.8 rejected every second
-        step (a second-order correction each time) on least squares on diabetes. Both points
-        of a comparison are judged with the same weight."""
+        step (a second-order correction each time) on least squares on diabetes. The floor
+        MERIT_FLOOR c = c / 10^4 (c / 100 before): at c = 100 a floor of 1 against a
+        multiplier of 0.026 (logistic regression on breast cancer s.t. mean (x.w)^2 <= 4)
+        rejected every full step and took 87 second-order corrections in 197 rounds; with
+        the weight 2 |nu| = 0.05, 110 rounds and 5 rejections. Both points of a comparison
+        are judged with the same weight."""
         c = state.penalty
         if not (self.M and self._model_on(state)) or not state.nu.size:
             return c
