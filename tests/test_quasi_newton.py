@@ -238,3 +238,39 @@ def test_pairs_of_rounding_curvature_leave_the_model_a_symmetric_positive_defini
         assert np.allclose(model.matvec(x), B @ x, rtol=1e-8, atol=tol)
         assert np.linalg.eigvalsh(0.5 * (B + B.T))[0] > 0.0
         assert len(model) == len(S)          # the state keeps the pairs the model uses
+
+
+def test_the_merit_weight_lets_full_steps_along_a_curved_active_constraint_through():
+    """Stop 29: logistic regression on breast cancer (standardised, intercept, 5 clients)
+    s.t. mean (x.w)^2 <= 4, active with multiplier 0.026. The merit test weighed the
+    violation by max(2 |nu|, c / 100) = 1 at c = 100, 40 times the multiplier: every full
+    quasi-Newton step along the curved constraint raised it (the Maratos effect) and 87 of
+    197 rounds were second-order corrections. With the floor c / 10^4 the weight is 2 |nu|
+    (still above the multiplier: an exact penalty): 110 rounds, 5 rejected. Checked against
+    CVXPY + Clarabel on the pooled rows."""
+    import cvxpy as cp
+    import ssca_solver as ss
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    X = np.hstack([X, np.ones((len(X), 1))])
+    y = 2.0 * y - 1.0
+    n, d = X.shape
+    loss = ss.SampleFunction(lambda w, X, y: np.logaddexp(0.0, -y * (X @ w)),
+                             lambda w, X, y: X.T @ (-y * 0.5 * (1 - np.tanh(0.5 * y * (X @ w))))
+                             / len(y), name="logistic")
+    energy = ss.SampleFunction(lambda w, X, y: (X @ w) ** 2,
+                               lambda w, X, y: 2 * X.T @ (X @ w) / len(y), name="energy")
+    data = ss.FederatedData.split(X, y, num_clients=5, seed=1)
+    res = ss.Problem(loss, [energy <= 4.0], dim=d, data=data).solve(seed=0)
+    w = cp.Variable(d)
+    ref = cp.Problem(cp.Minimize(cp.sum(cp.logistic(-cp.multiply(y, X @ w))) / n),
+                     [cp.sum_squares(X @ w) / n <= 4.0])
+    ref.solve(solver="CLARABEL")
+    assert res.status == "converged"
+    assert abs(res.fun - ref.value) <= 1e-6 * abs(ref.value)
+    np.testing.assert_allclose(res.kkt.multipliers, np.ravel(ref.constraints[0].dual_value),
+                               rtol=1e-3)
+    rejected = int(np.sum(res.history.as_dict()["rejected"]))
+    assert res.nit <= 140 and rejected <= 15, (res.nit, rejected)
