@@ -252,7 +252,7 @@ def test_the_linearised_kkt_problem_compiled_once_agrees_with_a_fresh_build(far,
         for a, b in zip(got[2], want[2]):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
         assert abs(got[3] - want[3]) <= 1e-7
-    # one parametrised problem, reused from the second call on (the first built afresh)
+    # one parametrised problem, compiled at the first call and reused
     assert len(det._linearized) == 1 and all(det._linearized.values())
     assert max(det._linearized_uses.values()) == 4
     # and the steps differ between the calls: the parameters were refilled, not stale
