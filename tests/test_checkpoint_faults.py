@@ -293,6 +293,8 @@ def test_a_damaged_file_is_refused_naming_it(written, tmp_path, case):
     ({"seed": None}, "seed"),
     ({"stage": "one"}, "stage"),
     ({"elapsed": float("nan")}, "elapsed"),
+    ({"work_since": -3.0}, "work_since"),
+    ({"free_since": "12"}, "free_since"),
     ({"format": "something-else/9"}, "format"),
 ])
 def test_malformed_metadata_is_refused_naming_the_field(written, tmp_path, meta, field):

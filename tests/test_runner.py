@@ -121,12 +121,18 @@ def _runs(prob, stop_at, path, **opts):
     return full, resumed
 
 
+@pytest.mark.parametrize("budget", [None, 0.5])
 @pytest.mark.parametrize("stop_at", [7, 30, 45])
-def test_resume_gives_the_iterates_of_an_uninterrupted_run(cancer_data, tmp_path, stop_at):
+def test_resume_gives_the_iterates_of_an_uninterrupted_run(cancer_data, tmp_path, stop_at,
+                                                           budget):
     """Algorithm 2 with the continuation: stopped inside stage 1 (7), at its last round (30),
-    inside stage 2 (45); resumed, every iterate and record equals the uninterrupted run's."""
+    inside stage 2 (45); resumed, every iterate and record equals the uninterrupted run's.
+    With an evaluations' budget too: the rows read since the last paid evaluation are kept
+    in the checkpoint (they were not: the resumed run evaluated at round 72, the
+    uninterrupted one at 68)."""
     prob = neyman_pearson(cancer_data, alpha=0.1)
-    opts = dict(batch_size=10, max_iter=90, penalty=[0.1, 10.0, 100.0], seed=11, eval_every=4)
+    opts = dict(batch_size=10, max_iter=90, penalty=[0.1, 10.0, 100.0], seed=11, eval_every=4,
+                eval_budget=budget)
     full, res = _runs(prob, stop_at, tmp_path / "run.ckpt", **opts)
     assert res.nit == full.nit and res.status == full.status
     np.testing.assert_allclose(res.x, full.x, rtol=1e-12, atol=1e-12)

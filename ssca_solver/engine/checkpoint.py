@@ -374,14 +374,16 @@ def _meta_fields(meta, path: str) -> dict:
     if start is not None and not (isinstance(start, str) and len(start) == 32
                                   and all(c in "0123456789abcdef" for c in start)):
         bad("x0", f"= {start!r} is not the start point's hash (32 hexadecimal digits)")
-    for key in ("stage", "round"):
-        v = meta[key]
+    for key in ("stage", "round", "free_since"):
+        v = meta.get(key)
+        if v is None and key == "free_since":
+            continue                  # no round has held an evaluation (or an older file)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             bad(key, f"= {v!r} is not a non-negative integer")
-    for key in ("elapsed", "grad_scale", "constraint_scale", "curvature", "local_curvature",
+    for key in ("elapsed", "work_since", "grad_scale", "constraint_scale", "curvature", "local_curvature",
                 "value_start"):
         v = meta.get(key)
-        if v is None and key != "elapsed":
+        if v is None and key != "elapsed":     # work_since: absent in older files (0)
             continue
         if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                 or (v < 0 and key != "value_start")):

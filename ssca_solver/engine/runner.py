@@ -130,6 +130,8 @@ class Runner:
         self.stop_test = stop_test
         self.start_norm = None
         self.last_test = None        # what the stop test returned at the latest evaluation
+        # the evaluations' schedule, kept in checkpoints (Session restores it: a resumed run
+        # evaluates at the rounds an uninterrupted one does; with eval_budget it did not)
         self.free_since = None       # the round of the latest evaluation a round held
         self.work_since = 0.0        # rows the rounds read since the last paid evaluation
         self._start = time.perf_counter() - elapsed
@@ -345,7 +347,8 @@ class Runner:
                   **self.recorder.arrays(), **self.tally.arrays(),
                   **dropout_arrays(self.dropouts)}
         meta = {**self.meta, "round": int(state.t), "stage": int(self.stage),
-                "elapsed": self.elapsed}
+                "elapsed": self.elapsed, "work_since": float(self.work_since),
+                "free_since": None if self.free_since is None else int(self.free_since)}
         return ckpt.save(self.opts.checkpoint, arrays, meta)
 
     def _progress(self, fragment: str, k: int, rounds: int) -> None:

@@ -222,6 +222,11 @@ class Session:
                              {}, algorithm.penalty_of, elapsed,
                              self._stop_test if algorithm.certifies else None,
                              sampler=sampler, dropouts=dropouts)
+        if opts.resume:
+            # the evaluations' schedule where the checkpoint left it (absent in older files)
+            free = meta.get("free_since")
+            self.runner.free_since = None if free is None else int(free)
+            self.runner.work_since = float(meta.get("work_since", 0.0))
         self.runner.meta = {"method": algorithm.name, "seed": str(seed), "fingerprint": fp,
                             "stage": stage, **self.floor.meta(),
                             **({} if start is None else {"x0": start}),
