@@ -13,6 +13,14 @@ and "none", the paper's first-order surrogates):
   data.
 * ``cost``: one closed-form subproblem at d = 101,632, M = 1 with and without a full model
   (8 pairs), and the model's bookkeeping.
+* ``round_cost`` (not in the default groups; asked for by name): whole full-batch rounds at
+  the paper's network scale (784-128-10, d = 101,632, prob:class-con with U = 0.13, M = 1) on
+  Fashion-MNIST's training rows (the first ``--rows``, 10 IID clients), ``batch_size="full"``,
+  ``tau="auto"``, ``hessian="lbfgs"`` against ``"none"`` side by side in one process: the two
+  solves run in two threads that hand over to each other every ``--block`` rounds (only one
+  runs at a time), so that both see the same machine. Per round: the clients' time (a timed
+  in-process transport), the server's (the rest of the round), and within it the subproblem,
+  the quasi-Newton pair update and the compact form. One BLAS thread, as section_v.py.
 * ``pooled``: Neyman-Pearson logistic regression on synthetic data (d = 20, 10 clients):
   class-1 loss + 1e-3 |w|^2 s.t. class-0 loss <= 0.3, N d from 1e4 up to 5e6 (1e6 with
   --quick); SLSQP on the pooled data with exact gradients, and CVXPY + Clarabel on the pooled
@@ -23,6 +31,7 @@ second_order.png (rounds per problem for both surrogates next to SLSQP's iterati
 time ratios against SLSQP for the pooled group).
 
 Usage:  python benchmarks/second_order.py [--quick] [--groups classical,diabetes,pooled]
+        python benchmarks/second_order.py --groups round_cost [--rows 60000] [--rounds 40]
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import ssca_solver as ss  # noqa: E402
 
 HESSIANS = ("lbfgs", "none")
 GROUPS = ("classical", "diabetes", "pooled", "cost")
+EXTRA_GROUPS = ("round_cost",)       # run only when named in --groups
 
 
 def _run(prob, **opts) -> dict:
@@ -247,6 +257,330 @@ def cost(quick: bool) -> dict:
     return rec
 
 
+# -- whole full-batch rounds at the paper's scale, with and without the model ----------------------
+
+class _Clock:
+    """Per-solve (per-thread) time accumulators of the current round, read and reset at the
+    round's end by the callback."""
+
+    def __init__(self):
+        self.acc = {}
+
+    def add(self, key, dt, count=True):
+        self.acc[key] = self.acc.get(key, 0.0) + dt
+        if count:
+            self.acc["n_" + key] = self.acc.get("n_" + key, 0) + 1
+
+    def take(self) -> dict:
+        out, self.acc = self.acc, {}
+        return out
+
+
+#: the server's parts timed separately (``_instrument``)
+SERVER_PARTS = ("sub_plain", "sub_model", "sub_metric", "pair_update", "compact_form",
+                "round_evaluation", "stop_test")
+_CLOCKS: dict = {}      # threading.get_ident() -> _Clock of the solve running in that thread
+
+
+def _clock():
+    import threading
+
+    return _CLOCKS.get(threading.get_ident())
+
+
+def _timed(fn, key):
+    """``fn`` with its time added to the calling thread's clock under ``key``."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        c = _clock()
+        if c is None:
+            return fn(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            c.add(key, time.perf_counter() - t0)
+
+    return wrapper
+
+
+def _instrument() -> None:
+    """Time the server's parts in this process (class attributes wrapped once): the closed
+    form plain, with the diagonal metric and with the model; the pair update; the compact
+    form (``SSCA._model``, built once per set of pairs); the round's free full-data evaluation
+    (``SSCA.round_evaluation``) and the KKT stop test (``Session._stop_test``)."""
+    from ssca_solver.engine.session import Session
+    from ssca_solver.methods.ssca.algorithm import SSCA
+    from ssca_solver.subproblems.closed_form import ClosedFormSubproblem
+
+    if getattr(SSCA, "_round_cost_instrumented", False):
+        return
+    ClosedFormSubproblem.solve = _timed(ClosedFormSubproblem.solve, "sub_plain")
+    ClosedFormSubproblem.solve_model = _timed(ClosedFormSubproblem.solve_model, "sub_model")
+    ClosedFormSubproblem.solve_metric = _timed(ClosedFormSubproblem.solve_metric, "sub_metric")
+    SSCA._with_pair = _timed(SSCA._with_pair, "pair_update")
+    SSCA._model = _timed(SSCA._model, "compact_form")
+    SSCA.round_evaluation = _timed(SSCA.round_evaluation, "round_evaluation")
+    Session._stop_test = _timed(Session._stop_test, "stop_test")
+    SSCA._round_cost_instrumented = True
+
+
+def _timed_transport_factory():
+    """A transport like "inprocess" whose clients' ``handle`` time goes to the calling
+    thread's clock, by task (``client:<task>``), and the one read-only copy of w per request
+    to ``copy``."""
+    from ssca_solver.federated import InProcessTransport
+    from ssca_solver.federated.messages import Dropout
+    from ssca_solver.federated.transports import describe_error, participant_order
+
+    class TimedTransport(InProcessTransport):
+        def stream(self, request, participants=None, tolerate_failures=False):
+            c = _clock()
+            t0 = time.perf_counter()
+            request = request.read_only()
+            c.add("copy", time.perf_counter() - t0, count=False)
+            for i in participant_order(participants, self.num_clients):
+                t1 = time.perf_counter()
+                try:
+                    reply = self._clients[i].handle(request)
+                except Exception as exc:
+                    if not tolerate_failures:
+                        raise
+                    reply = Dropout(i, request.task, request.round, describe_error(exc))
+                finally:
+                    c.add("client:" + request.task, time.perf_counter() - t1, count=False)
+                yield reply
+
+    return lambda clients, timeout: TimedTransport(clients)
+
+
+def round_cost(rows: int, rounds: int, block: int, U: float = 0.13) -> dict:
+    """Full-batch rounds of prob:class-con on the paper's network, hessian "lbfgs" and "none"
+    side by side (module docstring). Returns per-round rows and medians."""
+    import os
+    import threading
+
+    from threadpoolctl import threadpool_limits
+
+    from problems.mlp import MLP, classification_con
+    from ssca_solver.datasets import fashion_mnist
+    from ssca_solver.federated import register_transport
+    from ssca_solver.methods.ssca.quasi_newton import memory_for
+
+    (X, y), _ = fashion_mnist()
+    X, y = X[:rows], y[:rows]
+    net = MLP(784, 128, 10)
+    data = ss.FederatedData.split(X, y, num_clients=10, seed=0)
+    prob = classification_con(data, net, U)
+    memory = memory_for(net.dim)
+    _instrument()
+    register_transport("timed_inprocess", _timed_transport_factory())
+
+    order = list(HESSIANS)                    # "lbfgs" first, then "none", alternating
+    cond = threading.Condition()
+    turn = {"who": order[0]}
+    done = {h: False for h in order}
+    per_round = {h: [] for h in order}
+    results = {}
+
+    def other(h):
+        return order[1 - order.index(h)]
+
+    def wait_turn(h):
+        with cond:
+            cond.wait_for(lambda: turn["who"] == h or done[other(h)])
+
+    def hand_over(h):
+        with cond:
+            if not done[other(h)]:
+                turn["who"] = other(h)
+                cond.notify_all()
+                cond.wait_for(lambda: turn["who"] == h or done[other(h)])
+
+    def worker(h):
+        clock = _CLOCKS[threading.get_ident()] = _Clock()
+        last = {"resume": None, "block_start": True}
+        wait_turn(h)
+
+        def callback(it):
+            t_end = time.perf_counter()
+            acc = clock.take()
+            server_parts = {k: acc.get(k, 0.0) for k in
+                            SERVER_PARTS}
+            clients_round = acc.get("client:ssca.round", 0.0)
+            clients_other = sum(v for k, v in acc.items()
+                                if k.startswith("client:") and k != "client:ssca.round")
+            total = None if last["resume"] is None else t_end - last["resume"]
+            rec = {"t": it.t, "stage": it.stage, "penalty": it.penalty,
+                   "pairs": int(it.state.qn_s.shape[0]) if it.state.qn_s.ndim == 2 else 0,
+                   "metric": bool(it.state.metric.size),
+                   "tau": float(it.record.get("tau", np.nan)),
+                   "rejected": int(it.record.get("rejected", 0)),
+                   "step_norm": float(it.record.get("step_norm", np.nan)),
+                   "first_in_block": last["block_start"], "total_s": total,
+                   "clients_round_s": clients_round, "clients_other_tasks_s": clients_other,
+                   "copy_s": acc.get("copy", 0.0),
+                   "subproblem_calls": {k: acc.get("n_" + k, 0) for k in
+                                        ("sub_plain", "sub_model", "sub_metric")},
+                   **{k + "_s": v for k, v in server_parts.items()}}
+            if total is not None:
+                rec["server_s"] = total - clients_round - clients_other - rec["copy_s"]
+                rec["server_rest_s"] = rec["server_s"] - sum(server_parts.values())
+            per_round[h].append(rec)
+            last["block_start"] = False
+            if it.t % block == 0:
+                hand_over(h)
+                last["block_start"] = True
+            last["resume"] = time.perf_counter()
+
+        t0 = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = prob.solve(method="ssca", batch_size="full", tau="auto", hessian=h,
+                                 max_iter=rounds, seed=0, x0=net.init(0), callback=callback,
+                                 transport="timed_inprocess", progress=False)
+            results[h] = {"status": res.status, "rounds": int(res.nit), "fun": float(res.fun),
+                          "max_violation": float(np.max(res.kkt.feasibility_rel, initial=0.0)),
+                          "solve_wall_s_incl_waits": time.perf_counter() - t0}
+        except BaseException as exc:          # recorded, and the other solve goes on
+            results[h] = {"error": repr(exc)}
+        finally:
+            with cond:
+                done[h] = True
+                turn["who"] = other(h)
+                cond.notify_all()
+
+    load0 = os.getloadavg()
+    t0 = time.perf_counter()
+    with threadpool_limits(1):
+        threads = [threading.Thread(target=worker, args=(h,)) for h in order]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    wall = time.perf_counter() - t0
+
+    def med(rs, key):
+        v = [r[key] for r in rs if r.get(key) is not None]
+        return float(np.median(v)) if v else None
+
+    # rounds compared: those after the lbfgs run's memory is full (its first round with
+    # `memory` pairs in the state, i.e. the model of every later round is full), excluding the
+    # first round of each block when blocks are longer than one round (caches after the other
+    # solve); the same round numbers of "none"
+    full = [r["t"] for r in per_round["lbfgs"] if r["pairs"] >= memory]
+    t_full = min(full) + 1 if full else None
+    summary = {}
+    for sel_name, keep_first in (("after_memory_full", False),
+                                 ("after_memory_full_incl_block_starts", True)):
+        sel = {}
+        for h in order:
+            rs = [r for r in per_round[h] if t_full is not None and r["t"] >= t_full
+                  and r.get("total_s") is not None
+                  and (keep_first or block == 1 or not r["first_in_block"])]
+            sel[h] = {"rounds_in_median": len(rs),
+                      **{k: med(rs, k) for k in ("total_s", "clients_round_s",
+                                                 "clients_other_tasks_s", "copy_s",
+                                                 "server_s", "server_rest_s",
+                                                 *(p + "_s" for p in SERVER_PARTS))},
+                      "rejected_rounds": int(sum(r["rejected"] > 0 for r in rs)),
+                      "rounds_with_model_solve": int(sum(r["subproblem_calls"]["sub_model"] > 0
+                                                         for r in rs))}
+        if sel["lbfgs"]["total_s"] and sel["none"]["total_s"]:
+            sel["ratio_total_lbfgs_over_none"] = sel["lbfgs"]["total_s"] / sel["none"]["total_s"]
+            sel["ratio_server_lbfgs_over_none"] = (sel["lbfgs"]["server_s"]
+                                                   / sel["none"]["server_s"])
+            # per-round ratios on the same round numbers (both medians of paired rounds)
+            by_t = {r["t"]: r for r in per_round["none"] if r.get("total_s") is not None}
+            pairs = [(r["total_s"], by_t[r["t"]]["total_s"]) for r in per_round["lbfgs"]
+                     if t_full is not None and r["t"] >= t_full and r["t"] in by_t
+                     and r.get("total_s") is not None
+                     and (keep_first or block == 1
+                                 or not (r["first_in_block"] or by_t[r["t"]]["first_in_block"]))]
+            sel["paired_round_ratio_median"] = (float(np.median([a / b for a, b in pairs]))
+                                                if pairs else None)
+            sel["paired_round_ratio_p10_p90"] = ([float(np.percentile([a / b for a, b in pairs],
+                                                                      q)) for q in (10, 90)]
+                                                 if pairs else None)
+            # the load on a shared machine moves the clients' and the server's times together
+            # (both compute on the same cores): the server's time as a share of the clients'
+            # in the same round, and the ratio of whole rounds it implies at equal client time
+            share = {h: float(np.median([r["server_s"] / r["clients_round_s"] for r in
+                                         per_round[h] if t_full is not None and r["t"] >= t_full
+                                         and r.get("server_s") is not None
+                                         and (keep_first or block == 1
+                                              or not r["first_in_block"])]))
+                     for h in order}
+            sel["server_over_clients_median"] = share
+            sel["ratio_at_equal_client_time"] = (1.0 + share["lbfgs"]) / (1.0 + share["none"])
+        summary[sel_name] = sel
+    out = {"rows": rows, "num_clients": 10, "dim": net.dim, "M": 1, "U": U,
+           "data": f"Fashion-MNIST train, first {rows} rows, 10 IID clients (split seed 0)",
+           "options": {"batch_size": "full", "tau": "auto", "max_iter": rounds, "seed": 0,
+                       "x0": "net.init(0)", "transport": "in-process (timed)",
+                       "blas_threads": 1},
+           "memory": memory, "block": block, "first_round_with_full_model": t_full,
+           "loadavg_at_start": load0, "loadavg_at_end": os.getloadavg(), "wall_s": wall,
+           "results": results, "per_round": per_round, "summary": summary}
+    s = summary["after_memory_full"]
+    if "ratio_total_lbfgs_over_none" in s:
+        log(f"round_cost N = {rows}: rounds {t_full}..{rounds}, per round (median) lbfgs "
+            f"{s['lbfgs']['total_s'] * 1e3:.0f} ms (clients "
+            f"{s['lbfgs']['clients_round_s'] * 1e3:.0f}, server "
+            f"{s['lbfgs']['server_s'] * 1e3:.0f}), none {s['none']['total_s'] * 1e3:.0f}"
+            f" ms (clients {s['none']['clients_round_s'] * 1e3:.0f}, server "
+            f"{s['none']['server_s'] * 1e3:.0f}); ratio {s['ratio_total_lbfgs_over_none']:.2f}"
+            f" (paired rounds: {s['paired_round_ratio_median']:.2f}; at equal client time: "
+            f"{s['ratio_at_equal_client_time']:.2f})")
+    else:
+        log(f"round_cost N = {rows}: no round after a full memory (first full round: {t_full}); "
+            f"results {results}")
+    return out
+
+
+def plot_round_cost(rc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    colors = {"lbfgs": "C0", "none": "C1"}
+    for h, rs in rc["per_round"].items():
+        rs = [r for r in rs if r.get("total_s") is not None]
+        t = [r["t"] for r in rs]
+        axes[0].plot(t, [1e3 * r["total_s"] for r in rs], "o-", color=colors[h], ms=3,
+                     label=f"hessian='{h}': whole round")
+        axes[0].plot(t, [1e3 * r["clients_round_s"] for r in rs], ":", color=colors[h],
+                     label=f"hessian='{h}': clients")
+        axes[1].plot(t, [1e3 * r["server_s"] for r in rs], "o-", color=colors[h], ms=3,
+                     label=f"hessian='{h}': server (round - clients - copy of w)")
+        if h == "lbfgs":
+            axes[1].plot(t, [1e3 * r["sub_model_s"] for r in rs], "s--", color=colors[h], ms=3,
+                         label="hessian='lbfgs': subproblem with the model")
+    for ax in axes:
+        if rc.get("first_round_with_full_model"):
+            ax.axvline(rc["first_round_with_full_model"], color="gray", lw=0.8, ls="--",
+                       label=f"model's memory full ({rc['memory']} pairs)")
+        ax.set_xlabel("round")
+        ax.set_ylabel("ms")
+        ax.legend(fontsize=7)
+    s = rc["summary"]["after_memory_full"]
+    ratio = s.get("ratio_total_lbfgs_over_none")
+    axes[0].set_title(f"full-batch rounds, d = {rc['dim']}, M = 1, N = {rc['rows']}, 10 clients"
+                      + (f": lbfgs / none = {ratio:.2f} (median, memory full)" if ratio else ""),
+                      fontsize=9)
+    axes[1].set_title("server's part of each round", fontsize=9)
+    fig.suptitle(f"load average {rc['loadavg_at_start'][0]:.1f} at start, "
+                 f"{rc['loadavg_at_end'][0]:.1f} at end; one BLAS thread", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # -- summary and figure ------------------------------------------------------------------------------
 
 def summary(payload: dict) -> dict:
@@ -272,6 +606,16 @@ def summary(payload: dict) -> dict:
                                                         for h in HESSIANS}
     if payload.get("cost"):
         out["cost_ratio_model_over_plain"] = payload["cost"]["ratio"]
+    rc = payload.get("round_cost")
+    if rc:
+        s = rc["summary"]["after_memory_full"]
+        out["round_cost_ratio_lbfgs_over_none"] = s.get("ratio_total_lbfgs_over_none")
+        out["round_cost_paired_ratio_median"] = s.get("paired_round_ratio_median")
+        out["round_cost_server_ratio_lbfgs_over_none"] = s.get("ratio_server_lbfgs_over_none")
+        out["round_cost_ratio_at_equal_client_time"] = s.get("ratio_at_equal_client_time")
+        out["round_cost_median_s"] = {h: {k: s[h][k] for k in ("total_s", "clients_round_s",
+                                                               "server_s", "sub_model_s")}
+                                      for h in HESSIANS}
     return out
 
 
@@ -331,9 +675,20 @@ def plot(payload: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--groups", default=",".join(GROUPS))
+    ap.add_argument("--groups", default=",".join(GROUPS),
+                    help=f"of {', '.join(GROUPS + EXTRA_GROUPS)} (default: {','.join(GROUPS)})")
+    ap.add_argument("--rows", type=int, default=60000,
+                    help="round_cost: Fashion-MNIST training rows used (default all 60000)")
+    ap.add_argument("--rounds", type=int, default=40, help="round_cost: max_iter (default 40)")
+    ap.add_argument("--block", type=int, default=1,
+                    help="round_cost: rounds per turn of each solve (default 1: the two "
+                         "solves alternate every round, so that each pair of rounds with the "
+                         "same number sees nearly the same load)")
     args = ap.parse_args()
     groups = args.groups.split(",")
+    unknown = set(groups) - set(GROUPS + EXTRA_GROUPS)
+    if unknown:
+        ap.error(f"unknown groups {sorted(unknown)}")
     payload = {"machine": machine(), "command": " ".join(sys.argv), "quick": args.quick}
     if "classical" in groups:
         payload["classical"] = classical()
@@ -343,12 +698,18 @@ def main() -> None:
         payload["pooled"] = pooled(args.quick)
     if "cost" in groups:
         payload["cost"] = cost(args.quick)
+    if "round_cost" in groups:
+        payload["round_cost"] = round_cost(args.rows, args.rounds, args.block)
     payload["summary"] = summary(payload)
     name = "second_order_quick" if args.quick else "second_order"
     if set(groups) != set(GROUPS):
         name += "_" + "_".join(groups)
     write_json(name, payload)
-    plot(payload, RESULTS / f"{name}.png")
+    if set(groups) & {"classical", "diabetes", "pooled"}:
+        plot(payload, RESULTS / f"{name}.png")
+    if "round_cost" in groups:
+        plot_round_cost(payload["round_cost"], RESULTS / (
+            f"{name}.png" if groups == ["round_cost"] else f"{name}_round_cost.png"))
     for k, v in payload["summary"].items():
         print(f"{k}: {v}")
 
