@@ -380,8 +380,8 @@ def _meta_fields(meta, path: str) -> dict:
             continue                  # no round has held an evaluation (or an older file)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             bad(key, f"= {v!r} is not a non-negative integer")
-    for key in ("elapsed", "work_since", "grad_scale", "constraint_scale", "curvature", "local_curvature",
-                "value_start"):
+    for key in ("elapsed", "work_since", "grad_scale", "constraint_scale", "curvature",
+                "local_curvature", "value_start"):
         v = meta.get(key)
         if v is None and key != "elapsed":     # work_since: absent in older files (0)
             continue

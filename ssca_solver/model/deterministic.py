@@ -423,15 +423,12 @@ class DeterministicPart:
         cons, t, sigma, P)``: (problem, u, linearised constraints, domain constraints, e).
 
         ``cached``: the problem of this structure (form, number of constraints, which are
-        equalities) compiled once with the data as parameters (CVXPY's DPP: a later solve
-        only refills the numbers; the KKT test runs at most rounds and a fresh compile took
-        47 ms of a 2-variable problem's 60 ms on S2MPJ's HS21; its parametrised compile takes
-        30-40 ms against 25 ms for one with constants, and later solves 3-10 ms: from the
-        second test on it pays, and a run tests more than once), built at first use, only
-        while d (M + 1) <=
-        ``LINEARIZED_CACHE_SIZE`` (a parameter matrix G of d M numbers); None when it does
-        not apply or the domain is not DPP with the point as a parameter. Not cached: the
-        data as constants."""
+        equalities) compiled at its first use with the data as parameters (CVXPY's DPP: a
+        later solve only refills the numbers), while d (M + 1) <= ``LINEARIZED_CACHE_SIZE``
+        (a parameter matrix G of d M numbers); None when that does not apply or the domain
+        is not DPP with the point as a parameter. A compile with constants at every test took
+        47 ms of a 2-variable problem's 60 ms run (S2MPJ's HS21); the parametrised compile
+        takes 25-40 ms once, each later test 3-10 ms. Not cached: the data as constants."""
         w, g0, G, cons, t, sigma, P = data
         M = cons.size
         key = (recentred, M, tuple(np.flatnonzero(eq)))

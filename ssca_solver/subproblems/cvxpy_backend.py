@@ -489,7 +489,7 @@ class CvxpySubproblem:
         x = np.asarray(center, dtype=float)
         return {"Vx": V.T @ x, "sdx": sd * x, "V": V, "Vs": sd * V, "sd": sd, "sh": sh}
 
-    def _zero_model_values(self, center: np.ndarray) -> dict:
+    def _zero_model_values(self) -> dict:
         """The values of :meth:`_build`'s quasi-Newton term for B = 0 (every factor zero)."""
         rank = self._model_rank(0)
         return {"Vx": np.zeros(rank), "sdx": np.zeros(self.dim),
@@ -559,7 +559,7 @@ class CvxpySubproblem:
             # same compiled problem with the model's factor at zero (B = 0: the same
             # subproblem), so that one problem is compiled, not two (a compile took 40 ms of
             # a 2-variable problem's 170 ms run on S2MPJ's HS family)
-            qn = self._zero_model_values(center)
+            qn = self._zero_model_values()
         values = []
         for b, st in zip(self._builders, stats):
             vals = {}

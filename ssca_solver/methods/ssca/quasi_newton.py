@@ -92,9 +92,10 @@ class LBFGSModel:
 
     def _positive_definite(self) -> bool:
         """Whether B's smallest eigenvalue on the span of Psi is above PD_TOL of its largest
-        (and of delta), from matrices of order min(2k, d) only: with the Gram matrix Psi Psi' = V L V'
-        (its range: eigenvalues above 1e-12 of the largest), Q = Psi' V L^(-1/2) is an
-        orthonormal basis of that span and Q' B Q = delta I - L^(1/2) V' N^-1 V L^(1/2)
+        (and of delta), from matrices of order min(2k, d) only: with the Gram matrix
+        Psi Psi' = V L V' (its range: eigenvalues above 1e-12 of the largest),
+        Q = Psi' V L^(-1/2) is an orthonormal basis of that span and
+        Q' B Q = delta I - L^(1/2) V' N^-1 V L^(1/2)
         (one product of 2k x d by d x 2k; a QR of the d x 2k matrix took 30 times longer at
         d = 101,632)."""
         if self.Psi is None:
