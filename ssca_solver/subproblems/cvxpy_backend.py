@@ -187,10 +187,6 @@ class CvxpySubproblem:
                               for b in builders)
         self._local = {}                 # qn (bool) -> the parametrised local model or None
         self._center_param = None
-        #: set by a method that adds a quasi-Newton model in later rounds (SSCA with
-        #: hessian="lbfgs"): the rounds without it then solve the model's compiled problem
-        #: with B = 0 instead of compiling a second one
-        self.expect_model = False
 
     @property
     def problem(self) -> cp.Problem:
@@ -489,13 +485,6 @@ class CvxpySubproblem:
         x = np.asarray(center, dtype=float)
         return {"Vx": V.T @ x, "sdx": sd * x, "V": V, "Vs": sd * V, "sd": sd, "sh": sh}
 
-    def _zero_model_values(self) -> dict:
-        """The values of :meth:`_build`'s quasi-Newton term for B = 0 (every factor zero)."""
-        rank = self._model_rank(0)
-        return {"Vx": np.zeros(rank), "sdx": np.zeros(self.dim),
-                "V": np.zeros((self.dim, rank)), "Vs": np.zeros((self.dim, rank)), "sd": 0.0,
-                "sh": np.zeros(rank)}
-
     def _model_rank(self, needed: int) -> int:
         """The columns of the quasi-Newton term: MODEL_RANK, doubled (up to d) until ``needed``
         fit; a change drops the compiled problems that hold the term (rebuilt on next use)."""
@@ -554,12 +543,6 @@ class CvxpySubproblem:
         :meth:`_solve_with_retries` go without it). ``center``: the round's point w_t; the
         problem is then solved in the step w - w_t (the local form of :meth:`_build`) when
         every builder can recentre its statistics; a quasi-Newton term is centred there."""
-        if qn is None and self.expect_model and self.parametrize and center is not None:
-            # the method will add a quasi-Newton model in later rounds: this round solves the
-            # same compiled problem with the model's factor at zero (B = 0: the same
-            # subproblem), so that one problem is compiled, not two (a compile took 40 ms of
-            # a 2-variable problem's 170 ms run on S2MPJ's HS family)
-            qn = self._zero_model_values()
         values = []
         for b, st in zip(self._builders, stats):
             vals = {}

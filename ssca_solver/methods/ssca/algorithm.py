@@ -92,8 +92,6 @@ class SSCA(FrontDoor):
         self.model_ok = (hessian == "lbfgs" and bool(unit_steps) and self.adapt_tau
                          and hasattr(subproblem, "with_model")
                          and (self.auto_batch or batch_size is None))
-        if self.model_ok and hasattr(subproblem, "expect_model"):
-            subproblem.expect_model = True       # CVXPY: one compiled problem, not two
         # the quasi-Newton pairs kept, and the rows of d floats they take in a checkpoint
         self.qn_memory = qn.memory_for(problem.dim)
         self.state_rows = 2 * self.qn_memory
