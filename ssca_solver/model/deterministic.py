@@ -428,94 +428,70 @@ class DeterministicPart:
         (a parameter matrix G of d M numbers); None when that does not apply or the domain
         is not DPP with the point as a parameter. A compile with constants at every test took
         47 ms of a 2-variable problem's 60 ms run (S2MPJ's HS21); the parametrised compile
-        takes 25-40 ms once, each later test 3-10 ms. Not cached: the data as constants."""
+        takes 25-40 ms once, each later test 3-10 ms. Not cached: the same problem with the
+        data as constants."""
         w, g0, G, cons, t, sigma, P = data
         M = cons.size
+        values = {"w": w, "g0": g0, "half_inv_t": 0.5 / t, "inv_sigma": 1.0 / sigma}
+        if M:
+            values.update(G=G, c=cons if recentred else cons - G.T @ w, P=P)
+        if not cached:
+            return self._linearized_form(recentred, eq, M, values)[:5]
+        if self.dim * (M + 1) > LINEARIZED_CACHE_SIZE:
+            return None
         key = (recentred, M, tuple(np.flatnonzero(eq)))
-        if cached:
-            if self.dim * (M + 1) > LINEARIZED_CACHE_SIZE:
-                return None
-            uses = self._linearized_uses.get(key, 0) + 1
-            self._linearized_uses[key] = uses
-            entry = self._linearized.get(key)
-            if entry is None:
-                entry = self._linearized_build(recentred, eq, M)
-                self._linearized[key] = entry
-            if not entry:
-                return None
-            prob, params, u, cons_lin, dom, e = entry
-            params["w"].value = w
-            params["g0"].value = g0
-            params["half_inv_t"].value = 0.5 / t
-            params["inv_sigma"].value = 1.0 / sigma
+        self._linearized_uses[key] = self._linearized_uses.get(key, 0) + 1
+        if key not in self._linearized:
+            params = {"w": cp.Parameter(self.dim), "g0": cp.Parameter(self.dim),
+                      "half_inv_t": cp.Parameter(nonneg=True),
+                      "inv_sigma": cp.Parameter(nonneg=True)}
             if M:
-                params["G"].value = G
-                params["c"].value = cons if recentred else cons - G.T @ w
-                params["P"].value = P
-            return prob, u, cons_lin, dom, e
+                params.update(G=cp.Parameter((self.dim, M)), c=cp.Parameter(M),
+                              P=cp.Parameter(nonneg=True))
+            built = self._linearized_form(recentred, eq, M, params)
+            self._linearized[key] = built if built[0].is_dpp() else False
+        entry = self._linearized[key]
+        if not entry:
+            return None
+        for name, value in values.items():
+            entry[5][name].value = value
+        return entry[:5]
+
+    def _linearized_form(self, recentred: bool, eq: np.ndarray, M: int, v: dict) -> tuple:
+        """The problem of :meth:`linearized_step` on the values ``v`` (w, g0, half_inv_t =
+        1 / (2 t), inv_sigma, and with constraints G, c, P; Parameters or numbers):
+        (problem, u, linearised constraints, domain constraints, e, v).
+
+        In the step s (u = w + s): g0.s + |s|^2 / (2 t) + R(w + s) / sigma; in u, |u - w|^2
+        through z = u - w (a parameter times a function of a parameter is not DPP, and
+        expanding it cancels digits: a step of 2e-5 where 1e-11 is right at |w| = 3.4e3).
+        A term in the form in the step holds the point inside it: not DPP (then built afresh
+        each time)."""
+        d = self.dim
+        extra = []
         if recentred:
-            v = cp.Variable(self.dim)
-            u = w + v
+            step = cp.Variable(d)
+            u = v["w"] + step
             expr, dom = self.instantiate(u)
-            obj = g0 @ v + (0.5 / t) * cp.sum_squares(v) + (expr / sigma
-                                                             if expr is not None else 0)
+            obj = v["g0"] @ step + v["half_inv_t"] * cp.sum_squares(step)
         else:
-            u = cp.Variable(self.dim)
+            u = cp.Variable(d)
+            z = cp.Variable(d)
             expr, dom = self.instantiate(u)
-            obj = g0 @ u + (0.5 / t) * cp.sum_squares(u - w) + (expr / sigma
-                                                                 if expr is not None else 0)
+            obj = v["g0"] @ u + v["half_inv_t"] * cp.sum_squares(z)
+            extra = [z == u - v["w"]]
+        if expr is not None:
+            obj = obj + v["inv_sigma"] * expr
         cons_lin, e = [], None
         if M:
             e = cp.Variable(M, nonneg=True)
-            obj = obj + P * cp.sum(e)
-            lin = cons + G.T @ v if recentred else cons - G.T @ w + G.T @ u
+            obj = obj + v["P"] * cp.sum(e)
+            lin = v["c"] + v["G"].T @ (step if recentred else u)
             cons_lin = [lin <= e]
             if eq.any():                  # an equality: |linearisation| <= e
                 cons_lin.append(-lin[np.flatnonzero(eq)] <= e[np.flatnonzero(eq)])
-        return cp.Problem(cp.Minimize(obj), cons_lin + dom), u, cons_lin, dom, e
-
-    def _linearized_build(self, recentred: bool, eq: np.ndarray, M: int):
-        """The parametrised problem of :meth:`_linearized_problem` (its cache entry), or
-        False when the domain is not DPP with the point as a parameter."""
-        d = self.dim
-        extra = []
-        params = {"w": cp.Parameter(d), "g0": cp.Parameter(d),
-                  "half_inv_t": cp.Parameter(nonneg=True),
-                  "inv_sigma": cp.Parameter(nonneg=True)}
-        if recentred:
-            v = cp.Variable(d)
-            u = params["w"] + v
-            expr, dom = self.instantiate(u)
-            obj = params["g0"] @ v + params["half_inv_t"] * cp.sum_squares(v)
-        else:
-            # |u - w|^2 / (2 t) through z = u - w: a parameter times a function of a parameter
-            # is not DPP, and expanding it (|u|^2 / (2 t) - w.u / t) cancels digits: a step of
-            # 2e-5 where the form with constants gives 1e-11 at |w| = 3.4e3
-            u = cp.Variable(d)
-            v = None
-            z = cp.Variable(d)
-            expr, dom = self.instantiate(u)
-            obj = params["g0"] @ u + params["half_inv_t"] * cp.sum_squares(z)
-            extra = [z == u - params["w"]]
-        if expr is not None:
-            # DPP in the form in u; in the step v (a parameter inside the term) not: that
-            # form is then built afresh each time
-            obj = obj + params["inv_sigma"] * expr
-        cons_lin, e = [], None
-        if M:
-            params["G"] = cp.Parameter((d, M))
-            params["c"] = cp.Parameter(M)
-            params["P"] = cp.Parameter(nonneg=True)
-            e = cp.Variable(M, nonneg=True)
-            obj = obj + params["P"] * cp.sum(e)
-            lin = params["c"] + params["G"].T @ (v if recentred else u)
-            cons_lin = [lin <= e]
-            if eq.any():
-                cons_lin.append(-lin[np.flatnonzero(eq)] <= e[np.flatnonzero(eq)])
         prob = cp.Problem(cp.Minimize(obj), cons_lin + extra + dom)
-        if not prob.is_dpp():
-            return False
-        return prob, params, u, cons_lin, dom, e
+        return prob, u, cons_lin, dom, e, v
 
     def prox_residual(self, w, g, solver: str = "CLARABEL") -> float:
         """|w - prox_{R + I_D}(w - g)|, the prox-gradient stationarity residual.
