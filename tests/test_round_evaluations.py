@@ -1,8 +1,8 @@
 """Evaluations cost what they must (issue 19): a full-batch round's own statistics are the
 full-data evaluation at the point it accepted (the KKT test runs on them without a second pass
 over the data), and on sampled rounds the scheduled evaluations keep to ``eval_budget`` of the
-clients' work when asked (``eval_budget``; the default None
-evaluates every ``eval_every`` rounds)."""
+clients' work (``eval_budget``: by default 0.15 while the batches of batch_size="auto" grow,
+None -- every ``eval_every`` rounds -- at a fixed B)."""
 
 import numpy as np
 import pytest
@@ -56,6 +56,32 @@ def test_sampled_rounds_keep_the_evaluations_within_budget(cancer_data):
     rows = 569 * (len(budget.history.eval_t) + 2)
     assert budget.communication.eval_up_total < every.communication.eval_up_total
     assert rows <= 0.2 * (200 * 50 + rows)
+
+
+def test_by_default_only_the_growing_batches_evaluations_are_thinned(cancer_data):
+    """eval_budget="auto" (the default): with batch_size="auto" the sampled rounds' scheduled
+    evaluations keep to 15 % of the rows read (B = 32 on 5 clients reads 160 rows a round, an
+    evaluation 569: rounds 1-10 read too few for one at round 10), then the full-batch
+    rounds are their own evaluations; the iterates are those of eval_budget=None. At a fixed
+    B, with eval_every given, or when only some clients take part, every eval_every rounds."""
+    prob = neyman_pearson(cancer_data, 0.2)
+    auto = prob.solve(seed=0)
+    none = prob.solve(seed=0, eval_budget=None)
+    assert auto.status == none.status == "converged"
+    np.testing.assert_array_equal(auto.x, none.x)           # evaluations do not move iterates
+    sampled = np.flatnonzero(auto.history.batch_size < 569 / 5)
+    first_full = int(auto.history.t[sampled[-1] + 1])
+    paid = auto.history.eval_t[auto.history.eval_t < first_full]
+    assert 10 in none.history.eval_t and 10 not in paid and len(paid) >= 1
+    read = 5 * auto.history.batch_size[sampled].sum()
+    assert 569 * (len(paid) - 1) <= 0.15 * (read + 569 * len(paid))
+    assert auto.communication.eval_up_total < none.communication.eval_up_total
+    fixed = prob.solve(seed=0, batch_size=10, tau=0.5, max_iter=30)
+    np.testing.assert_array_equal(fixed.history.eval_t, [10, 20, 30])
+    asked = prob.solve(seed=0, eval_every=5, max_iter=20)
+    np.testing.assert_array_equal(asked.history.eval_t[:4], [5, 10, 15, 20])
+    some = prob.solve(seed=0, clients_per_round=3, max_iter=20)
+    np.testing.assert_array_equal(some.history.eval_t[:2], [10, 20])
 
 
 def test_eval_budget_is_checked():

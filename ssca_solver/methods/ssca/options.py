@@ -68,20 +68,23 @@ class SSCAOptions(opt.RunOptions):
       surrogate_init: "tau" (Fbar^(0) = tau |w|^2, the paper's Section V convention, default)
         or "zero" (Fbar^(0) = 0, eq. (Fs0bar) as written); see PAPER_NOTES item 4.
       hessian: "lbfgs" (default) or "none". On full batches with tau="auto" (the backtracking
-        regime) and the closed-form subproblem, "lbfgs" adds a damped limited-memory BFGS
-        model of the Lagrangian's Hessian, built from the gradients the rounds already carry,
-        to the objective's surrogate: an SQP step with the same exact-penalty backtracking
+        regime), "lbfgs" adds a damped limited-memory BFGS model of the Lagrangian's
+        Hessian, built from the gradients the rounds already carry, to the objective's
+        surrogate (the closed form through Woodbury, the CVXPY path as a parametrised
+        quadratic term): an SQP step with the same exact-penalty backtracking
         (:mod:`ssca_solver.methods.ssca.quasi_newton`). "none": the paper's first-order
         surrogates (eqs. (fs0bar)/(fsmbar)) in every round. Sampled rounds, a fixed tau and
-        the CVXPY path always use the first-order surrogates.
-      eval_budget: None (default: a scheduled full-data evaluation every ``eval_every``
-        rounds, whatever it costs) or the largest share b of the clients' work (rows read)
-        the scheduled evaluations may take, e.g. 0.15: one runs at a multiple of
-        ``eval_every`` once the rounds since the last read N (1 - b) / b rows. On full
-        batches with tau="auto" the rounds' own statistics are the evaluations (free), so
-        this matters for sampled rounds (a fixed B, the first rounds of batch_size="auto"),
-        where it also thins the evaluations the status's evidence reads (a stalled
-        violation needs 4 in a stage): not the default.
+        a diagonal metric always use the first-order surrogates.
+      eval_budget: "auto" (default), None, or the largest share b of the clients' work (rows
+        read) the scheduled full-data evaluations may take, e.g. 0.15: one runs at a multiple
+        of ``eval_every`` once the rounds since the last read N (1 - b) / b rows. None: one
+        every ``eval_every`` rounds, whatever it costs. "auto": b = 0.15 while the batches
+        grow (``batch_size="auto"``, every client in every round, ``eval_every`` not given),
+        where a round of 32 rows per client costs a small fraction of an evaluation's N rows
+        and the full-batch rounds that follow are free evaluations; None at a fixed B or
+        with ``clients_per_round`` (there the evaluations are the status's only evidence: an
+        infeasible or stalled stage needs 4) or when ``eval_every`` is given. On full batches with tau="auto" the rounds' own
+        statistics are the evaluations (free), whatever the budget.
     """
 
     batch_size: Any = "auto"
@@ -98,7 +101,7 @@ class SSCAOptions(opt.RunOptions):
     solver_options: Optional[dict] = None
     surrogate_init: str = "tau"
     hessian: str = "lbfgs"
-    eval_budget: Any = None
+    eval_budget: Any = "auto"
 
     def checked(self, problem, given: dict) -> "SSCAOptions":
         """The options with SSCA's own values checked and normalised (after
@@ -147,14 +150,38 @@ class SSCAOptions(opt.RunOptions):
                                          ("tau", "zero")),
             "hessian": opt.choice("hessian", "none" if self.hessian is None else self.hessian,
                                   ("lbfgs", "none")),
-            "eval_budget": (None if self.eval_budget is None else
-                            opt.real("eval_budget", self.eval_budget, low=0.0, low_open=True,
-                                     high=1.0))})
+            "eval_budget": _eval_budget(self.eval_budget, B, given,
+                                        self.clients_per_round is None)})
 
 
 #: the default max_iter of Algorithm 2 is this many rounds per penalty value (800 with the
 #: default four); Algorithm 1's is RunOptions.max_iter (200)
 ROUNDS_PER_STAGE = 200
+
+
+#: the share of the clients' work the scheduled evaluations may take in the sampled rounds of
+#: batch_size="auto" (eval_budget="auto"): there a batch of 32 rows per client reads 1/780 of
+#: the rows an evaluation reads, so one every eval_every rounds was most of the run's work
+#: (17 % of a 250,000-row Neyman-Pearson run, 12 % of the first 120 rounds on the paper's
+#: network), for a status its full-batch rounds then settle with free evaluations
+AUTO_EVAL_BUDGET = 0.15
+
+
+def _eval_budget(value, batch_size, given: dict, every_client: bool):
+    """eval_budget as a share in (0, 1] or None (every ``eval_every`` rounds). "auto": the
+    share AUTO_EVAL_BUDGET when the batches grow (batch_size="auto") to full batches whose
+    rounds are free evaluations (every client in every round) and the user left
+    ``eval_every`` at its default, else None: at a fixed B, or when only some clients take
+    part in a round, the scheduled evaluations are the status's only evidence (an infeasible
+    problem needs 4 in a stage) and what the penalty continuation reads, and an
+    ``eval_every`` given is a schedule asked for."""
+    if isinstance(value, str) and value == "auto":
+        if batch_size == "auto" and every_client and "eval_every" not in given:
+            return AUTO_EVAL_BUDGET
+        return None
+    if value is None:
+        return None
+    return opt.real("eval_budget", value, low=0.0, low_open=True, high=1.0)
 
 
 def _tau(value):
