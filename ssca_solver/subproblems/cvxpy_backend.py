@@ -169,17 +169,6 @@ class CvxpySubproblem:
             self._params = [{s.name: _parameter(s, m) for s in b.statistic_specs(dim)}
                             for m, b in enumerate(builders)]
             self._c = cp.Parameter(nonneg=True, name="penalty")
-            self._main = self._build(self._params, self._c)
-            self.dpp = self.problem.is_dpp()
-            if not self.dpp:
-                warnings.warn("the subproblem is not DPP (a custom surrogate builder multiplies "
-                              "parameters in a way CVXPY cannot parametrise); CVXPY will "
-                              "recompile it every round, which is slow", stacklevel=3)
-        else:  # check the model once on placeholder values; each solve rebuilds it
-            self._main = self._build([{s.name: cp.Constant(_placeholder(s))
-                                       for s in b.statistic_specs(dim)} for b in builders],
-                                     cp.Constant(1.0))
-            self.dpp = False
         # the local form (issue 18): every builder can recentre its statistics
         zero = np.zeros(dim)
         self._recentres = all(b.recentre({s.name: _placeholder(s)
@@ -187,6 +176,42 @@ class CvxpySubproblem:
                               for b in builders)
         self._local = {}                 # qn (bool) -> the parametrised local model or None
         self._center_param = None
+        self._qn_params = None
+        self._main_model = None
+        self.dpp = self.parametrize
+        # the rounds' problem is built now (a model the surrogates cannot express raises
+        # here, before round 1): the local form when it applies, else Problem 5 in w; the
+        # latter, which then serves only rounds without a centre, is built on first use
+        if not (self.parametrize and self._recentres and self._local_main(False) is not None):
+            self._main_model = self._build_main()
+
+    def _build_main(self) -> "_Model":
+        """Problem 5 in w: on the Parameters (with a warning when CVXPY cannot parametrise
+        it), or, when not parametrised, on placeholder values (which checks the model once;
+        each solve then rebuilds it)."""
+        if self.parametrize:
+            model = self._build(self._params, self._c)
+            self.dpp = model.problem.is_dpp()
+            if not self.dpp:
+                warnings.warn("the subproblem is not DPP (a custom surrogate builder multiplies "
+                              "parameters in a way CVXPY cannot parametrise); CVXPY will "
+                              "recompile it every round, which is slow", stacklevel=4)
+            return model
+        self.dpp = False
+        return self._build([{s.name: cp.Constant(_placeholder(s))
+                             for s in b.statistic_specs(self.dim)} for b in self._builders],
+                           cp.Constant(1.0))
+
+    @property
+    def _main(self) -> "_Model":
+        """The model the next solve uses (Problem 5 in w unless a solve swapped in another)."""
+        if self._main_model is None:
+            self._main_model = self._build_main()
+        return self._main_model
+
+    @_main.setter
+    def _main(self, model: "_Model") -> None:
+        self._main_model = model
 
     @property
     def problem(self) -> cp.Problem:
@@ -497,10 +522,11 @@ class CvxpySubproblem:
             self._local.pop(True, None)
         return rank
 
-    def _model_main(self) -> _Model:
-        """The parametrised Problem 5 with the quasi-Newton term (built on first use)."""
-        if getattr(self, "_qn_main", None) is None:
-            rank = self._model_rank(0)
+    def _qn_parameters(self) -> dict:
+        """The Parameters of the quasi-Newton term at the current rank (made on first use,
+        and again after the rank changed)."""
+        rank = self._model_rank(0)
+        if self._qn_params is None or self._qn_params["Vx"].shape != (rank,):
             self._qn_params = {
                 "Vx": cp.Parameter(rank, name="qn_Vx"),
                 "sdx": cp.Parameter(self.dim, name="qn_sdx"),
@@ -508,7 +534,12 @@ class CvxpySubproblem:
                 "Vs": cp.Parameter((self.dim, rank), name="qn_Vs"),
                 "sd": cp.Parameter(nonneg=True, name="qn_sd"),
                 "sh": cp.Parameter(rank, nonneg=True, name="qn_sh")}
-            self._qn_main = self._build(self._params, self._c, qn=self._qn_params)
+        return self._qn_params
+
+    def _model_main(self) -> _Model:
+        """The parametrised Problem 5 with the quasi-Newton term (built on first use)."""
+        if getattr(self, "_qn_main", None) is None:
+            self._qn_main = self._build(self._params, self._c, qn=self._qn_parameters())
         return self._qn_main
 
     def _local_main(self, with_qn: bool) -> Optional[_Model]:
@@ -520,11 +551,10 @@ class CvxpySubproblem:
             if self.parametrize and self._recentres:
                 if self._center_param is None:
                     self._center_param = cp.Parameter(self.dim, name="center")
-                if with_qn:
-                    self._model_main()           # makes the quasi-Newton Parameters
                 try:
                     model = self._build(self._params, self._c, center=self._center_param,
-                                        qn=self._qn_params if with_qn else None, local=True)
+                                        qn=self._qn_parameters() if with_qn else None,
+                                        local=True)
                     if not model.problem.is_dpp():
                         model = None
                 except Exception:       # e.g. a domain written for a Variable only
@@ -555,7 +585,7 @@ class CvxpySubproblem:
                     v = 0.5 * (v + v.T)
                 vals[spec.name] = v
             values.append(vals)
-        plain = None
+        plain, swapped = None, False
         x = None if center is None else np.asarray(center, dtype=float)
         local = None
         if x is not None and x.shape == (self.dim,) and np.all(np.isfinite(x)) \
@@ -572,7 +602,9 @@ class CvxpySubproblem:
             if qn is not None:
                 for name, p in self._qn_params.items():
                     p.value = qn[name]
-            plain, self._main = self._main, self._local_main(qn is not None)
+            # (Problem 5 in w, possibly not built yet, comes back after the solve)
+            plain, swapped = self._main_model, True
+            self._main = self._local_main(qn is not None)
         elif local is not None and not self.parametrize:
             self._main = self._build([{k: cp.Constant(v) for k, v in vals.items()}
                                       for vals in local], cp.Constant(float(penalty)),
@@ -585,7 +617,8 @@ class CvxpySubproblem:
                     p.value = vals[name]
             self._c.value = float(penalty)
             if qn is not None:
-                plain, self._main = self._main, self._model_main()
+                plain, swapped = self._main, True
+                self._main = self._model_main()
                 for name, p in self._qn_params.items():
                     p.value = qn[name]
         else:
@@ -597,8 +630,8 @@ class CvxpySubproblem:
             (w, s, duals, value), status, retries, inaccurate = self._solve_with_retries(
                 round, values, penalty)
         finally:
-            if plain is not None:
-                self._main = plain
+            if swapped:
+                self._main_model = plain
         M = self.num_constraints
         slack = np.maximum(s, 0.0) if M else np.zeros(0)
         mult = (np.array([float(np.atleast_1d(d)[0]) for d in duals]) if M else np.zeros(0))
