@@ -114,6 +114,9 @@ def test_an_unreachable_bound_is_infeasible_at_a_minimiser_of_the_violation():
     res = prob.solve(seed=0, max_iter=1600)
     assert res.status == "infeasible", res.message
     assert "stationary point of the violation" in res.message
+    # the evaluations it names are the history's (on full batches most are the rounds' own,
+    # not a schedule every eval_every rounds)
+    assert f"none of the run's {len(res.history.eval_t)} full-data evaluations" in res.message
     r = np.linalg.norm(old.grad(res.x, X, Y)) / np.linalg.norm(old.grad(np.zeros(11), X, Y))
     assert r <= 1e-3
 

@@ -133,8 +133,8 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
     if at_most:
         m = int(np.argmax(kkt.feasibility_rel))
         return st.INFEASIBLE, (
-            f"no feasible point was found: none of the {len(evaluated)} full-data evaluations "
-            f"(every {o.eval_every} rounds) nor the returned point satisfied the constraints "
+            f"no feasible point was found: none of the run's {len(evaluated)} full-data "
+            f"evaluations nor the returned point satisfied the constraints "
             f"(constraint {m + 1} violated by {kkt.feasibility[m]:.3g} at the end); at the "
             f"largest penalty c = {stages[-1].penalty:g} the subproblem kept a positive slack "
             f"({stages[-1].slack_norm:.3g}, relative) and the violation stopped decreasing "
