@@ -257,3 +257,24 @@ def test_the_linearised_kkt_problem_compiled_once_agrees_with_a_fresh_build(far,
     assert max(det._linearized_uses.values()) == 4
     # and the steps differ between the calls: the parameters were refilled, not stale
     assert np.max(np.abs(fresh[0][0] - fresh[1][0])) > 1e-3
+
+
+def test_the_deterministic_gradient_of_a_ridge_term_is_read_without_cvxpy():
+    """lambda |w|^2 (with or without a domain) takes the gradient 2 lambda w; any other term
+    CVXPY's; both against central differences of the terms' value."""
+    from ssca_solver.model.deterministic import DeterministicPart
+
+    rng = np.random.default_rng(3)
+    cases = [(lambda w: 0.3 * cp.sum_squares(w), 0.3),
+             (lambda w: 0.3 * cp.sum_squares(w) + cp.sum(w), None),
+             (lambda w: cp.sum_squares(w - 1.0), None),
+             (lambda w: 0.1 * cp.sum_squares(w) + 0.2 * cp.sum_squares(w), 0.3)]
+    for term, lam in cases:
+        for domain in ([], [lambda w: [w >= -5.0]]):
+            det = DeterministicPart([("r", term)], domain, 6)
+            assert det._ridge() == (None if lam is None else pytest.approx(lam, rel=1e-12))
+            w = rng.standard_normal(6)
+            g = det.grad(w)
+            fd = np.array([(det.value(w + 1e-6 * e) - det.value(w - 1e-6 * e)) / 2e-6
+                           for e in np.eye(6)])
+            np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)

@@ -126,15 +126,25 @@ class DeterministicPart:
         """lambda when the terms add up to lambda |w|^2 (lambda >= 0) and there is no domain."""
         if self._domain:
             return None
+        return self._ridge()
+
+    def _ridge(self) -> Optional[float]:
+        """lambda when the terms add up to lambda |w|^2, whatever the domain (None when not;
+        0.0 without terms): their value at three random points and at 0, computed once."""
         if not self._exprs:
             return 0.0
-        if not self.smooth:
-            return None
-        probe = np.random.default_rng(0).standard_normal((3, self.dim))
-        vals = np.array([self.value(p) for p in probe])
-        lam = vals[0] / float(probe[0] @ probe[0])
-        ok = np.allclose(vals, lam * np.einsum("ij,ij->i", probe, probe), rtol=1e-10, atol=1e-12)
-        return float(lam) if ok and abs(self.value(np.zeros(self.dim))) < 1e-14 else None
+        if "_ridge_value" in self.__dict__:
+            return self._ridge_value
+        lam = None
+        if self.smooth:
+            probe = np.random.default_rng(0).standard_normal((3, self.dim))
+            vals = np.array([self.value(p) for p in probe])
+            c = vals[0] / float(probe[0] @ probe[0])
+            ok = np.allclose(vals, c * np.einsum("ij,ij->i", probe, probe), rtol=1e-10,
+                             atol=1e-12)
+            lam = float(c) if ok and abs(self.value(np.zeros(self.dim))) < 1e-14 else None
+        self._ridge_value = lam
+        return lam
 
     # -- numeric evaluation -------------------------------------------------------------------------
     def value(self, w) -> float:
@@ -144,10 +154,15 @@ class DeterministicPart:
         return float(sum(e.value for e in self._exprs))
 
     def grad(self, w) -> np.ndarray:
-        """Gradient (a subgradient at kinks, as CVXPY gives it) of the terms' sum at ``w``."""
+        """Gradient (a subgradient at kinks, as CVXPY gives it) of the terms' sum at ``w``;
+        2 lambda w without CVXPY when they are lambda |w|^2 (:meth:`_ridge`; CVXPY's
+        gradient took ~1.7 ms, a fifth of a small problem's KKT tests)."""
         g = np.zeros(self.dim)
         if not self._exprs:
             return g
+        lam = self._ridge()
+        if lam is not None:
+            return 2.0 * lam * np.asarray(w, dtype=float).reshape(self.dim)
         self._w.value = np.asarray(w, dtype=float)
         for e in self._exprs:
             if e.is_constant():
