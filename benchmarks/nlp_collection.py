@@ -374,6 +374,7 @@ def run_library(s2mpj: Path, name: str, time_limit: float) -> dict:
     k = res.kkt
     out.update({"status": res.status, "message": str(res.message)[:2000], "rounds": int(res.nit),
                 "wall": wall, "subproblem": res.subproblem, "fun": float(res.fun),
+                "retries": int(np.nansum(res.history.retries)),
                 "x": x.tolist(), "warnings": caught[:5],
                 "lib_stationarity_rel": float(k.stationarity_rel),
                 "lib_scale": float(k.scale), "lib_multiplier_source": k.multiplier_source,

@@ -147,3 +147,70 @@ def test_the_rounds_are_solved_in_the_step_from_the_rounds_point():
 
     plain = sp.solve(stats, c, round=2)
     assert plain.retries >= 4                             # every setting of Clarabel failed
+
+
+def test_full_batch_runs_compile_one_subproblem(cancer_data, monkeypatch):
+    """On full batches with the quasi-Newton model the rounds before its first pair solve the
+    model's compiled problem with B = 0 (the same subproblem): one compile of Problem 5 per
+    run, not two, and the same iterates as the first-order problem gives those rounds. With
+    batch_size="auto" the sampled rounds compile the first-order problem, which then also
+    serves the full-batch rounds before the first pair (there the B = 0 problem made Clarabel
+    retry)."""
+    from ssca_solver.subproblems import cvxpy_backend as cb
+
+    compiles = []
+    original = SolvingChain.apply
+
+    def counting_apply(self, problem, verbose=False):
+        compiles.append(problem)
+        return original(self, problem, verbose)
+
+    monkeypatch.setattr(SolvingChain, "apply", counting_apply)
+    prob = neyman_pearson(cancer_data, alpha=0.2)
+    opts = dict(batch_size="full", max_iter=12, seed=0, subproblem="cvxpy", eval_every=None)
+    one = prob.solve(**opts)
+    n_one = len(compiles)
+    monkeypatch.setattr(cb.CvxpySubproblem, "with_zero_model",
+                        lambda self, center: self)          # the first-order problem
+    del compiles[:]
+    two = prob.solve(**opts)
+    assert n_one == 1 and len(compiles) == 2
+    assert one.nit == two.nit == 12
+    np.testing.assert_allclose(one.x, two.x, rtol=1e-6, atol=1e-8)
+    np.testing.assert_array_equal(one.history.retries, two.history.retries)
+    assert one.history.retries[0] == 0
+
+
+def test_a_failed_zero_term_round_is_the_first_order_problem_with_one_retry(monkeypatch):
+    from ssca_solver.errors import SubproblemError
+    from ssca_solver.model.surrogates import ProximalLinear
+
+    d = 6
+    rng = np.random.default_rng(0)
+    builders = [ProximalLinear(), ProximalLinear()]
+    sub = CvxpySubproblem(d, builders, True, [0.3], DeterministicPart((), (), d))
+    x = rng.standard_normal(d)
+    stats = tuple({"quad": np.asarray(0.5), "lin": rng.standard_normal(d),
+                   "const": np.asarray(0.1)} for _ in builders)
+    plain = sub.solve(stats, 10.0, round=1, center=x)
+    zero = CvxpySubproblem(d, builders, True, [0.3], DeterministicPart((), (), d))
+    fine = zero.with_zero_model(x).solve(stats, 10.0, round=1)
+    # the same subproblem: values to the interior point's tolerance (~1e-9 relative gap),
+    # w to what strong convexity (modulus >= 2 quad = 1) makes of that
+    tol = 1e-7 * max(1.0, abs(plain.value))
+    assert abs(fine.value - plain.value) <= tol
+    assert np.linalg.norm(fine.w - plain.w) <= np.sqrt(2.0 * tol)
+    assert fine.retries == plain.retries == 0
+
+    original = CvxpySubproblem.solve
+
+    def failing(self, *args, qn=None, **kw):
+        if qn is not None:
+            raise SubproblemError("every attempt failed (test)")
+        return original(self, *args, qn=qn, **kw)
+
+    monkeypatch.setattr(CvxpySubproblem, "solve", failing)
+    fresh = CvxpySubproblem(d, builders, True, [0.3], DeterministicPart((), (), d))
+    sol = fresh.with_zero_model(x).solve(stats, 10.0, round=1)
+    np.testing.assert_array_equal(sol.w, plain.w)        # the first-order problem's answer
+    assert sol.retries == 1

@@ -63,6 +63,10 @@ _CLARABEL_DEFAULTS = {"tol_gap_abs": 1e-8, "tol_gap_rel": 1e-8, "tol_feas": 1e-8
 #: many columns (up to d), so a run compiles it a few times at most
 MODEL_RANK = 16
 
+#: up to this d the term has d columns from the start (the model's rank reaches min(d, 128)
+#: at d <= 512: from 16 columns a d = 31 problem compiled twice, d = 64 three times)
+FULL_RANK_DIM = 64
+
 #: The other solvers tried, at these settings, when every attempt of the chosen solver failed
 #: (answers of these first-order methods are flagged inaccurate; OSQP only for QPs).
 OTHER_SOLVERS = {"CLARABEL": dict(CLARABEL_TOLERANCES),
@@ -177,6 +181,7 @@ class CvxpySubproblem:
         self._local = {}                 # qn (bool) -> the parametrised local model or None
         self._center_param = None
         self._qn_params = None
+        self._first_order_solved = False     # a round solved without a quasi-Newton term
         self._main_model = None
         self.dpp = self.parametrize
         # the rounds' problem is built now (a model the surrogates cannot express raises
@@ -493,6 +498,19 @@ class CvxpySubproblem:
         ``center`` (:class:`ModelCvxpy`; issue 19), as the closed form's ``with_model``."""
         return ModelCvxpy(self, model, center)
 
+    def with_zero_model(self, center: np.ndarray) -> "ZeroModelCvxpy":
+        """This solver for a round of the full-batch phase before its quasi-Newton model holds
+        a pair: the model's compiled problem with B = 0 (:class:`ZeroModelCvxpy`), so that a
+        run compiles one subproblem instead of two."""
+        return ZeroModelCvxpy(self, center)
+
+    def _zero_model_values(self) -> dict:
+        """The values of :meth:`_build`'s quasi-Newton term for B = 0 (every factor zero)."""
+        rank = self._model_rank(0)
+        return {"Vx": np.zeros(rank), "sdx": np.zeros(self.dim),
+                "V": np.zeros((self.dim, rank)), "Vs": np.zeros((self.dim, rank)), "sd": 0.0,
+                "sh": np.zeros(rank)}
+
     def _model_values(self, model, center: np.ndarray) -> dict:
         """The model B = delta I - Psi N^{-1} Psi' as the factor values of :meth:`_build`'s
         quasi-Newton term: V an orthonormal basis of Psi's span that diagonalises B there
@@ -513,7 +531,8 @@ class CvxpySubproblem:
     def _model_rank(self, needed: int) -> int:
         """The columns of the quasi-Newton term: MODEL_RANK, doubled (up to d) until ``needed``
         fit; a change drops the compiled problems that hold the term (rebuilt on next use)."""
-        rank = getattr(self, "_qn_rank", None) or min(self.dim, MODEL_RANK)
+        rank = getattr(self, "_qn_rank", None) or (
+            self.dim if self.dim <= FULL_RANK_DIM else min(self.dim, MODEL_RANK))
         while rank < needed:
             rank = min(self.dim, 2 * rank)
         if rank != getattr(self, "_qn_rank", None):
@@ -586,6 +605,7 @@ class CvxpySubproblem:
                 vals[spec.name] = v
             values.append(vals)
         plain, swapped = None, False
+        self._first_order_solved |= qn is None
         x = None if center is None else np.asarray(center, dtype=float)
         local = None
         if x is not None and x.shape == (self.dim,) and np.all(np.isfinite(x)) \
@@ -659,3 +679,37 @@ class ModelCvxpy:
         return self.base.solve(stats, penalty, round, nu0,
                                qn=self.base._model_values(self.model, self.center),
                                center=self.center)
+
+
+class ZeroModelCvxpy:
+    """A :class:`CvxpySubproblem` for the full-batch rounds before the quasi-Newton model
+    holds a pair: the compiled problem of :class:`ModelCvxpy` with its term at B = 0 (the same
+    subproblem as the first-order one), so that a run compiles one problem, not two (a compile
+    took ~15 ms of a small S2MPJ problem's ~150 ms run). Where the local form does not apply,
+    or the solver fails on it, the round is the first-order problem's."""
+
+    name = "cvxpy"
+
+    def __init__(self, base: CvxpySubproblem, center: np.ndarray):
+        self.base, self.center = base, center
+
+    def solve(self, stats, penalty: float, round: int, nu0=None,
+              center=None) -> SubproblemSolution:
+        base = self.base
+        # (once the first-order problem was compiled, by the sampled rounds of batch_size=
+        # "auto", there is no compile to save: it serves, as Clarabel needed a retry with the
+        # zero term in a round its first attempt solves with the first-order problem)
+        if (base.parametrize and base._recentres and not base._first_order_solved
+                and base._local_main(True) is not None):
+            try:
+                return base.solve(stats, penalty, round, nu0, qn=base._zero_model_values(),
+                                  center=self.center)
+            except EmptyDomainError:
+                raise
+            except SubproblemError:
+                # every attempt failed on the zero term: the first-order problem, the failed
+                # attempt counted as one retry
+                sol = base.solve(stats, penalty, round, nu0, center=self.center)
+                sol.retries += 1
+                return sol
+        return base.solve(stats, penalty, round, nu0, center=self.center)

@@ -146,6 +146,11 @@ class SSCA(FrontDoor):
             return self.subproblem.with_metric(state.metric, center)
         if self._model_on(state):
             return self.subproblem.with_model(self._model(state), center)
+        if (self.model_ok and self._backtracking(state)
+                and hasattr(self.subproblem, "with_zero_model")):
+            # CVXPY: the model's compiled problem with B = 0 until the first pair (one
+            # compile per run instead of two; the same subproblem)
+            return self.subproblem.with_zero_model(center)
         return self.subproblem
 
     def _model_on(self, state) -> bool:
