@@ -182,6 +182,7 @@ class CvxpySubproblem:
         self._center_param = None
         self._qn_params = None
         self._first_order_solved = False     # a round solved without a quasi-Newton term
+        self._model_solved = False           # a round solved with a model's term
         self._main_model = None
         self.dpp = self.parametrize
         # the rounds' problem is built now (a model the surrogates cannot express raises
@@ -676,6 +677,7 @@ class ModelCvxpy:
     def solve(self, stats, penalty: float, round: int, nu0=None,
               center=None) -> SubproblemSolution:
         # the model's centre is the round's point (``center``, when given, is the same)
+        self.base._model_solved = True
         return self.base.solve(stats, penalty, round, nu0,
                                qn=self.base._model_values(self.model, self.center),
                                center=self.center)
@@ -699,8 +701,10 @@ class ZeroModelCvxpy:
         # (once the first-order problem was compiled, by the sampled rounds of batch_size=
         # "auto", there is no compile to save: it serves, as Clarabel needed a retry with the
         # zero term in a round its first attempt solves with the first-order problem)
+        # (and only before the run's first model: after a reset of the model, the rounds
+        # without it are the first-order problem's, as the run's statuses were measured with)
         if (base.parametrize and base._recentres and not base._first_order_solved
-                and base._local_main(True) is not None):
+                and not base._model_solved and base._local_main(True) is not None):
             try:
                 return base.solve(stats, penalty, round, nu0, qn=base._zero_model_values(),
                                   center=self.center)
