@@ -83,8 +83,9 @@ class SSCAOptions(opt.RunOptions):
         where a round of 32 rows per client costs a small fraction of an evaluation's N rows
         and the full-batch rounds that follow are free evaluations; None at a fixed B or
         with ``clients_per_round`` (there the evaluations are the status's only evidence: an
-        infeasible or stalled stage needs 4) or when ``eval_every`` is given. On full batches with tau="auto" the rounds' own
-        statistics are the evaluations (free), whatever the budget.
+        infeasible or stalled stage needs 4) or when ``eval_every`` is given. On full
+        batches with tau="auto" the rounds' own statistics are the evaluations (free),
+        whatever the budget.
     """
 
     batch_size: Any = "auto"
