@@ -11,15 +11,21 @@ from ssca_solver.model.deterministic import DeterministicPart
 from ssca_solver.subproblems import CvxpySubproblem
 
 
-def test_problem_is_compiled_once_and_resolved_by_parameter_updates(cancer_data, monkeypatch):
-    compiles = []
+@pytest.fixture
+def compiles(monkeypatch):
+    """The problems CVXPY compiles (SolvingChain.apply) while the test runs, in order."""
+    seen = []
     original = SolvingChain.apply
 
     def counting_apply(self, problem, verbose=False):
-        compiles.append(problem)
+        seen.append(problem)
         return original(self, problem, verbose)
 
     monkeypatch.setattr(SolvingChain, "apply", counting_apply)
+    return seen
+
+
+def test_problem_is_compiled_once_and_resolved_by_parameter_updates(cancer_data, compiles):
     prob = neyman_pearson(cancer_data, alpha=0.2)
     progs = []
     res = prob.solve(batch_size=10, max_iter=50, penalty=[10.0, 100.0], slack_tol=0.0, seed=0,
@@ -149,7 +155,7 @@ def test_the_rounds_are_solved_in_the_step_from_the_rounds_point():
     assert plain.retries >= 4                             # every setting of Clarabel failed
 
 
-def test_full_batch_runs_compile_one_subproblem(cancer_data, monkeypatch):
+def test_full_batch_runs_compile_one_subproblem(cancer_data, compiles, monkeypatch):
     """On full batches with the quasi-Newton model the rounds before its first pair solve the
     model's compiled problem with B = 0 (the same subproblem): one compile of Problem 5 per
     run, not two, and the same iterates as the first-order problem gives those rounds. With
@@ -158,14 +164,6 @@ def test_full_batch_runs_compile_one_subproblem(cancer_data, monkeypatch):
     retry)."""
     from ssca_solver.subproblems import cvxpy_backend as cb
 
-    compiles = []
-    original = SolvingChain.apply
-
-    def counting_apply(self, problem, verbose=False):
-        compiles.append(problem)
-        return original(self, problem, verbose)
-
-    monkeypatch.setattr(SolvingChain, "apply", counting_apply)
     prob = neyman_pearson(cancer_data, alpha=0.2)
     opts = dict(batch_size="full", max_iter=12, seed=0, subproblem="cvxpy", eval_every=None)
     one = prob.solve(**opts)
