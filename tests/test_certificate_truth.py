@@ -155,6 +155,57 @@ def test_a_start_outside_the_domain_starts_from_its_projection():
     assert res.kkt.stationarity <= 1e-4
 
 
+#: S2MPJ's TENBARS1 box: x0 = 0 and x_i >= 0.645 on the last ten of 18 variables, x_i >= -50.8
+#: on four others. Clarabel fails the projection at the tight tolerances and solves it at its
+#: defaults, but only in a fresh solve: CVXPY's warm start re-solved with the first attempt's
+#: settings, so the fallback failed too and the run started outside the domain (its steps
+#: into the domain were then rejected at every tau up to 7e7)
+TENBARS_LOWER = np.array([-np.inf, -50.8] * 4 + [0.645] * 10)
+
+
+def _tenbars_box(w):
+    lo = np.flatnonzero(np.isfinite(TENBARS_LOWER))
+    return [w[lo] >= TENBARS_LOWER[lo]]
+
+
+def test_the_projection_falls_back_to_a_fresh_solve_at_the_defaults():
+    det = DeterministicPart((), (_tenbars_box,), 18)
+    x = det.project(np.zeros(18))
+    expected = np.maximum(0.0, TENBARS_LOWER)
+    np.testing.assert_allclose(x, expected, atol=1e-7)
+
+
+def test_the_kkt_step_falls_back_to_a_fresh_solve_at_the_defaults(monkeypatch):
+    """The linearised KKT step's attempts (tight tolerances, then Clarabel's defaults) solve
+    the same CVXPY problem twice: the second must be a fresh solve, since CVXPY's warm start
+    would hand the data to the solver made with the first attempt's settings (S2MPJ's
+    TRUSPYR2 lost its certificate at 714 rounds so: 'solver_error' on every attempt at a
+    point whose independent KKT residual was 7e-12; with fresh solves it is certified). The
+    tight attempt's failure is simulated (Clarabel refuses tolerances below 1e-10 here)."""
+    import cvxpy.reductions.solvers.conic_solvers.clarabel_conif as conif
+    real = conif.CLARABEL.solve_via_data
+    calls = []
+
+    def picky(self, data, warm_start, verbose, solver_opts, solver_cache=None):
+        tight = min(solver_opts.get(k, 1.0) for k in ("tol_feas", "tol_gap_abs")) < 1e-10
+        calls.append((tight, warm_start))
+        out = real(self, data, warm_start, verbose, solver_opts, solver_cache)
+        if tight:
+            raise cp.error.SolverError("simulated failure at tight tolerances")
+        return out
+
+    monkeypatch.setattr(conif.CLARABEL, "solve_via_data", picky)
+    det = DeterministicPart((), (lambda w: [w >= 0.0],), 2)
+    # min (u1 - 1)^2 + u2^2 over u >= 0 linearised at w = (0.5, 0): the step to (1, 0)
+    w = np.array([0.5, 0.0])
+    u, mu, duals, elastic = det.linearized_step(w, np.array([-1.0, 0.0]), np.zeros((2, 0)),
+                                                np.zeros(0), step=0.5)
+    assert calls[0] == (True, False) and calls[1][0] is False
+    assert calls[1][1] is False, "the fallback to the defaults reused the tight solver"
+    # (Clarabel's defaults leave ~1e-4 in u: the answer is the defaults', not the tight one's)
+    np.testing.assert_allclose(u, [1.0, 0.0], atol=1e-3)
+
+
 def test_difference_steps_that_leave_the_domain_are_shortened():
     """At w1 = 1e-12 on the bound w1 >= 1e-12 of log w1 (S2MPJ's LIN), the probe's step of
     1e-6 leaves log's domain (NaN: 'f.value returned a non-finite value ... gradient check');

@@ -307,7 +307,11 @@ class DeterministicPart:
         for options in ({"tol_gap_abs": 1e-12, "tol_gap_rel": 1e-12, "tol_feas": 1e-12}
                         if solver.upper() == "CLARABEL" else {}, {}):
             try:
-                prob.solve(solver=solver, **options)
+                # warm_start=False: on a second solve of the same problem CVXPY's warm start
+                # hands Clarabel the data through update(), which keeps the first attempt's
+                # settings, so the fallback to the defaults was the tight attempt again
+                # (S2MPJ's TENBARS1: x0 = 0 outside x >= 0.645 was never projected)
+                prob.solve(solver=solver, warm_start=False, **options)
             except cp.error.SolverError as exc:
                 statuses.append(f"solver error ({exc})")
                 continue
@@ -402,7 +406,8 @@ class DeterministicPart:
                 prob, u, cons_lin, dom, e = built
                 for options in (tight, {}):
                     try:
-                        prob.solve(solver=solver, **options)
+                        # warm_start=False: the defaults must be a fresh solve (see project)
+                        prob.solve(solver=solver, warm_start=False, **options)
                         statuses.append(prob.status)
                     except cp.error.SolverError:
                         statuses.append("solver_error")

@@ -155,9 +155,10 @@ class ServerProx:
         self.z.value = np.asarray(z, dtype=float)
         self.s.value = float(s)
         try:
-            self.problem.solve(solver=self.solver, **self.tight)
+            self.problem.solve(solver=self.solver, warm_start=False, **self.tight)
         except cp.error.SolverError:
-            self.problem.solve(solver=self.solver)
+            # a fresh solve at the defaults (CVXPY's warm start would keep the tight settings)
+            self.problem.solve(solver=self.solver, warm_start=False)
         if self.u.value is None or self.problem.status not in (cp.OPTIMAL,
                                                                cp.OPTIMAL_INACCURATE):
             raise SubproblemError(f"the server's proximal step on the deterministic terms and "
