@@ -726,7 +726,7 @@ class SSCA(FrontDoor):
                 delta = self._model(state).delta
                 k = max(k, ad.MODEL_REJECT * delta / max(self._tau(state), 1e-300))
         else:
-            self._track_progress(state, merit)
+            self._track_progress(state, merit, stats, c_merit)
             state = self._with_pair(state, stats)
             # with a curvature model tau is the regularisation of a quasi-Newton step, not the
             # curvature: it falls faster while steps are accepted
@@ -765,17 +765,23 @@ class SSCA(FrontDoor):
         nu = float(np.max(np.abs(state.nu)))
         return min(c, max(ad.MERIT_MULTIPLIERS * nu, ad.MERIT_FLOOR * c))
 
-    def _track_progress(self, state, merit: float) -> None:
+    def _track_progress(self, state, merit: float, stats, c_merit: float) -> None:
         """With the model: rounds since the merit last fell by more than MERIT_PROGRESS of its
-        size (a new stage starts afresh). At a kink of F (|w| at 0) the quasi-Newton steps
-        hover at 1e-11 without settling by step length; STALL_ROUNDS accepted rounds without
-        progress settle the point (:meth:`settled`)."""
+        size below the best point's. At a kink of F (|w| at 0) the quasi-Newton steps hover at
+        1e-11 without settling by step length; STALL_ROUNDS accepted rounds without progress
+        settle the point (:meth:`settled`). The best point's merit is recomputed with this
+        round's weight ``c_merit`` (from its statistics): the weight follows the multipliers,
+        and a best merit kept from a round with a smaller weight made 30 rounds of progress
+        look like none (S2MPJ's TENBARS1 settled at round 96 of 800 at c = 1e5 while its
+        violation was still falling)."""
         if not self._model_on(state) or not np.isfinite(state.merit):
-            self._best_merit, self._stall = merit, 0
+            self._best, self._stall = (state.w, stats), 0
             return
-        best = getattr(self, "_best_merit", np.inf)
-        if merit < best - ad.MERIT_PROGRESS * max(1.0, abs(best)):
-            self._best_merit, self._stall = merit, 0
+        best = getattr(self, "_best", None)
+        best_merit = (np.inf if best is None or len(best[0]) != len(state.w)
+                      else self._merit(best[1], best[0], c_merit))
+        if merit < best_merit - ad.MERIT_PROGRESS * max(1.0, abs(best_merit)):
+            self._best, self._stall = (state.w, stats), 0
         else:
             self._stall = getattr(self, "_stall", 0) + 1
 
