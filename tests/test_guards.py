@@ -50,6 +50,39 @@ def test_a_run_that_settled_at_a_kink_with_a_failing_kkt_test_is_not_converged()
     assert "stopped moving" in res.message and "did not pass" in res.message
 
 
+def test_the_stall_count_compares_merits_at_the_same_weight():
+    """With the model the merit weighs the violation by a weight that follows the multipliers
+    (SSCA._merit_penalty), so merits of different rounds are not comparable: the best point's
+    merit is recomputed at this round's weight. Here each round lowers the objective and the
+    violation while the weight grows tenfold; every round is progress (S2MPJ's TENBARS1 was
+    settled at round 96 of 800, its violation still falling, when the best merit came from
+    a round with a smaller weight). At a fixed weight, hovering is not progress."""
+    from collections import namedtuple
+    from ssca_solver.methods.ssca.algorithm import SSCA
+
+    State = namedtuple("State", "w merit")
+
+    class Stub:
+        def _model_on(self, state):
+            return True
+
+        def _merit(self, stats, w, c):
+            return stats["f"] + c * stats["v"]
+
+    stub, track = Stub(), SSCA._track_progress
+    points = [({"f": 10.0 - k, "v": 1.0 - 0.1 * k}, 10.0 ** k) for k in range(4)]
+    for k, (stats, c) in enumerate(points):
+        merit = stub._merit(stats, None, c)
+        track(stub, State(np.array([float(k)]), merit), merit, stats, c)
+        assert stub._stall == 0, (k, merit)
+    # the same point again and again at a fixed weight: no progress, counted
+    stats, c = points[-1]
+    for k in range(3):
+        merit = stub._merit(stats, None, c)
+        track(stub, State(np.array([3.0]), merit), merit, stats, c)
+    assert stub._stall == 3
+
+
 # -- 2. no certificate from an incomplete evaluation ----------------------------------------
 
 def _unreachable_client_problem():

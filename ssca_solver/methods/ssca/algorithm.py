@@ -780,7 +780,8 @@ class SSCA(FrontDoor):
         best = getattr(self, "_best", None)
         best_merit = (np.inf if best is None or len(best[0]) != len(state.w)
                       else self._merit(best[1], best[0], c_merit))
-        if merit < best_merit - ad.MERIT_PROGRESS * max(1.0, abs(best_merit)):
+        if (not np.isfinite(best_merit)
+                or merit < best_merit - ad.MERIT_PROGRESS * max(1.0, abs(best_merit))):
             self._best, self._stall = (state.w, stats), 0
         else:
             self._stall = getattr(self, "_stall", 0) + 1
