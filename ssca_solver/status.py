@@ -39,6 +39,15 @@ SETTLED = "settled"
 REASONS = (CONVERGED, MAX_ITER, STOPPED, SETTLED)
 
 
+def exceeds(name: str, value: float, tol: float) -> str:
+    """"<name> = <value> > <tol> (relative)" for a residual that fails its test, or, for the NaN residual
+    of a report that could not be computed, that it could not be computed (never "nan > tol",
+    which reads as a measured value)."""
+    if np.isnan(value):
+        return f"{name} could not be computed"
+    return f"{name} = {value:.3g} > {tol:g} (relative)"
+
+
 def converged(kkt, t: int, feas_tol: float, kkt_tol: float) -> tuple[str, str]:
     """(CONVERGED, message) for a run whose full-data KKT test passed at round ``t``, provided
     ``kkt``, the full-data report at the returned point, passes too. When it does not (the
@@ -49,7 +58,7 @@ def converged(kkt, t: int, feas_tol: float, kkt_tol: float) -> tuple[str, str]:
     if kkt is not None and not kkt.passed(feas_tol, kkt_tol):
         name, value, tol = kkt.residuals(feas_tol, kkt_tol)[0]
         return ERROR, (f"the KKT test passed at round {t}, but the full-data report at the "
-                       f"returned point does not: {name} = {value:.3g} > {tol:g} (relative); "
+                       f"returned point does not: {exceeds(name, value, tol)}; "
                        "the run's stop test and its final report disagree, a defect of the "
                        "library: please report it")
     return CONVERGED, kkt.passed_message(t, feas_tol, kkt_tol)
@@ -81,8 +90,9 @@ def not_passed(t: int, residual: tuple, advice: str) -> tuple[str, str]:
     """(MAX_ITER, message) for a run whose full-data KKT test did not pass in ``t`` rounds:
     names the residual that failed and what to try (``advice``)."""
     name, value, tol = residual
-    return MAX_ITER, (f"the full-data KKT test did not pass in {t} rounds: {name} = "
-                      f"{value:.3g} > {tol:g} (relative) at the returned point; try {advice}")
+    return MAX_ITER, (f"the full-data KKT test did not pass in {t} rounds: "
+                      f"{exceeds(name, value, tol)} at the returned point; try "
+                      f"{advice}")
 
 
 def error(what: str, t: int, exc: BaseException, checkpoint=None) -> tuple[str, str]:

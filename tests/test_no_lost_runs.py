@@ -240,6 +240,11 @@ def test_a_failing_kkt_report_is_marked_failed_and_the_run_keeps_its_status(
     assert np.isnan(k.max_residual)
     assert k.residuals(1e-4, 1e-4)[0][0] == "stationarity"
     assert "could not be computed" in res.message and "'unbounded'" in res.message
+    # a failing residual of a failed report is named as not computed, never quoted as a
+    # value "stationarity = nan > 0.0001" (S2MPJ's TRUSPYR2 said so at stop 30)
+    assert "= nan" not in res.message.lower(), res.message
+    status, message = st.not_passed(20, k.residuals(1e-4, 1e-4)[0], "more rounds")
+    assert "stationarity could not be computed at the returned point" in message, message
     text = res.report()
     assert "KKT           not computed (failed: SubproblemError" in text
     assert np.isfinite(res.fun) and len(res.history.t) == 20

@@ -76,6 +76,7 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
     if reason == st.STOPPED:
         return st.stopped(state.t, state.penalty if M else None)
     name, value, tol = kkt.residuals(o.feas_tol, o.kkt_tol)[0]
+    failing = st.exceeds(name, value, tol)
     evaluated = (excess(history.constraints, equality) / bound_scale if M
                  else np.zeros((0, 0)))
     ever_feasible = bool(M and len(evaluated) and np.any(np.max(evaluated, axis=1)
@@ -151,8 +152,8 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
         pass                          # the no-feasible-point messages below say what happened
     elif reason == st.SETTLED and violated:
         return st.MAX_ITER, (f"the iterates stopped moving at round {state.t} at c = "
-                            f"{state.penalty:g} with the constraints violated ({name} = "
-                            f"{value:.3g} > {tol:g}, relative), although an earlier "
+                            f"{state.penalty:g} with the constraints violated and the full-data KKT "
+                            f"test failing ({failing}), although an earlier "
                             "evaluated iterate was feasible: c may be below the multipliers "
                             "(give larger penalties), or the point is a stationary point of "
                             "the penalised problem that is no KKT point of the constrained "
@@ -162,21 +163,21 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
                             "the exact penalty F_0 + R + c (violation) in "
                             f"{state.rejects} tries in a row (tau doubled or a second-order "
                             "correction at each), and the "
-                            f"full-data KKT test did not pass: {name} = {value:.3g} > {tol:g} "
-                            "(relative); the point may sit at a kink of a nonsmooth function, "
+                            f"full-data KKT test did not pass: {failing}; "
+                            "the point may sit at a kink of a nonsmooth function, "
                             "the penalised problem's rounding may hide the decrease, or c "
                             f"= {state.penalty:g} may be below the multipliers: try larger "
                             "penalties" if M else
                             f"the iterates stopped moving at round {state.t}: no step improved "
                             f"the objective in {state.rejects} tries in a row (tau doubled at "
-                            f"each), and the full-data KKT test did not pass: {name} = "
-                            f"{value:.3g} > {tol:g} (relative); the point may sit at a kink of "
+                            f"each), and the full-data KKT test did not pass: {failing}; "
+                            "the point may sit at a kink of "
                             "a nonsmooth function, or rounding may hide the decrease")
     elif reason == st.SETTLED:
         solved = "the penalised problem is solved" if M else "a fixed point of the surrogates"
         return st.MAX_ITER, (f"the iterates stopped moving at round {state.t} (full batches: "
                             f"{solved}) but the full-data KKT test did not "
-                            f"pass: {name} = {value:.3g} > {tol:g} (relative); the point may "
+                            f"pass: {failing}; the point may "
                             "sit at a kink of a nonsmooth function, or the tolerance is "
                             "below what rounding allows for this problem")
     if M and not ever_feasible and np.max(kkt.feasibility_rel) > o.feas_tol and stalled:
