@@ -186,6 +186,33 @@ def test_genuine_forces_far_above_the_objectives_gradient_certify():
     assert 100 < forces.max() <= FORCE_LIMIT
 
 
+def test_the_linearised_step_measures_stationarity_not_the_violation_within_feas_tol():
+    """S2MPJ's ALLINITA mechanism: an equality h = 0.01 w1 + w2 - 1 violated by 8e-5 (within
+    feas_tol) at a point where the bound w2 >= 1 pins the coordinate h mostly moves; the
+    objective -w1 + 50 w2 is balanced there by mu = 100 on h and 150 on the bound (an exact
+    KKT point of the linearisation through w). Asked to remove the violation as well, the
+    step moved 8e-3 along w1 (relative stationarity 8e-3: refused); the violation is the
+    feasibility test's to judge, and the report passes with the multipliers."""
+    from ssca_solver.diagnostics.evaluation import Evaluation
+
+    det = ss.Problem(lambda w: 0 * cp.sum_squares(w), dim=2, data=None,
+                     domain=lambda w: [w[1] >= 1.0]).deterministic
+    terms = ProblemTerms(True, np.array([0.0]), det, equality=np.array([True]))
+    w = np.array([8e-3, 1.0])
+    g0, gh = np.array([-1.0, 50.0]), np.array([0.01, 1.0])
+    ev = Evaluation(np.array([0.0, 8e-5]), np.vstack([g0, gh]), 0, 0)
+    rep = kkt_report(w, ev, terms)
+    assert rep.multiplier_source == "linearized"
+    assert rep.feasibility_rel[0] == pytest.approx(8e-5, rel=1e-9)
+    assert rep.stationarity_rel < 1e-6, rep.stationarity_rel
+    assert rep.passed(1e-4, 1e-4)
+    assert rep.multipliers[0] == pytest.approx(100.0, rel=1e-4)
+    # beyond feas_tol the same point fails, on feasibility
+    ev = Evaluation(np.array([0.0, 8e-3]), np.vstack([g0, gh]), 0, 0)
+    far = kkt_report(np.array([0.8, 1.0]), ev, terms)
+    assert not far.passed(1e-4, 1e-4) and far.residuals(1e-4, 1e-4)[0][0].startswith("feas")
+
+
 def test_the_fit_takes_the_near_active_set_when_the_full_fit_leans_on_an_inactive_constraint():
     """Issue 18: the regularised fit over all constraints gave a slightly inactive constraint
     (2e-3 from its bound) with a large, nearly parallel gradient part of the force, where the
