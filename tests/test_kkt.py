@@ -201,16 +201,21 @@ def test_the_linearised_step_measures_stationarity_not_the_violation_within_feas
     w = np.array([8e-3, 1.0])
     g0, gh = np.array([-1.0, 50.0]), np.array([0.01, 1.0])
     ev = Evaluation(np.array([0.0, 8e-5]), np.vstack([g0, gh]), 0, 0)
-    rep = kkt_report(w, ev, terms)
+    rep = kkt_report(w, ev, terms, feas_tol=1e-4)
     assert rep.multiplier_source == "linearized"
     assert rep.feasibility_rel[0] == pytest.approx(8e-5, rel=1e-9)
     assert rep.stationarity_rel < 1e-6, rep.stationarity_rel
     assert rep.passed(1e-4, 1e-4)
     assert rep.multipliers[0] == pytest.approx(100.0, rel=1e-4)
-    # beyond feas_tol the same point fails, on feasibility
+    # beyond feas_tol the step has to remove the excess again (its force is the multiplier
+    # estimate the penalty continuation reads), and the report fails
     ev = Evaluation(np.array([0.0, 8e-3]), np.vstack([g0, gh]), 0, 0)
-    far = kkt_report(np.array([0.8, 1.0]), ev, terms)
-    assert not far.passed(1e-4, 1e-4) and far.residuals(1e-4, 1e-4)[0][0].startswith("feas")
+    far = kkt_report(np.array([0.8, 1.0]), ev, terms, feas_tol=1e-4)
+    assert not far.passed(1e-4, 1e-4) and far.feasibility_rel[0] > 1e-4
+    assert far.stationarity_rel > 1e-2 and far.multipliers[0] > 1e3
+    # without feas_tol (no allowance) the step removes every violation: the point fails
+    assert not kkt_report(w, Evaluation(np.array([0.0, 8e-5]), np.vstack([g0, gh]), 0, 0),
+                          terms).passed(1e-4, 1e-4)
 
 
 def test_the_fit_takes_the_near_active_set_when_the_full_fit_leans_on_an_inactive_constraint():

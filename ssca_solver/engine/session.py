@@ -353,7 +353,8 @@ class Session:
         try:
             return kkt_report(state.w, ev, self.evaluator.terms, self.solver,
                               metric=self.algorithm.kkt_metric(state),
-                              floor=self._floor(state.w, ev))
+                              floor=self._floor(state.w, ev),
+                              feas_tol=getattr(self.opts, "feas_tol", None))
         except Exception as exc:
             if not diagnostic_failure(exc):
                 raise
