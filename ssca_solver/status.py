@@ -40,9 +40,9 @@ REASONS = (CONVERGED, MAX_ITER, STOPPED, SETTLED)
 
 
 def exceeds(name: str, value: float, tol: float) -> str:
-    """"<name> = <value> > <tol> (relative)" for a residual that fails its test, or, for the NaN residual
-    of a report that could not be computed, that it could not be computed (never "nan > tol",
-    which reads as a measured value)."""
+    """"<name> = <value> > <tol> (relative)" for a residual that fails its test, or, for the
+    NaN residual of a report that could not be computed, that it could not be computed (never
+    "nan > tol", which reads as a measured value)."""
     if np.isnan(value):
         return f"{name} could not be computed"
     return f"{name} = {value:.3g} > {tol:g} (relative)"

@@ -211,19 +211,18 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         # by a gradient scale: a point 0.57 from the bound its gradient of 5.8e3 pushes it
         # to passed at 1e-4 (S2MPJ's QC, 15 % above the optimum)
         t = max(1.0, float(np.linalg.norm(w))) / scale
-        # the step measures stationarity only: a constraint violated at w within feas_tol is
+        # the step measures stationarity, not the violation the feasibility test judges: a
+        # constraint violated at w within ``feas_tol`` (relative, as that test reads it) is
         # linearised as active there, G_m.(u - w) <= 0 (= 0 for an equality), as the plain
-        # fit above treats it (the feasibility test judges the violation). Asked to remove
-        # the violation too, the step moved 4.6e-3 along a direction the violated equality's
-        # gradient barely sees (0.018, the other one pinned by a bound) to remove a violation
-        # of 8.4e-5 < feas_tol: relative stationarity 2.9e-3 at a point whose independent
-        # KKT residual is 2e-14 (S2MPJ's ALLINITA, refused at 157 rounds)
-        # Only the violation within ``feas_tol`` (relative, as the feasibility test reads it)
-        # is allowed so: beyond it the test fails on feasibility anyway, and there the step
-        # still has to remove the excess, whose force is the multiplier estimate that tells
-        # the penalty continuation that c is too small (with every violation shifted, HS15's
-        # estimate at x0, violated by 3, was 0 instead of 438, and its first stage ran 41
-        # rounds instead of 6). None: no allowance (the step removes every violation).
+        # fit above treats it. Asked to remove such a violation too, the step moved 4.6e-3
+        # along a direction the violated equality's gradient barely sees (0.018, the other
+        # one pinned by a bound) to remove 8.4e-5: relative stationarity 2.9e-3 at a point
+        # whose independent KKT residual is 2e-14 (S2MPJ's ALLINITA, refused at 157 rounds).
+        # Beyond feas_tol the test fails anyway and the step still removes the excess, whose
+        # force is the multiplier estimate that tells the penalty continuation c is too
+        # small (with every violation shifted, HS15's estimate at x0, violated by 3, was 0
+        # instead of 438, and its first stage ran 41 rounds instead of 6). feas_tol None:
+        # no allowance.
         lin = cons
         if feas_tol is not None and M:
             allowance = float(feas_tol) * np.maximum(1.0, np.abs(terms.bounds))

@@ -152,8 +152,8 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
         pass                          # the no-feasible-point messages below say what happened
     elif reason == st.SETTLED and violated:
         return st.MAX_ITER, (f"the iterates stopped moving at round {state.t} at c = "
-                            f"{state.penalty:g} with the constraints violated and the full-data KKT "
-                            f"test failing ({failing}), although an earlier "
+                            f"{state.penalty:g} with the constraints violated and the "
+                            f"full-data KKT test failing ({failing}), although an earlier "
                             "evaluated iterate was feasible: c may be below the multipliers "
                             "(give larger penalties), or the point is a stationary point of "
                             "the penalised problem that is no KKT point of the constrained "
