@@ -175,6 +175,21 @@ def test_the_projection_falls_back_to_a_fresh_solve_at_the_defaults():
     np.testing.assert_allclose(x, expected, atol=1e-7)
 
 
+def test_a_failed_projection_of_the_start_point_is_said(monkeypatch):
+    """When the start point's projection onto the domain fails (simulated), the run starts
+    from x0 outside the domain: a warning says so instead of nothing."""
+    def fail(self, w, solver="CLARABEL"):
+        raise ss.ModelError("the start point is outside the domain and its projection onto "
+                            "the domain failed (simulated)")
+
+    monkeypatch.setattr(DeterministicPart, "project", fail)
+    f = fn(lambda w: w @ w, lambda w: 2 * w, "f")
+    prob = ss.Problem(f, dim=2, data=ONE_ROW, domain=lambda w: [w >= 1.0])
+    with pytest.warns(RuntimeWarning, match="projection onto the domain failed"):
+        res = prob.solve(x0=np.zeros(2), seed=0, batch_size="full", max_iter=30)
+    assert res.nit > 0
+
+
 def test_the_kkt_step_falls_back_to_a_fresh_solve_at_the_defaults(monkeypatch):
     """The linearised KKT step's attempts (tight tolerances, then Clarabel's defaults) solve
     the same CVXPY problem twice: the second must be a fresh solve, since CVXPY's warm start

@@ -317,9 +317,15 @@ class Session:
             return x0
         try:
             x = det.project(x0, self.solver)
-        except ModelError:
-            # an empty domain, or a solver failure: the run's first subproblem meets the same
-            # and says so (EmptyDomainError with the state after round 0)
+        except ModelError as exc:
+            # an empty domain, or a solver failure: the run's first subproblem meets an empty
+            # domain too and says so (EmptyDomainError with the state after round 0); a
+            # failure of the projection alone is said here, since the run then starts outside
+            # the domain (S2MPJ's TENBARS1, before the projection's fallback worked: every
+            # step into the domain was rejected, tau 4 -> 7e7, with nothing said)
+            warnings.warn(f"x0 is outside the domain (violation {violation:.3g}) and its "
+                          f"projection onto the domain failed ({exc}); starting from x0",
+                          RuntimeWarning, stacklevel=2)
             return x0
         moved = float(np.linalg.norm(x - x0))
         if moved > 1e-9 * max(1.0, float(np.linalg.norm(x0))):
