@@ -319,8 +319,10 @@ def _best_fit(g, G, cons, eq, scale: float, bound_scale: np.ndarray) -> np.ndarr
 
     best = _fit_multipliers(g, G, cons, eq)
     best_value = worst(best)
-    tried, regularised = set(), True
+    tried, regularised_value = set(), None
     for eps in (MULTIPLIER_REGULARIZATION, 0.0):
+        if eps == 0.0:
+            regularised_value = best_value
         for theta in ACTIVE_THRESHOLDS + (np.inf,):
             keep = eq | (near <= theta)
             key = (eps, keep.tobytes())
@@ -333,11 +335,11 @@ def _best_fit(g, G, cons, eq, scale: float, bound_scale: np.ndarray) -> np.ndarr
                                    <= FORCE_LIMIT * scale):
                 continue
             value = worst(mu)
-            # a plain fit replaces a regularised one only when it does much better (not by
+            # a plain fit replaces the regularised ones only when it does much better (not by
             # the regularisation's own eps^2 on a fit that fails either way)
-            if value < (best_value if eps > 0 or regularised else PLAIN_GAIN * best_value):
+            if value < (best_value if eps > 0
+                        else min(best_value, PLAIN_GAIN * regularised_value)):
                 best, best_value = mu, value
-        regularised = False
     return best
 
 
