@@ -190,12 +190,16 @@ class DeterministicPart:
         lo = np.full(self.dim, -np.inf)
         hi = np.full(self.dim, np.inf)
         self._simple_bounds = (lo, hi)
+        # per domain constraint (in instantiate's order): (indices, kind, values) of the simple
+        # bound it states, kind "le", "ge" or "eq"; None for a constraint of another form
+        self._bound_rows = []
         if not self._domain:
             return self._simple_bounds
         u = cp.Variable(self.dim)
         try:
             _, dom = self.instantiate(u)
         except Exception:
+            self._bound_rows = None
             return self._simple_bounds
         index_types = (cp.atoms.affine.index.index, cp.atoms.affine.index.special_index)
 
@@ -212,24 +216,63 @@ class DeterministicPart:
             return None
 
         for c in dom:
-            if not isinstance(c, (cp.constraints.Equality, cp.constraints.Inequality)):
-                continue
-            a, b = c.args                       # a <= b, or a == b
-            for left, right, upper in ((a, b, True), (b, a, False)):
-                idx = selected(left)
-                if idx is None or not right.is_constant():
-                    continue
-                val = np.broadcast_to(np.asarray(right.value, dtype=float), idx.shape) \
-                    if np.size(right.value) in (1, idx.size) else None
-                if val is None:
-                    continue
-                val = np.asarray(val, dtype=float).reshape(idx.shape)
-                if isinstance(c, cp.constraints.Equality) or not upper:
-                    lo[idx] = np.maximum(lo[idx], val)
-                if isinstance(c, cp.constraints.Equality) or upper:
-                    hi[idx] = np.minimum(hi[idx], val)
-                break
+            row = None
+            if isinstance(c, (cp.constraints.Equality, cp.constraints.Inequality)):
+                a, b = c.args                       # a <= b, or a == b
+                for left, right, upper in ((a, b, True), (b, a, False)):
+                    idx = selected(left)
+                    if idx is None or not right.is_constant():
+                        continue
+                    val = np.broadcast_to(np.asarray(right.value, dtype=float), idx.shape) \
+                        if np.size(right.value) in (1, idx.size) else None
+                    if val is None:
+                        continue
+                    val = np.asarray(val, dtype=float).reshape(idx.shape)
+                    equality = isinstance(c, cp.constraints.Equality)
+                    if equality or not upper:
+                        lo[idx] = np.maximum(lo[idx], val)
+                    if equality or upper:
+                        hi[idx] = np.minimum(hi[idx], val)
+                    row = (idx, "eq" if equality else ("le" if upper else "ge"), val)
+                    break
+            self._bound_rows.append(row)
         return self._simple_bounds
+
+    def box(self) -> Optional[tuple]:
+        """(lo, hi, rows) when the domain is nothing but simple bounds on coordinates
+        (:meth:`simple_bounds`; ``rows``: per domain constraint the (indices, kind, values) it
+        states, kind "le", "ge" or "eq"), None when some constraint of the domain has another
+        form, or the bounds are contradictory (lo > hi: an empty domain, left to the
+        solvers' infeasibility reports). Without a domain: (-inf, inf, [])."""
+        lo, hi = self.simple_bounds()
+        rows = self._bound_rows
+        if rows is None or any(r is None for r in rows) or np.any(lo > hi):
+            return None
+        return lo, hi, rows
+
+    def box_duals(self, z_lo: np.ndarray, z_hi: np.ndarray) -> list:
+        """The domain's multipliers, one array per domain constraint as CVXPY's dual values
+        give them, from the multipliers of the bounds lo <= w (``z_lo`` >= 0) and w <= hi
+        (``z_hi`` >= 0) when the domain is a box (:meth:`box`). A coordinate bounded by
+        several constraints gives its multiplier to the first that states the tightest bound;
+        an equality's multiplier is z_hi - z_lo (CVXPY's sign for ``w == b``)."""
+        lo, hi, rows = self.box()
+        taken_lo = np.zeros(self.dim, dtype=bool)
+        taken_hi = np.zeros(self.dim, dtype=bool)
+        out = []
+        for idx, kind, val in rows:
+            dual = np.zeros(idx.size)
+            if kind in ("le", "eq"):
+                mine = (val == hi[idx]) & ~taken_hi[idx]
+                dual = dual + np.where(mine, z_hi[idx], 0.0)
+                taken_hi[idx[mine]] = True
+            if kind in ("ge", "eq"):
+                mine = (val == lo[idx]) & ~taken_lo[idx]
+                dual = dual - np.where(mine, z_lo[idx], 0.0) if kind == "eq" \
+                    else dual + np.where(mine, z_lo[idx], 0.0)
+                taken_lo[idx[mine]] = True
+            out.append(dual)
+        return out
 
     def bound_fixed(self, w) -> np.ndarray:
         """The coordinates the domain fixes by simple bounds (:meth:`simple_bounds`: equal
@@ -300,6 +343,10 @@ class DeterministicPart:
         w = np.asarray(w, dtype=float)
         if not self._domain or self.domain_violation(w) <= 0.0:
             return w
+        box = self.box()
+        if box is not None:
+            # a box: the nearest point is w clipped to it, no solve
+            return np.clip(w, box[0], box[1])
         v = cp.Variable(self.dim)
         _, dom = self.instantiate(w + v)
         prob = cp.Problem(cp.Minimize(cp.sum_squares(v)), dom)
@@ -390,6 +437,21 @@ class DeterministicPart:
         # it well below that (Clarabel's default tolerances leave ~1e-4 in u)
         tight = ({"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11, "tol_feas": 1e-11}
                  if solver.upper() == "CLARABEL" else {})
+        # a box domain and no terms but lambda |w|^2: the same problem handed to Clarabel
+        # directly (no CVXPY compile; the CVXPY forms below when it is not "Solved")
+        direct = self._direct_box(solver)
+        if direct is not None:
+            from ..subproblems.box_qp import linearized_step_box
+
+            got = linearized_step_box(direct[0], direct[1], w, g0, G, cons, eq, t, sigma, P,
+                                      tight)
+            if got is not None:
+                u, mu, (z_lo, z_hi), elastic = got
+                if M:
+                    mu = mu * sigma / row
+                    mu = np.where(eq, mu, np.maximum(mu, 0.0))
+                duals = [sigma * np.atleast_1d(x) for x in self.box_duals(z_lo, z_hi)]
+                return u, mu, duals, elastic
         statuses, found = [], False
         # far from the origin the form in the step v = u - w goes first: in u the objective
         # carries constants of |w|^2 / (2 t) whose rounding left a step of 6e5 where 0 was
@@ -436,6 +498,18 @@ class DeterministicPart:
         duals = [sigma * np.atleast_1d(np.asarray(c.dual_value, dtype=float)) for c in dom]
         elastic = float(np.sum(e.value)) if M else 0.0
         return np.asarray(u.value, dtype=float), mu, duals, elastic
+
+    def _direct_box(self, solver: str) -> Optional[tuple]:
+        """(box, lambda) when the linearised step can go to Clarabel directly
+        (:func:`ssca_solver.subproblems.box_qp.linearized_step_box`): Clarabel chosen, the
+        domain a box (:meth:`box`), the terms lambda |w|^2 or none, d small enough."""
+        from ..subproblems.box_qp import DIRECT_MAX_DIM, clarabel
+
+        if clarabel is None or solver.upper() != "CLARABEL" or self.dim > DIRECT_MAX_DIM:
+            return None
+        box = self.box()
+        lam = self._ridge() if box is not None else None
+        return None if lam is None else (box, lam)
 
     def _linearized_problem(self, recentred: bool, eq: np.ndarray, data: tuple,
                             cached: bool):

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import ModelError, SubproblemError
 from .base import SubproblemSolution
+from .box_qp import BoxProblem5
 
 
 #: Above this size the subproblem is rebuilt with constants each round instead of compiled once
@@ -138,6 +139,10 @@ class CvxpySubproblem:
       solver: a CVXPY solver name (default Clarabel, an interior-point method); one that is
         not installed is a ``ValueError`` at once.
       solver_options: keyword arguments passed to ``Problem.solve``.
+      direct: whether a round whose subproblem is a QP over a box (and Clarabel the solver
+        at the library's settings) goes to Clarabel directly first
+        (:class:`~ssca_solver.subproblems.box_qp.BoxProblem5`; ``subproblem="auto"``); False
+        keeps every round on the CVXPY model (``subproblem="cvxpy"``).
     """
 
     name = "cvxpy"
@@ -145,7 +150,7 @@ class CvxpySubproblem:
     def __init__(self, dim: int, builders: Sequence, stochastic_objective: bool,
                  bounds: Sequence[float], deterministic, solver: str = "CLARABEL",
                  solver_options: Optional[dict] = None, parametrize: Optional[bool] = None,
-                 equality=None):
+                 equality=None, direct: bool = False):
         if not installed(solver):
             raise ValueError(f"solver={solver!r} is not an installed CVXPY solver; installed: "
                              f"{', '.join(cp.installed_solvers())}")
@@ -185,10 +190,21 @@ class CvxpySubproblem:
         self._model_solved = False           # a round solved with a model's term
         self._main_model = None
         self.dpp = self.parametrize
+        # a QP over a box with the library's Clarabel settings: the rounds go to Clarabel
+        # directly (box_qp), CVXPY's problems are compiled only should that fail
+        direct = (BoxProblem5.applies(dim, builders, deterministic, solver, solver_options)
+                  if direct else None)
+        self.direct_solves = 0           # rounds the direct form solved
+        self._direct = None if direct is None else BoxProblem5(
+            dim, stochastic_objective, self._bounds, self._equality, direct[0], direct[1],
+            CLARABEL_TOLERANCES)
         # the rounds' problem is built now (a model the surrogates cannot express raises
         # here, before round 1): the local form when it applies, else Problem 5 in w; the
         # latter, which then serves only rounds without a centre, is built on first use
-        if not (self.parametrize and self._recentres and self._local_main(False) is not None):
+        # (with the direct form, whose proximal-linear surrogates need no check, on first
+        # use too)
+        if self._direct is None and not (self.parametrize and self._recentres
+                                         and self._local_main(False) is not None):
             self._main_model = self._build_main()
 
     def _build_main(self) -> "_Model":
@@ -529,6 +545,14 @@ class CvxpySubproblem:
         x = np.asarray(center, dtype=float)
         return {"Vx": V.T @ x, "sdx": sd * x, "V": V, "Vs": sd * V, "sd": sd, "sh": sh}
 
+    def _dense_model(self, qn: dict) -> np.ndarray:
+        """B as a d x d matrix from the factor values of :meth:`_model_values` (the direct
+        form's; B = sd^2 (I - V V') + V diag(sh^2) V' on the columns that hold a direction)."""
+        V, sh, sd = np.asarray(qn["V"]), np.asarray(qn["sh"]), float(qn["sd"])
+        on = np.any(V != 0.0, axis=0)
+        V, sh = V[:, on], sh[on]
+        return sd * sd * (np.eye(self.dim) - V @ V.T) + (V * sh * sh) @ V.T
+
     def _model_rank(self, needed: int) -> int:
         """The columns of the quasi-Newton term: MODEL_RANK, doubled (up to d) until ``needed``
         fit; a change drops the compiled problems that hold the term (rebuilt on next use)."""
@@ -584,7 +608,7 @@ class CvxpySubproblem:
 
     def solve(self, stats: Sequence[dict], penalty: float, round: int,
               nu0=None, qn: Optional[dict] = None,
-              center: Optional[np.ndarray] = None) -> SubproblemSolution:
+              center: Optional[np.ndarray] = None, model=None) -> SubproblemSolution:
         """Set the Parameters to ``stats`` and ``penalty`` (or rebuild with them) and solve,
         retrying as :meth:`_solve_with_retries` says; raise SubproblemError when every attempt
         fails. ``nu0`` is accepted for the common contract and unused (Clarabel has no dual
@@ -592,7 +616,13 @@ class CvxpySubproblem:
         (:meth:`_model_values`), added to the objective (the rescue attempts of
         :meth:`_solve_with_retries` go without it). ``center``: the round's point w_t; the
         problem is then solved in the step w - w_t (the local form of :meth:`_build`) when
-        every builder can recentre its statistics; a quasi-Newton term is centred there."""
+        every builder can recentre its statistics; a quasi-Newton term is centred there.
+        ``model``: the quasi-Newton model itself (instead of ``qn``, whose values are then
+        computed only if the CVXPY form is used).
+
+        A QP over a box (:class:`~ssca_solver.subproblems.box_qp.BoxProblem5`) goes to
+        Clarabel directly first; only when its answer is not "Solved" does the round take
+        the CVXPY path below, that attempt counted as one retry."""
         values = []
         for b, st in zip(self._builders, stats):
             vals = {}
@@ -606,7 +636,6 @@ class CvxpySubproblem:
                 vals[spec.name] = v
             values.append(vals)
         plain, swapped = None, False
-        self._first_order_solved |= qn is None
         x = None if center is None else np.asarray(center, dtype=float)
         local = None
         if x is not None and x.shape == (self.dim,) and np.all(np.isfinite(x)) \
@@ -614,6 +643,22 @@ class CvxpySubproblem:
             local = [b.recentre(vals, x) for b, vals in zip(self._builders, values)]
             if any(v is None for v in local):
                 local = None
+        retried = 0
+        if local is not None and self._direct is not None:
+            B = None
+            if model is not None and len(model):
+                B = model.matmat(np.eye(self.dim))
+            elif qn is not None:
+                B = self._dense_model(qn)
+            got = self._direct.solve(local, float(penalty), x, B)
+            if got is not None:
+                w, slack, mult, value = got
+                self._first_order_solved |= qn is None and model is None
+                self.direct_solves += 1
+                return SubproblemSolution(self._deterministic.clip(w), slack, mult, value)
+            retried = 1
+        if qn is None and model is not None:
+            qn = self._model_values(model, x)
         if local is not None and self.parametrize and self._local_main(qn is not None):
             for ps, vals in zip(self._params, local):
                 for name, p in ps.items():
@@ -647,12 +692,14 @@ class CvxpySubproblem:
                                       for vals in values], cp.Constant(float(penalty)),
                                      qn=None if qn is None else {
                                          k: cp.Constant(v) for k, v in qn.items()})
+        self._first_order_solved |= qn is None
         try:
             (w, s, duals, value), status, retries, inaccurate = self._solve_with_retries(
                 round, values, penalty)
         finally:
             if swapped:
                 self._main_model = plain
+        retries += retried
         M = self.num_constraints
         slack = np.maximum(s, 0.0) if M else np.zeros(0)
         mult = (np.array([float(np.atleast_1d(d)[0]) for d in duals]) if M else np.zeros(0))
@@ -678,8 +725,7 @@ class ModelCvxpy:
               center=None) -> SubproblemSolution:
         # the model's centre is the round's point (``center``, when given, is the same)
         self.base._model_solved = True
-        return self.base.solve(stats, penalty, round, nu0,
-                               qn=self.base._model_values(self.model, self.center),
+        return self.base.solve(stats, penalty, round, nu0, model=self.model,
                                center=self.center)
 
 
@@ -703,7 +749,10 @@ class ZeroModelCvxpy:
         # zero term in a round its first attempt solves with the first-order problem)
         # (and only before the run's first model: after a reset of the model, the rounds
         # without it are the first-order problem's, as the run's statuses were measured with)
-        if (base.parametrize and base._recentres and not base._first_order_solved
+        # (the direct form over a box compiles nothing: the first-order round is the same
+        # problem)
+        if (base._direct is None and base.parametrize and base._recentres
+                and not base._first_order_solved
                 and not base._model_solved and base._local_main(True) is not None):
             try:
                 return base.solve(stats, penalty, round, nu0, qn=base._zero_model_values(),

@@ -34,8 +34,10 @@ def closed_form_obstacle(problem, builders=None) -> Optional[str]:
 
 def make_subproblem(problem, builders, kind: str = "auto", solver: str = "CLARABEL",
                     solver_options: Optional[dict] = None):
-    """The subproblem solver for ``kind``: "auto" (closed form when it applies, else CVXPY),
-    "closed_form" (an error when it does not apply) or "cvxpy"."""
+    """The subproblem solver for ``kind``: "auto" (closed form when it applies, else CVXPY,
+    whose rounds go to Clarabel directly where the subproblem is a QP over a box:
+    :mod:`ssca_solver.subproblems.box_qp`), "closed_form" (an error when it does not apply) or
+    "cvxpy" (every round on the CVXPY model)."""
     why = closed_form_obstacle(problem, builders)
     if kind in ("auto", "closed_form"):
         if why is None:
@@ -46,4 +48,4 @@ def make_subproblem(problem, builders, kind: str = "auto", solver: str = "CLARAB
             raise ModelError(f"subproblem='closed_form' does not apply: {why}")
     return CvxpySubproblem(problem.dim, builders, problem.objective is not None,
                            problem.bounds, problem.deterministic, solver, solver_options,
-                           equality=problem.equality)
+                           equality=problem.equality, direct=kind == "auto")

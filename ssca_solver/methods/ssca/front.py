@@ -158,4 +158,5 @@ class FrontDoor(Method):
                                else "closed_form"),
                     "retries": int(history.retries.sum()),
                     "parametrized": getattr(self.subproblem, "parametrize", None),
+                    "direct_solves": getattr(self.subproblem, "direct_solves", None),
                     "inaccurate_rounds": inaccurate}}

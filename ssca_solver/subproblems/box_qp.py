@@ -1,0 +1,239 @@
+"""Problem 5 and the KKT test's linearised step handed to Clarabel directly, over a box.
+
+Where the subproblem is a quadratic program over a box (every surrogate proximal-linear or a
+linearisation, the deterministic terms lambda |w|^2 or absent, the domain only simple bounds
+on coordinates), CVXPY's modelling layer is most of its cost on small problems: a compile of
+15-25 ms per problem form (a run compiles two or three) and ~2.5 ms per solve around
+Clarabel's ~0.5 ms (measured on S2MPJ's HS21, d = 2: 80 ms of a 140 ms run in CVXPY). Here
+the same problem is written in Clarabel's own form
+
+    minimise  z' P z / 2 + q' z   subject to  A z + s = b,  s in K
+
+(P upper triangular, CSC) and solved by the same interior-point solver at the same tolerances.
+Only a "Solved" answer is used: any other status hands the round back to the CVXPY path, with
+its whole chain of fallbacks (:meth:`CvxpySubproblem._solve_with_retries`), so the direct form
+adds speed and no new way to fail.
+
+Problem 5 in the step v = w - w_t about the round's point (the local form of
+:meth:`CvxpySubproblem._build`), z = (v, r, s):
+
+    minimise   a_0 |v|^2 + b_0.v + v' B v / 2 + lambda |w_t + v|^2 + c sum_m s_m
+    subject to a_m r + b_m.v + e_m - U_m <= s_m,   s_m >= 0            (inequalities)
+               |b_m.v + e_m - U_m| <= s_m                               (equalities: a_m = 0)
+               |v|^2 <= r                       (one second-order cone, only when an a_m > 0)
+               lo <= w_t + v <= hi              (a fixed coordinate: an equality row)
+
+with (a_m, b_m, e_m) each surrogate's statistics recentred at w_t (quad, lin, const) and B
+the quasi-Newton model (dense: d <= DIRECT_MAX_DIM). r is the shared epigraph of |v|^2 as in
+the CVXPY form (the objective's a_0 |v|^2 goes into P directly: the same minimiser).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import scipy.sparse as sp
+
+try:                                    # a dependency of the package; guarded all the same
+    import clarabel
+except ImportError:                     # pragma: no cover
+    clarabel = None
+
+#: the direct form is used up to this many variables (P and the constraint rows are dense)
+DIRECT_MAX_DIM = 512
+
+
+def settings(tolerances: dict):
+    """Clarabel's settings at ``tolerances`` (tol_gap_abs, tol_gap_rel, tol_feas), quiet."""
+    st = clarabel.DefaultSettings()
+    st.verbose = False
+    for k, v in tolerances.items():
+        setattr(st, k, v)
+    return st
+
+
+def _bound_rows(lo: np.ndarray, hi: np.ndarray, x: np.ndarray, n: int):
+    """The rows of lo <= x + v <= hi, v the first x.size of n columns, as dense arrays:
+    (equality A, b, fixed indices), (inequality A, b, upper indices, lower indices)."""
+    d = x.size
+    fixed = np.flatnonzero(np.isfinite(lo) & (lo == hi))
+    upper = np.flatnonzero(np.isfinite(hi) & (lo != hi))
+    lower = np.flatnonzero(np.isfinite(lo) & (lo != hi))
+    A_eq = np.zeros((fixed.size, n))
+    A_eq[np.arange(fixed.size), fixed] = 1.0
+    A_in = np.zeros((upper.size + lower.size, n))
+    A_in[np.arange(upper.size), upper] = 1.0
+    A_in[upper.size + np.arange(lower.size), lower] = -1.0
+    b_in = np.concatenate([hi[upper] - x[upper], x[lower] - lo[lower]])
+    return (A_eq, hi[fixed] - x[fixed], fixed), (A_in, b_in, upper, lower)
+
+
+def solve_qp(P: np.ndarray, q, A_eq: np.ndarray, b_eq, A_in: np.ndarray, b_in,
+             soc: Optional[tuple], tolerances: dict):
+    """Clarabel on min z'Pz/2 + q'z s.t. A_eq z = b_eq, A_in z <= b_in and, with ``soc`` =
+    (A_soc, b_soc), b_soc - A_soc z in the second-order cone (dense arrays, converted to CSC
+    once: building them sparse block by block took a quarter of a small problem's run).
+    Returns (x, z_eq, z_in, status)."""
+    blocks, b, cones = [], [], []
+    if A_eq.shape[0]:
+        blocks.append(A_eq), b.append(b_eq), cones.append(clarabel.ZeroConeT(A_eq.shape[0]))
+    if A_in.shape[0]:
+        blocks.append(A_in), b.append(b_in)
+        cones.append(clarabel.NonnegativeConeT(A_in.shape[0]))
+    if soc is not None:
+        blocks.append(soc[0]), b.append(soc[1])
+        cones.append(clarabel.SecondOrderConeT(soc[0].shape[0]))
+    A = sp.csc_matrix(np.vstack(blocks))
+    sol = clarabel.DefaultSolver(sp.csc_matrix(np.triu(P)), np.asarray(q, dtype=float), A,
+                                 np.concatenate(b), cones, settings(tolerances)).solve()
+    z = np.asarray(sol.z, dtype=float)
+    n_eq = A_eq.shape[0]
+    return (np.asarray(sol.x, dtype=float), z[:n_eq], z[n_eq:n_eq + A_in.shape[0]],
+            str(sol.status))
+
+
+class BoxProblem5:
+    """Problem 5 (Problem 2 when M = 0) in the local form, solved by Clarabel directly
+    (module docstring). ``applies`` says whether a problem qualifies; :meth:`solve` returns
+    (w, slack, multipliers, value) or None when Clarabel's status is not "Solved"."""
+
+    def __init__(self, dim: int, stochastic_objective: bool, bounds, equality, box: tuple,
+                 ridge: float, tolerances: dict):
+        self.dim = dim
+        self.k = 1 if stochastic_objective else 0
+        self.U = np.asarray(bounds, dtype=float)
+        self.eq = np.asarray(equality, dtype=bool)
+        self.lo, self.hi = box[0], box[1]
+        self.ridge = float(ridge)
+        self.tolerances = dict(tolerances)
+
+    @staticmethod
+    def applies(dim: int, builders, deterministic, solver: str,
+                solver_options: Optional[dict]) -> Optional[tuple]:
+        """(box, ridge) when the direct form applies to this subproblem, else None."""
+        if clarabel is None or solver.upper() != "CLARABEL" or solver_options:
+            return None
+        if dim > DIRECT_MAX_DIM:
+            return None
+        if not all(getattr(b, "scalar_curvature", False)
+                   and [s.name for s in b.statistic_specs(dim)] == ["const", "lin", "quad"]
+                   for b in builders):
+            return None
+        box = deterministic.box()
+        ridge = deterministic._ridge()
+        if box is None or ridge is None:
+            return None
+        return box, ridge
+
+    def solve(self, local: list, penalty: float, x: np.ndarray,
+              B: Optional[np.ndarray]) -> Optional[tuple]:
+        """Problem 5 at the statistics ``local`` recentred at the round's point ``x``
+        (dicts of const, lin, quad), penalty c and quasi-Newton matrix ``B`` (None: none)."""
+        d, k = self.dim, self.k
+        M = self.U.size
+        a = np.array([float(st["quad"]) for st in local[k:]])
+        if np.any(a[self.eq] != 0.0):
+            return None                  # an equality whose surrogate is not affine
+        use_r = bool(np.any(a > 0.0))
+        nr = 1 if use_r else 0
+        n = d + nr + M
+        P = np.zeros((n, n))
+        q = np.zeros(n)
+        const = 0.0
+        if k:
+            a0, b0, c0 = float(local[0]["quad"]), np.asarray(local[0]["lin"]), float(local[0]["const"])
+            P[:d, :d] += 2.0 * a0 * np.eye(d)
+            q[:d] += b0
+            const += c0
+        if self.ridge:
+            P[:d, :d] += 2.0 * self.ridge * np.eye(d)
+            q[:d] += 2.0 * self.ridge * x
+            const += self.ridge * float(x @ x)
+        if B is not None:
+            P[:d, :d] += 0.5 * (B + B.T)
+        q[d + nr:] = penalty
+        # the surrogate constraints, their equalities' second sides, s >= 0
+        Gm = np.array([np.asarray(st["lin"], dtype=float) for st in local[k:]]).reshape(M, d)
+        em = np.array([float(st["const"]) for st in local[k:]]) - self.U
+        rows = np.zeros((M, n))
+        rows[:, :d] = Gm
+        if use_r:
+            rows[:, d] = a
+        rows[:, d + nr:] = -np.eye(M)
+        ie = np.flatnonzero(self.eq)
+        low = np.zeros((ie.size, n))
+        low[:, :d] = -Gm[ie]
+        low[np.arange(ie.size), d + nr + ie] = -1.0
+        neg = np.zeros((M, n))
+        neg[:, d + nr:] = -np.eye(M)
+        (A_eq, b_eq, _), (A_box, b_box, _, _) = _bound_rows(self.lo, self.hi, x, n)
+        A_in = np.vstack([rows, low, neg, A_box])
+        b_in = np.concatenate([-em, em[ie], np.zeros(M), b_box])
+        soc = None
+        if use_r:
+            # (r + 1, r - 1, 2 v) in the second-order cone: |v|^2 <= r
+            A_soc = np.zeros((d + 2, n))
+            A_soc[0, d] = A_soc[1, d] = -1.0
+            A_soc[2:, :d] = -2.0 * np.eye(d)
+            b_soc = np.zeros(d + 2)
+            b_soc[0], b_soc[1] = 1.0, -1.0
+            soc = (A_soc, b_soc)
+        z, _, z_in, status = solve_qp(P, q, A_eq, b_eq, A_in, b_in, soc, self.tolerances)
+        if status != "Solved" or not np.all(np.isfinite(z)):
+            return None
+        v = z[:d]
+        s = np.maximum(z[d + nr:], 0.0)
+        mult = z_in[:M].copy()
+        mult[ie] -= z_in[M:M + ie.size]
+        mult = np.where(self.eq, mult, np.maximum(mult, 0.0))
+        value = const + float(q[:d] @ v) + 0.5 * float(v @ (P[:d, :d] @ v)) + penalty * float(s.sum())
+        return x + v, s, mult, value
+
+
+def linearized_step_box(box: tuple, ridge: float, w, g0, G, cons, eq, t: float,
+                        sigma: float, P_elastic: float, tolerances: dict) -> Optional[tuple]:
+    """The linearised KKT step of :meth:`DeterministicPart.linearized_step` (its scaled data:
+    objective over sigma, rows over their norms) over a box, by Clarabel directly, in the step
+    v = u - w:
+
+        minimise  g0.v + |v|^2 / (2 t) + lambda |w + v|^2 / sigma + P sum_m e_m
+        subject to cons_m + G_m.v <= e_m (and -(cons_m + G_m.v) <= e_m for an equality),
+                   e >= 0,  lo <= w + v <= hi.
+
+    Returns (u, mu (scaled), bound multipliers (z_lo, z_hi) scaled, elastic), or None when
+    Clarabel's status is not "Solved"."""
+    lo, hi = box[0], box[1]
+    d = w.size
+    M = cons.size
+    n = d + M
+    # the objective multiplied by t, so that the proximal term has unit curvature: at its
+    # own scale (curvature 1 / t = 3e-4 with bounds 1e4 away) a step error of 6e-5 cost less
+    # than Clarabel's gap tolerance and stayed in the answer (tests/test_kkt.py, LAUNCH's
+    # data); the duals are divided back
+    P = np.zeros((n, n))
+    P[np.arange(d), np.arange(d)] = 1.0 + 2.0 * ridge * t / sigma
+    q = t * np.concatenate([g0 + (2.0 * ridge / sigma) * w, np.full(M, P_elastic)])
+    ie = np.flatnonzero(eq)
+    up = np.hstack([G.T, -np.eye(M)])
+    low = np.hstack([-G.T[ie], -np.eye(M)[ie]])
+    neg = np.hstack([np.zeros((M, d)), -np.eye(M)])
+    (A_eq, b_eq, fixed), (A_box, b_box, upper, lower) = _bound_rows(lo, hi, w, n)
+    A_in = np.vstack([up, low, neg, A_box])
+    b_in = np.concatenate([-cons, cons[ie], np.zeros(M), b_box])
+    z, z_eq, z_in, status = solve_qp(P, q, A_eq, b_eq, A_in, b_in, None, tolerances)
+    if status != "Solved" or not np.all(np.isfinite(z)):
+        return None
+    v = z[:d]
+    z_eq, z_in = z_eq / t, z_in / t
+    mu = z_in[:M].copy()
+    mu[ie] -= z_in[M:M + ie.size]
+    zb = z_in[2 * M + ie.size:]
+    z_hi = np.zeros(d)
+    z_lo = np.zeros(d)
+    z_hi[upper] = zb[:upper.size]
+    z_lo[lower] = zb[upper.size:]
+    z_hi[fixed] = np.maximum(z_eq, 0.0)
+    z_lo[fixed] = np.maximum(-z_eq, 0.0)
+    e = np.maximum(z[d:], 0.0)
+    return w + v, mu, (z_lo, z_hi), float(np.sum(e))
