@@ -10,9 +10,11 @@ the same problem is written in Clarabel's own form
     minimise  z' P z / 2 + q' z   subject to  A z + s = b,  s in K
 
 (P upper triangular, CSC) and solved by the same interior-point solver at the same tolerances.
-Only a "Solved" answer is used: any other status hands the round back to the CVXPY path, with
-its whole chain of fallbacks (:meth:`CvxpySubproblem._solve_with_retries`), so the direct form
-adds speed and no new way to fail.
+Only a "Solved" answer is used, tried at the settings of the CVXPY path's first stage (the
+library's tolerances, Clarabel's defaults, without static regularisation, without
+equilibration); when none is "Solved" the round goes to the CVXPY path, with its whole chain
+of fallbacks (:meth:`CvxpySubproblem._solve_with_retries`), so the direct form adds speed and
+no new way to fail.
 
 Problem 5 in the step v = w - w_t about the round's point (the local form of
 :meth:`CvxpySubproblem._build`), z = (v, r, s):
@@ -96,17 +98,18 @@ def solve_qp(P: np.ndarray, q, A_eq: np.ndarray, b_eq, A_in: np.ndarray, b_in,
 class BoxProblem5:
     """Problem 5 (Problem 2 when M = 0) in the local form, solved by Clarabel directly
     (module docstring). ``applies`` says whether a problem qualifies; :meth:`solve` returns
-    (w, slack, multipliers, value) or None when Clarabel's status is not "Solved"."""
+    (w, slack, multipliers, value, retries) or None when Clarabel's status is not "Solved" at
+    any of the ``attempts`` (tolerance settings, in order: the CVXPY path's first two)."""
 
     def __init__(self, dim: int, stochastic_objective: bool, bounds, equality, box: tuple,
-                 ridge: float, tolerances: dict):
+                 ridge: float, attempts: tuple):
         self.dim = dim
         self.k = 1 if stochastic_objective else 0
         self.U = np.asarray(bounds, dtype=float)
         self.eq = np.asarray(equality, dtype=bool)
         self.lo, self.hi = box[0], box[1]
         self.ridge = float(ridge)
-        self.tolerances = dict(tolerances)
+        self.attempts = tuple(dict(a) for a in attempts)
 
     @staticmethod
     def applies(dim: int, builders, deterministic, solver: str,
@@ -179,8 +182,11 @@ class BoxProblem5:
             b_soc = np.zeros(d + 2)
             b_soc[0], b_soc[1] = 1.0, -1.0
             soc = (A_soc, b_soc)
-        z, _, z_in, status = solve_qp(P, q, A_eq, b_eq, A_in, b_in, soc, self.tolerances)
-        if status != "Solved" or not np.all(np.isfinite(z)):
+        for k, tolerances in enumerate(self.attempts):
+            z, _, z_in, status = solve_qp(P, q, A_eq, b_eq, A_in, b_in, soc, tolerances)
+            if status == "Solved" and np.all(np.isfinite(z)):
+                break
+        else:
             return None
         v = z[:d]
         s = np.maximum(z[d + nr:], 0.0)
@@ -188,7 +194,7 @@ class BoxProblem5:
         mult[ie] -= z_in[M:M + ie.size]
         mult = np.where(self.eq, mult, np.maximum(mult, 0.0))
         value = const + float(q[:d] @ v) + 0.5 * float(v @ (P[:d, :d] @ v)) + penalty * float(s.sum())
-        return x + v, s, mult, value
+        return x + v, s, mult, value, k
 
 
 def linearized_step_box(box: tuple, ridge: float, w, g0, G, cons, eq, t: float,

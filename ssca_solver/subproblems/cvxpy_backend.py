@@ -197,7 +197,8 @@ class CvxpySubproblem:
         self.direct_solves = 0           # rounds the direct form solved
         self._direct = None if direct is None else BoxProblem5(
             dim, stochastic_objective, self._bounds, self._equality, direct[0], direct[1],
-            CLARABEL_TOLERANCES)
+            (CLARABEL_TOLERANCES, _CLARABEL_DEFAULTS)
+            + tuple({**_CLARABEL_DEFAULTS, **fb} for fb in _CLARABEL_FALLBACKS))
         # the rounds' problem is built now (a model the surrogates cannot express raises
         # here, before round 1): the local form when it applies, else Problem 5 in w; the
         # latter, which then serves only rounds without a centre, is built on first use
@@ -621,8 +622,10 @@ class CvxpySubproblem:
         computed only if the CVXPY form is used).
 
         A QP over a box (:class:`~ssca_solver.subproblems.box_qp.BoxProblem5`) goes to
-        Clarabel directly first; only when its answer is not "Solved" does the round take
-        the CVXPY path below, that attempt counted as one retry."""
+        Clarabel directly first, at the settings of the first stage of
+        :meth:`_solve_with_retries` (the library's tolerances, Clarabel's defaults, without
+        static regularisation, without equilibration); only when none is "Solved" does the
+        round take the CVXPY path below, those attempts counted as retries."""
         values = []
         for b, st in zip(self._builders, stats):
             vals = {}
@@ -652,11 +655,12 @@ class CvxpySubproblem:
                 B = self._dense_model(qn)
             got = self._direct.solve(local, float(penalty), x, B)
             if got is not None:
-                w, slack, mult, value = got
+                w, slack, mult, value, retries = got
                 self._first_order_solved |= qn is None and model is None
                 self.direct_solves += 1
-                return SubproblemSolution(self._deterministic.clip(w), slack, mult, value)
-            retried = 1
+                return SubproblemSolution(self._deterministic.clip(w), slack, mult, value,
+                                          retries=retries)
+            retried = len(self._direct.attempts)
         if qn is None and model is not None:
             qn = self._model_values(model, x)
         if local is not None and self.parametrize and self._local_main(qn is not None):

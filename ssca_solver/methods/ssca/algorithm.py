@@ -28,7 +28,7 @@ from . import step as ssca_step
 from .client import NONFINITE, REJECT_NONFINITE, TASK, SSCARoundTask
 from .front import FrontDoor
 from . import quasi_newton as qn
-from .quasi_newton import LBFGSModel, add_pair
+from .quasi_newton import LBFGSModel
 
 CHECK_RTOL = ad.CHECK_RTOL
 
@@ -190,10 +190,11 @@ class SSCA(FrontDoor):
                 return state
             if c != 0.0:
                 y += c * (g1 - g0)
-        pairs = add_pair(state.qn_s, state.qn_y, s, y, memory=self.qn_memory)
-        if pairs is None:
+        kept = qn.extend(self._model(state), s, y, memory=self.qn_memory)
+        if kept is None:
             return state
-        return state._replace(qn_s=pairs[0], qn_y=pairs[1])
+        self._model_cache = (kept.S, kept)
+        return state._replace(qn_s=kept.S, qn_y=kept.Y)
 
     @staticmethod
     def with_penalty(state: ssca_step.SSCAState, penalty: float) -> ssca_step.SSCAState:
