@@ -507,6 +507,12 @@ class DeterministicPart:
 
         if clarabel is None or solver.upper() != "CLARABEL" or self.dim > DIRECT_MAX_DIM:
             return None
+        return self.box_terms()
+
+    def box_terms(self) -> Optional[tuple]:
+        """(box, lambda) when the domain is a box (:meth:`box`) and the terms add up to
+        lambda |w|^2 or are absent (lambda = 0): the deterministic part of a quadratic program
+        over a box; None otherwise."""
         box = self.box()
         lam = self._ridge() if box is not None else None
         return None if lam is None else (box, lam)

@@ -79,7 +79,8 @@ def solve_qp(P: np.ndarray, q, A_eq: np.ndarray, b_eq, A_in: np.ndarray, b_in,
     Returns (x, z_eq, z_in, status)."""
     blocks, b, cones = [], [], []
     if A_eq.shape[0]:
-        blocks.append(A_eq), b.append(b_eq), cones.append(clarabel.ZeroConeT(A_eq.shape[0]))
+        blocks.append(A_eq), b.append(b_eq)
+        cones.append(clarabel.ZeroConeT(A_eq.shape[0]))
     if A_in.shape[0]:
         blocks.append(A_in), b.append(b_in)
         cones.append(clarabel.NonnegativeConeT(A_in.shape[0]))
@@ -99,10 +100,12 @@ class BoxProblem5:
     """Problem 5 (Problem 2 when M = 0) in the local form, solved by Clarabel directly
     (module docstring). ``applies`` says whether a problem qualifies; :meth:`solve` returns
     (w, slack, multipliers, value, retries) or None when Clarabel's status is not "Solved" at
-    any of the ``attempts`` (tolerance settings, in order: the CVXPY path's first two)."""
+    any of the ``attempts`` (Clarabel's settings, in order)."""
 
     def __init__(self, dim: int, stochastic_objective: bool, bounds, equality, box: tuple,
                  ridge: float, attempts: tuple):
+        """``box``: (lo, hi, ...) of :meth:`DeterministicPart.box`; ``ridge``: lambda of the
+        terms lambda |w|^2; ``attempts``: Clarabel's settings to try, in order."""
         self.dim = dim
         self.k = 1 if stochastic_objective else 0
         self.U = np.asarray(bounds, dtype=float)
@@ -123,11 +126,7 @@ class BoxProblem5:
                    and [s.name for s in b.statistic_specs(dim)] == ["const", "lin", "quad"]
                    for b in builders):
             return None
-        box = deterministic.box()
-        ridge = deterministic._ridge()
-        if box is None or ridge is None:
-            return None
-        return box, ridge
+        return deterministic.box_terms()
 
     def solve(self, local: list, penalty: float, x: np.ndarray,
               B: Optional[np.ndarray]) -> Optional[tuple]:
@@ -135,6 +134,8 @@ class BoxProblem5:
         (dicts of const, lin, quad), penalty c and quasi-Newton matrix ``B`` (None: none)."""
         d, k = self.dim, self.k
         M = self.U.size
+        if len(local) != k + M:
+            raise ValueError(f"BoxProblem5: {len(local)} statistics for {k + M} functions")
         a = np.array([float(st["quad"]) for st in local[k:]])
         if np.any(a[self.eq] != 0.0):
             return None                  # an equality whose surrogate is not affine
@@ -145,10 +146,9 @@ class BoxProblem5:
         q = np.zeros(n)
         const = 0.0
         if k:
-            a0, b0, c0 = float(local[0]["quad"]), np.asarray(local[0]["lin"]), float(local[0]["const"])
-            P[:d, :d] += 2.0 * a0 * np.eye(d)
-            q[:d] += b0
-            const += c0
+            P[:d, :d] += 2.0 * float(local[0]["quad"]) * np.eye(d)
+            q[:d] += np.asarray(local[0]["lin"], dtype=float)
+            const += float(local[0]["const"])
         if self.ridge:
             P[:d, :d] += 2.0 * self.ridge * np.eye(d)
             q[:d] += 2.0 * self.ridge * x
@@ -182,7 +182,7 @@ class BoxProblem5:
             b_soc = np.zeros(d + 2)
             b_soc[0], b_soc[1] = 1.0, -1.0
             soc = (A_soc, b_soc)
-        for k, tolerances in enumerate(self.attempts):
+        for attempt, tolerances in enumerate(self.attempts):
             z, _, z_in, status = solve_qp(P, q, A_eq, b_eq, A_in, b_in, soc, tolerances)
             if status == "Solved" and np.all(np.isfinite(z)):
                 break
@@ -193,8 +193,9 @@ class BoxProblem5:
         mult = z_in[:M].copy()
         mult[ie] -= z_in[M:M + ie.size]
         mult = np.where(self.eq, mult, np.maximum(mult, 0.0))
-        value = const + float(q[:d] @ v) + 0.5 * float(v @ (P[:d, :d] @ v)) + penalty * float(s.sum())
-        return x + v, s, mult, value, k
+        value = (const + float(q[:d] @ v) + 0.5 * float(v @ (P[:d, :d] @ v))
+                 + penalty * float(s.sum()))
+        return x + v, s, mult, value, attempt
 
 
 def linearized_step_box(box: tuple, ridge: float, w, g0, G, cons, eq, t: float,
