@@ -10,6 +10,7 @@ from cvxpy.reductions.solvers.solving_chain import SolvingChain
 import ssca_solver as ss
 from ssca_solver.model.deterministic import DeterministicPart
 from ssca_solver.methods.ssca.quasi_newton import LBFGSModel, add_pair
+from ssca_solver.model import box as box_form
 from ssca_solver.subproblems import box_qp
 from ssca_solver.subproblems.cvxpy_backend import CvxpySubproblem
 from ssca_solver.subproblems.factory import make_subproblem
@@ -149,8 +150,8 @@ def test_the_linearised_kkt_step_over_a_box_matches_the_cvxpy_forms(ridge, monke
         g0, G = rng.standard_normal(d), rng.standard_normal((d, M))
         cons = 0.3 * rng.standard_normal(M)
         calls = []
-        real = box_qp.linearized_step_box
-        monkeypatch.setattr(box_qp, "linearized_step_box",
+        real = box_form.linearized_step_box
+        monkeypatch.setattr(box_form, "linearized_step_box",
                             lambda *a, **k: calls.append(1) or real(*a, **k))
         a = det.linearized_step(w, g0, G, cons, equality=eq, step=0.7)
         monkeypatch.setattr(det, "_direct_box", lambda solver: None)

@@ -13,6 +13,7 @@ import cvxpy as cp
 import numpy as np
 
 from ..errors import ModelError, SubproblemError
+from . import box as box_form
 
 
 def term_label(kind: str, i: int, fn) -> str:
@@ -441,9 +442,7 @@ class DeterministicPart:
         # directly (no CVXPY compile; the CVXPY forms below when it is not "Solved")
         direct = self._direct_box(solver)
         if direct is not None:
-            from ..subproblems.box_qp import linearized_step_box
-
-            got = linearized_step_box(direct[0], direct[1], w, g0, G, cons, eq, t, sigma, P,
+            got = box_form.linearized_step_box(direct[0], direct[1], w, g0, G, cons, eq, t, sigma, P,
                                       tight)
             if got is not None:
                 u, mu, (z_lo, z_hi), elastic = got
@@ -501,11 +500,10 @@ class DeterministicPart:
 
     def _direct_box(self, solver: str) -> Optional[tuple]:
         """(box, lambda) when the linearised step can go to Clarabel directly
-        (:func:`ssca_solver.subproblems.box_qp.linearized_step_box`): Clarabel chosen, the
+        (:func:`ssca_solver.model.box.linearized_step_box`): Clarabel chosen, the
         domain a box (:meth:`box`), the terms lambda |w|^2 or none, d small enough."""
-        from ..subproblems.box_qp import DIRECT_MAX_DIM, clarabel
-
-        if clarabel is None or solver.upper() != "CLARABEL" or self.dim > DIRECT_MAX_DIM:
+        if (box_form.clarabel is None or solver.upper() != "CLARABEL"
+                or self.dim > box_form.DIRECT_MAX_DIM):
             return None
         return self.box_terms()
 

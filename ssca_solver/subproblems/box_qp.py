@@ -1,4 +1,5 @@
-"""Problem 5 and the KKT test's linearised step handed to Clarabel directly, over a box.
+"""Problem 5 handed to Clarabel directly, over a box (and, in :mod:`ssca_solver.model.box`,
+the KKT test's linearised step).
 
 Where the subproblem is a quadratic program over a box (every surrogate proximal-linear or a
 linearisation, the deterministic terms lambda |w|^2 or absent, the domain only simple bounds
@@ -27,7 +28,8 @@ Problem 5 in the step v = w - w_t about the round's point (the local form of
 
 with (a_m, b_m, e_m) each surrogate's statistics recentred at w_t (quad, lin, const) and B
 the quasi-Newton model (dense: d <= DIRECT_MAX_DIM). r is the shared epigraph of |v|^2 as in
-the CVXPY form (the objective's a_0 |v|^2 goes into P directly: the same minimiser).
+the CVXPY form, the objective's a_0 |v|^2 written a_0 r where r exists (in P otherwise), as
+there: the same minimiser, and Clarabel reaches its tolerances more often so.
 """
 
 from __future__ import annotations
@@ -35,65 +37,10 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import scipy.sparse as sp
 
-try:                                    # a dependency of the package; guarded all the same
-    import clarabel
-except ImportError:                     # pragma: no cover
-    clarabel = None
+from ..model.box import DIRECT_MAX_DIM, bound_rows, clarabel, solve_qp
 
-#: the direct form is used up to this many variables (P and the constraint rows are dense)
-DIRECT_MAX_DIM = 512
-
-
-def settings(tolerances: dict):
-    """Clarabel's settings at ``tolerances`` (tol_gap_abs, tol_gap_rel, tol_feas), quiet."""
-    st = clarabel.DefaultSettings()
-    st.verbose = False
-    for k, v in tolerances.items():
-        setattr(st, k, v)
-    return st
-
-
-def _bound_rows(lo: np.ndarray, hi: np.ndarray, x: np.ndarray, n: int):
-    """The rows of lo <= x + v <= hi, v the first x.size of n columns, as dense arrays:
-    (equality A, b, fixed indices), (inequality A, b, upper indices, lower indices)."""
-    d = x.size
-    fixed = np.flatnonzero(np.isfinite(lo) & (lo == hi))
-    upper = np.flatnonzero(np.isfinite(hi) & (lo != hi))
-    lower = np.flatnonzero(np.isfinite(lo) & (lo != hi))
-    A_eq = np.zeros((fixed.size, n))
-    A_eq[np.arange(fixed.size), fixed] = 1.0
-    A_in = np.zeros((upper.size + lower.size, n))
-    A_in[np.arange(upper.size), upper] = 1.0
-    A_in[upper.size + np.arange(lower.size), lower] = -1.0
-    b_in = np.concatenate([hi[upper] - x[upper], x[lower] - lo[lower]])
-    return (A_eq, hi[fixed] - x[fixed], fixed), (A_in, b_in, upper, lower)
-
-
-def solve_qp(P: np.ndarray, q, A_eq: np.ndarray, b_eq, A_in: np.ndarray, b_in,
-             soc: Optional[tuple], tolerances: dict):
-    """Clarabel on min z'Pz/2 + q'z s.t. A_eq z = b_eq, A_in z <= b_in and, with ``soc`` =
-    (A_soc, b_soc), b_soc - A_soc z in the second-order cone (dense arrays, converted to CSC
-    once: building them sparse block by block took a quarter of a small problem's run).
-    Returns (x, z_eq, z_in, status)."""
-    blocks, b, cones = [], [], []
-    if A_eq.shape[0]:
-        blocks.append(A_eq), b.append(b_eq)
-        cones.append(clarabel.ZeroConeT(A_eq.shape[0]))
-    if A_in.shape[0]:
-        blocks.append(A_in), b.append(b_in)
-        cones.append(clarabel.NonnegativeConeT(A_in.shape[0]))
-    if soc is not None:
-        blocks.append(soc[0]), b.append(soc[1])
-        cones.append(clarabel.SecondOrderConeT(soc[0].shape[0]))
-    A = sp.csc_matrix(np.vstack(blocks))
-    sol = clarabel.DefaultSolver(sp.csc_matrix(np.triu(P)), np.asarray(q, dtype=float), A,
-                                 np.concatenate(b), cones, settings(tolerances)).solve()
-    z = np.asarray(sol.z, dtype=float)
-    n_eq = A_eq.shape[0]
-    return (np.asarray(sol.x, dtype=float), z[:n_eq], z[n_eq:n_eq + A_in.shape[0]],
-            str(sol.status))
+__all__ = ["BoxProblem5", "DIRECT_MAX_DIM", "solve_qp"]
 
 
 class BoxProblem5:
@@ -146,7 +93,14 @@ class BoxProblem5:
         q = np.zeros(n)
         const = 0.0
         if k:
-            P[:d, :d] += 2.0 * float(local[0]["quad"]) * np.eye(d)
+            # the objective's a_0 |v|^2 on the shared epigraph r when there is one (as the
+            # CVXPY form writes it: with a_0 in P next to the cone, Clarabel ended
+            # "AlmostSolved" at 1e-9 in 3-5 of 10 random instances with d = 10..80, with it
+            # on r in 0-2), else in P (Problem 2, solved to ~1e-9 so)
+            if use_r:
+                q[d] += float(local[0]["quad"])
+            else:
+                P[:d, :d] += 2.0 * float(local[0]["quad"]) * np.eye(d)
             q[:d] += np.asarray(local[0]["lin"], dtype=float)
             const += float(local[0]["const"])
         if self.ridge:
@@ -170,7 +124,7 @@ class BoxProblem5:
         low[np.arange(ie.size), d + nr + ie] = -1.0
         neg = np.zeros((M, n))
         neg[:, d + nr:] = -np.eye(M)
-        (A_eq, b_eq, _), (A_box, b_box, _, _) = _bound_rows(self.lo, self.hi, x, n)
+        (A_eq, b_eq, _), (A_box, b_box, _, _) = bound_rows(self.lo, self.hi, x, n)
         A_in = np.vstack([rows, low, neg, A_box])
         b_in = np.concatenate([-em, em[ie], np.zeros(M), b_box])
         soc = None
@@ -190,6 +144,10 @@ class BoxProblem5:
             return None
         v = z[:d]
         s = np.maximum(z[d + nr:], 0.0)
+        if use_r and k:
+            # the value with |v|^2 itself (r >= |v|^2 holds to the solver's tolerance)
+            q[d] = 0.0
+            P[:d, :d] += 2.0 * float(local[0]["quad"]) * np.eye(d)
         mult = z_in[:M].copy()
         mult[ie] -= z_in[M:M + ie.size]
         mult = np.where(self.eq, mult, np.maximum(mult, 0.0))
@@ -198,49 +156,3 @@ class BoxProblem5:
         return x + v, s, mult, value, attempt
 
 
-def linearized_step_box(box: tuple, ridge: float, w, g0, G, cons, eq, t: float,
-                        sigma: float, P_elastic: float, tolerances: dict) -> Optional[tuple]:
-    """The linearised KKT step of :meth:`DeterministicPart.linearized_step` (its scaled data:
-    objective over sigma, rows over their norms) over a box, by Clarabel directly, in the step
-    v = u - w:
-
-        minimise  g0.v + |v|^2 / (2 t) + lambda |w + v|^2 / sigma + P sum_m e_m
-        subject to cons_m + G_m.v <= e_m (and -(cons_m + G_m.v) <= e_m for an equality),
-                   e >= 0,  lo <= w + v <= hi.
-
-    Returns (u, mu (scaled), bound multipliers (z_lo, z_hi) scaled, elastic), or None when
-    Clarabel's status is not "Solved"."""
-    lo, hi = box[0], box[1]
-    d = w.size
-    M = cons.size
-    n = d + M
-    # the objective multiplied by t, so that the proximal term has unit curvature: at its
-    # own scale (curvature 1 / t = 3e-4 with bounds 1e4 away) a step error of 6e-5 cost less
-    # than Clarabel's gap tolerance and stayed in the answer (tests/test_kkt.py, LAUNCH's
-    # data); the duals are divided back
-    P = np.zeros((n, n))
-    P[np.arange(d), np.arange(d)] = 1.0 + 2.0 * ridge * t / sigma
-    q = t * np.concatenate([g0 + (2.0 * ridge / sigma) * w, np.full(M, P_elastic)])
-    ie = np.flatnonzero(eq)
-    up = np.hstack([G.T, -np.eye(M)])
-    low = np.hstack([-G.T[ie], -np.eye(M)[ie]])
-    neg = np.hstack([np.zeros((M, d)), -np.eye(M)])
-    (A_eq, b_eq, fixed), (A_box, b_box, upper, lower) = _bound_rows(lo, hi, w, n)
-    A_in = np.vstack([up, low, neg, A_box])
-    b_in = np.concatenate([-cons, cons[ie], np.zeros(M), b_box])
-    z, z_eq, z_in, status = solve_qp(P, q, A_eq, b_eq, A_in, b_in, None, tolerances)
-    if status != "Solved" or not np.all(np.isfinite(z)):
-        return None
-    v = z[:d]
-    z_eq, z_in = z_eq / t, z_in / t
-    mu = z_in[:M].copy()
-    mu[ie] -= z_in[M:M + ie.size]
-    zb = z_in[2 * M + ie.size:]
-    z_hi = np.zeros(d)
-    z_lo = np.zeros(d)
-    z_hi[upper] = zb[:upper.size]
-    z_lo[lower] = zb[upper.size:]
-    z_hi[fixed] = np.maximum(z_eq, 0.0)
-    z_lo[fixed] = np.maximum(-z_eq, 0.0)
-    e = np.maximum(z[d:], 0.0)
-    return w + v, mu, (z_lo, z_hi), float(np.sum(e))
