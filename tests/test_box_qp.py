@@ -217,3 +217,10 @@ def test_the_direct_form_applies_only_where_it_is_the_same_problem(cancer_data):
                            solver_options={"max_iter": 50})._direct is None
     assert make_subproblem(ball, ball.builders)._direct is None
     assert make_subproblem(l1, l1.builders)._direct is None
+    # above DIRECT_MAX_DIM the dense quasi-Newton matrix costs more than CVXPY's factor
+    big = box_form.DIRECT_MAX_DIM + 1
+    sq = ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], w @ w), lambda w, X, y: 2 * w)
+    large = ss.Problem(sq, dim=big, data=ss.FederatedData([np.zeros((1, 1))]),
+                       domain=lambda w: [w >= 0])
+    assert make_subproblem(large, large.builders)._direct is None
+    assert large.deterministic.box_terms() is not None
