@@ -594,7 +594,9 @@ def plot(payload: dict, path: Path) -> None:
         a.text(0.01, 0.985, "no feasible reference, or no point", transform=a.transAxes,
                fontsize=7, va="top")
     ax.set_xlabel("wall time / SLSQP's wall time")
-    ax.set_title("SSCA defaults on S2MPJ (n <= 50, m <= 30, no HS)", fontsize=10)
+    family = ("the HS family, held out" if "--held-out" in payload.get("command", "")
+              else "no HS")
+    ax.set_title(f"SSCA defaults on S2MPJ (n <= 50, m <= 30, {family})", fontsize=10)
     ax.legend(fontsize=8, loc="center right")
     bx.axvline(KKT_TOL, color="k", lw=0.5, ls="--")
     bx.set_xlabel(f"independent KKT residual at the returned point (<= {floor:g}: at {floor:g})")

@@ -194,7 +194,8 @@ class Result:
         (CVXPY path: compiled once with Parameters, or rebuilt each round for d > 4096; None
         for the closed form) and ``direct_solves`` (CVXPY path: the rounds whose subproblem, a
         QP over a box, Clarabel solved directly without CVXPY's model, see
-        :mod:`ssca_solver.subproblems.box_qp`; None for the closed form).
+        :mod:`ssca_solver.subproblems.box_qp`, counted in this call of ``solve``: a resumed
+        run counts the rounds since its checkpoint; None for the closed form).
       extras: method-specific settings worth keeping with the result (e.g. FedAvg's E; the
         Lagrangian baselines' own multipliers lambda under ``"multipliers"``; SSCA's
         ``"diagonal_metric"``: the spread of the curvature estimates when the default options
