@@ -245,6 +245,9 @@ class DeterministicPart:
         states, kind "le", "ge" or "eq"), None when some constraint of the domain has another
         form, or the bounds are contradictory (lo > hi: an empty domain, left to the
         solvers' infeasibility reports). Without a domain: (-inf, inf, [])."""
+        if "_bound_rows" not in self.__dict__:
+            # bounds summarised by a version that kept no rows (an older pickle): read again
+            self._simple_bounds = None
         lo, hi = self.simple_bounds()
         rows = self._bound_rows
         if rows is None or any(r is None for r in rows) or np.any(lo > hi):
@@ -442,8 +445,8 @@ class DeterministicPart:
         # directly (no CVXPY compile; the CVXPY forms below when it is not "Solved")
         direct = self._direct_box(solver)
         if direct is not None:
-            got = box_form.linearized_step_box(direct[0], direct[1], w, g0, G, cons, eq, t, sigma, P,
-                                      tight)
+            got = box_form.linearized_step_box(direct[0], direct[1], w, g0, G, cons, eq, t,
+                                               sigma, P, tight)
             if got is not None:
                 u, mu, (z_lo, z_hi), elastic = got
                 if M:
