@@ -224,3 +224,35 @@ def test_the_direct_form_applies_only_where_it_is_the_same_problem(cancer_data):
                        domain=lambda w: [w >= 0])
     assert make_subproblem(large, large.builders)._direct is None
     assert large.deterministic.box_terms() is not None
+
+
+def test_default_options_over_a_box_sampled_then_full_batches_reach_the_pooled_optimum(
+        cancer, cancer_data):
+    """Neyman-Pearson logistic regression (d = 31, 5 clients, U = 0.15) over the box
+    -0.6 <= w <= 0.6 (both active) with default options: the sampled rounds' noisy statistics and the full-batch rounds with
+    the quasi-Newton model all go to Clarabel directly, and the run is certified at CVXPY +
+    Clarabel's pooled optimum with its multiplier."""
+    from problems.logistic import logistic_loss
+
+    X, y = cancer
+    pi0 = float(np.mean(y == 0))
+    f1 = logistic_loss(only_label=1, class_fraction=1 - pi0, name="loss1")
+    f0 = logistic_loss(only_label=0, class_fraction=pi0, name="loss0")
+    prob = ss.Problem(f1, [f0 <= 0.15], dim=X.shape[1], data=cancer_data,
+                      domain=lambda w: [w >= -0.6, w <= 0.6])
+    res = prob.solve(seed=0)
+    assert res.status == "converged", res.message
+    assert res.solver_info["direct_solves"] == res.nit
+    w = cp.Variable(X.shape[1])
+    s = 2 * y - 1
+
+    def mean_loss(mask, frac):
+        return cp.sum(cp.logistic(-cp.multiply(s[mask], X[mask] @ w))) / (len(y) * frac)
+
+    con = mean_loss(y == 0, pi0) <= 0.15
+    ref = cp.Problem(cp.Minimize(mean_loss(y == 1, 1 - pi0)), [con, w >= -0.6, w <= 0.6])
+    ref.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    assert res.fun == pytest.approx(ref.value, rel=1e-5, abs=1e-7)
+    assert float(con.dual_value) > 1e-2                      # active
+    np.testing.assert_allclose(res.kkt.multipliers, [float(con.dual_value)], rtol=1e-2)
+    assert np.sum(np.isclose(np.abs(res.x), 0.6, atol=1e-6)) >= 1   # the box is active too
