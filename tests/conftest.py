@@ -4,7 +4,22 @@ import numpy as np
 import pytest
 
 import ssca_solver as ss
+from cvxpy.reductions.solvers.solving_chain import SolvingChain
 from ssca_solver.datasets import breast_cancer
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """The problems CVXPY compiles (SolvingChain.apply) while the test runs, in order."""
+    seen = []
+    original = SolvingChain.apply
+
+    def counting_apply(self, problem, verbose=False):
+        seen.append(problem)
+        return original(self, problem, verbose)
+
+    monkeypatch.setattr(SolvingChain, "apply", counting_apply)
+    return seen
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ them whenever Clarabel does not say "Solved", and no CVXPY compile in a run that
 import cvxpy as cp
 import numpy as np
 import pytest
-from cvxpy.reductions.solvers.solving_chain import SolvingChain
 
 import ssca_solver as ss
 from ssca_solver.model.deterministic import DeterministicPart
@@ -16,20 +15,6 @@ from ssca_solver.subproblems.cvxpy_backend import CvxpySubproblem
 from ssca_solver.subproblems.factory import make_subproblem
 
 TIGHT = {"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11, "tol_feas": 1e-11}
-
-
-@pytest.fixture
-def compiles(monkeypatch):
-    """The problems CVXPY compiles (SolvingChain.apply) while the test runs."""
-    seen = []
-    original = SolvingChain.apply
-
-    def counting_apply(self, problem, verbose=False):
-        seen.append(problem)
-        return original(self, problem, verbose)
-
-    monkeypatch.setattr(SolvingChain, "apply", counting_apply)
-    return seen
 
 
 def _domain(w):
@@ -154,7 +139,7 @@ def test_the_linearised_kkt_step_over_a_box_matches_the_cvxpy_forms(ridge, monke
         monkeypatch.setattr(box_form, "linearized_step_box",
                             lambda *a, **k: calls.append(1) or real(*a, **k))
         a = det.linearized_step(w, g0, G, cons, equality=eq, step=0.7)
-        monkeypatch.setattr(det, "_direct_box", lambda solver: None)
+        monkeypatch.setattr(det, "box_terms", lambda: None)
         b = det.linearized_step(w, g0, G, cons, equality=eq, step=0.7)
         monkeypatch.undo()
         assert calls == [1]

@@ -212,7 +212,7 @@ def test_the_kkt_step_falls_back_to_a_fresh_solve_at_the_defaults(monkeypatch):
     monkeypatch.setattr(conif.CLARABEL, "solve_via_data", picky)
     det = DeterministicPart((), (lambda w: [w >= 0.0],), 2)
     # the CVXPY forms (a box goes to Clarabel directly first: they are its fallback)
-    monkeypatch.setattr(det, "_direct_box", lambda solver: None)
+    monkeypatch.setattr(det, "box_terms", lambda: None)
     # min (u1 - 1)^2 + u2^2 over u >= 0 linearised at w = (0.5, 0): the step to (1, 0)
     w = np.array([0.5, 0.0])
     u, mu, duals, elastic = det.linearized_step(w, np.array([-1.0, 0.0]), np.zeros((2, 0)),

@@ -281,7 +281,7 @@ def test_the_linearised_kkt_step_retries_recentred(monkeypatch):
     d = 4
     det = DeterministicPart([], [lambda w: [w >= 1e3, w <= 1e3 + 1]], d)
     # the CVXPY forms (a box goes to Clarabel directly first: they are its fallback)
-    monkeypatch.setattr(det, "_direct_box", lambda solver: None)
+    monkeypatch.setattr(det, "box_terms", lambda: None)
     rng = np.random.default_rng(0)
     w = 1e3 + rng.uniform(0, 1, d)
     g0, G, cons = rng.normal(size=d), rng.normal(size=(d, 1)), np.array([-0.1])

@@ -3,26 +3,11 @@
 import cvxpy as cp
 import numpy as np
 import pytest
-from cvxpy.reductions.solvers.solving_chain import SolvingChain
 
 import ssca_solver as ss
 from problems.neyman_pearson import neyman_pearson
 from ssca_solver.model.deterministic import DeterministicPart
 from ssca_solver.subproblems import CvxpySubproblem
-
-
-@pytest.fixture
-def compiles(monkeypatch):
-    """The problems CVXPY compiles (SolvingChain.apply) while the test runs, in order."""
-    seen = []
-    original = SolvingChain.apply
-
-    def counting_apply(self, problem, verbose=False):
-        seen.append(problem)
-        return original(self, problem, verbose)
-
-    monkeypatch.setattr(SolvingChain, "apply", counting_apply)
-    return seen
 
 
 def test_problem_is_compiled_once_and_resolved_by_parameter_updates(cancer_data, compiles):

@@ -26,6 +26,12 @@ except ImportError:                     # pragma: no cover
 DIRECT_MAX_DIM = 128
 
 
+def usable(solver: str, dim: int) -> bool:
+    """Whether a QP over a box of ``dim`` variables may go to Clarabel directly: Clarabel is
+    the chosen solver (and importable) and dim <= DIRECT_MAX_DIM."""
+    return clarabel is not None and solver.upper() == "CLARABEL" and dim <= DIRECT_MAX_DIM
+
+
 def settings(tolerances: dict):
     """Clarabel's settings at ``tolerances`` (tol_gap_abs, tol_gap_rel, tol_feas), quiet."""
     st = clarabel.DefaultSettings()

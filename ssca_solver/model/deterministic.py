@@ -441,19 +441,24 @@ class DeterministicPart:
         # it well below that (Clarabel's default tolerances leave ~1e-4 in u)
         tight = ({"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11, "tol_feas": 1e-11}
                  if solver.upper() == "CLARABEL" else {})
+
+        def unscaled(mu, duals):
+            # the multipliers in the user's units (rows and objective scaled back; an
+            # inequality's rounding below 0 clipped) and the domain's duals
+            if M:
+                mu = mu * sigma / row
+                mu = np.where(eq, mu, np.maximum(mu, 0.0))
+            return mu, [sigma * np.atleast_1d(np.asarray(x, dtype=float)) for x in duals]
+
         # a box domain and no terms but lambda |w|^2: the same problem handed to Clarabel
         # directly (no CVXPY compile; the CVXPY forms below when it is not "Solved")
-        direct = self._direct_box(solver)
+        direct = self.box_terms() if box_form.usable(solver, self.dim) else None
         if direct is not None:
             got = box_form.linearized_step_box(direct[0], direct[1], w, g0, G, cons, eq, t,
                                                sigma, P, tight)
             if got is not None:
                 u, mu, (z_lo, z_hi), elastic = got
-                if M:
-                    mu = mu * sigma / row
-                    mu = np.where(eq, mu, np.maximum(mu, 0.0))
-                duals = [sigma * np.atleast_1d(x) for x in self.box_duals(z_lo, z_hi)]
-                return u, mu, duals, elastic
+                return (u, *unscaled(mu, self.box_duals(z_lo, z_hi)), elastic)
         statuses, found = [], False
         # far from the origin the form in the step v = u - w goes first: in u the objective
         # carries constants of |w|^2 / (2 t) whose rounding left a step of 6e5 where 0 was
@@ -494,21 +499,9 @@ class DeterministicPart:
         if M and eq.any():
             mu = mu.copy()
             mu[np.flatnonzero(eq)] -= np.asarray(cons_lin[1].dual_value, dtype=float)
-        if M:
-            mu = mu * sigma / row
-        mu = np.where(eq, mu, np.maximum(mu, 0.0)) if M else mu
-        duals = [sigma * np.atleast_1d(np.asarray(c.dual_value, dtype=float)) for c in dom]
+        mu, duals = unscaled(mu, [c.dual_value for c in dom])
         elastic = float(np.sum(e.value)) if M else 0.0
         return np.asarray(u.value, dtype=float), mu, duals, elastic
-
-    def _direct_box(self, solver: str) -> Optional[tuple]:
-        """(box, lambda) when the linearised step can go to Clarabel directly
-        (:func:`ssca_solver.model.box.linearized_step_box`): Clarabel chosen, the
-        domain a box (:meth:`box`), the terms lambda |w|^2 or none, d small enough."""
-        if (box_form.clarabel is None or solver.upper() != "CLARABEL"
-                or self.dim > box_form.DIRECT_MAX_DIM):
-            return None
-        return self.box_terms()
 
     def box_terms(self) -> Optional[tuple]:
         """(box, lambda) when the domain is a box (:meth:`box`) and the terms add up to

@@ -38,7 +38,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..model.box import DIRECT_MAX_DIM, bound_rows, clarabel, solve_qp
+from ..model.box import DIRECT_MAX_DIM, bound_rows, solve_qp, usable
 
 __all__ = ["BoxProblem5", "DIRECT_MAX_DIM", "solve_qp"]
 
@@ -65,9 +65,7 @@ class BoxProblem5:
     def applies(dim: int, builders, deterministic, solver: str,
                 solver_options: Optional[dict]) -> Optional[tuple]:
         """(box, ridge) when the direct form applies to this subproblem, else None."""
-        if clarabel is None or solver.upper() != "CLARABEL" or solver_options:
-            return None
-        if dim > DIRECT_MAX_DIM:
+        if solver_options or not usable(solver, dim):
             return None
         if not all(getattr(b, "scalar_curvature", False)
                    and [s.name for s in b.statistic_specs(dim)] == ["const", "lin", "quad"]

@@ -546,14 +546,6 @@ class CvxpySubproblem:
         x = np.asarray(center, dtype=float)
         return {"Vx": V.T @ x, "sdx": sd * x, "V": V, "Vs": sd * V, "sd": sd, "sh": sh}
 
-    def _dense_model(self, qn: dict) -> np.ndarray:
-        """B as a d x d matrix from the factor values of :meth:`_model_values` (the direct
-        form's; B = sd^2 (I - V V') + V diag(sh^2) V' on the columns that hold a direction)."""
-        V, sh, sd = np.asarray(qn["V"]), np.asarray(qn["sh"]), float(qn["sd"])
-        on = np.any(V != 0.0, axis=0)
-        V, sh = V[:, on], sh[on]
-        return sd * sd * (np.eye(self.dim) - V @ V.T) + (V * sh * sh) @ V.T
-
     def _model_rank(self, needed: int) -> int:
         """The columns of the quasi-Newton term: MODEL_RANK, doubled (up to d) until ``needed``
         fit; a change drops the compiled problems that hold the term (rebuilt on next use)."""
@@ -647,16 +639,13 @@ class CvxpySubproblem:
             if any(v is None for v in local):
                 local = None
         retried = 0
-        if local is not None and self._direct is not None:
-            B = None
-            if model is not None and len(model):
-                B = model.matmat(np.eye(self.dim))
-            elif qn is not None:
-                B = self._dense_model(qn)
+        if local is not None and self._direct is not None and qn is None:
+            # (the model's factor values ``qn`` are the CVXPY form's: given them, it is used)
+            B = model.matmat(np.eye(self.dim)) if model is not None and len(model) else None
             got = self._direct.solve(local, float(penalty), x, B)
             if got is not None:
                 w, slack, mult, value, retries = got
-                self._first_order_solved |= qn is None and model is None
+                self._first_order_solved |= model is None
                 self.direct_solves += 1
                 return SubproblemSolution(self._deterministic.clip(w), slack, mult, value,
                                           retries=retries)
