@@ -175,3 +175,23 @@ def test_idx_reader_round_trip(tmp_path):
     (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04")
     with pytest.raises(ValueError, match="not an IDX file"):
         read_idx(tmp_path / "bad")
+
+
+def test_a_penalty_stage_never_starts_at_a_rejected_trial_step():
+    """Bug found in stop 33 (fixed): with penalty=(1, 10, ..., 1e5) the digits network goes to
+    w = 0 at c = 1 and 10 (F = log 10 there) while tau falls to 1e-26, every trial step from
+    there at the later c is rejected, and each new stage started at the previous stage's
+    pending trial (adopted unjudged; a step of length 76): the run returned |w|^2 = 18,032 and
+    F - U = 66, far worse than any point it had accepted. Now a long trial computed after a
+    rejection is neither a stage's start nor the returned point: the last accepted point is."""
+    (X, y), _ = digits()
+    net = MLP(64, 32, 10, bias=True)
+    data = ss.FederatedData.split(X, y, num_clients=10, seed=0)
+    x0 = net.init(0)
+    res = classification_con(data, net, U=0.25).solve(
+        seed=0, x0=x0, max_iter=1000, penalty=(1.0, 10.0, 100.0, 1e3, 1e4, 1e5))
+    F = net.evaluate(res.x, X, y)[0]
+    # no worse than the start in |w|^2, and no worse than w = 0 (F = log 10) in the violation
+    assert float(res.x @ res.x) <= float(x0 @ x0)
+    assert F <= np.log(10.0) + 1e-3
+    assert res.status != "converged"

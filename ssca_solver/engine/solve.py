@@ -48,6 +48,9 @@ def solve(problem, method: type, options: dict) -> Result:
         else:
             failure = None
         if failure is None:
+            if reason != st.CONVERGED and hasattr(algorithm, "returned_state"):
+                # SSCA: the last accepted point in place of an unjudged long trial step
+                state = algorithm.returned_state(state)
             fun, cons, kkt, comm, history = session.final_report(state, reason)
             complete = session.final_evaluation.complete
             if (reason in (st.MAX_ITER, st.SETTLED) and complete and opts.eval_every

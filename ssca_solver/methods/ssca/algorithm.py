@@ -196,12 +196,41 @@ class SSCA(FrontDoor):
         self._model_cache = (kept.S, kept)
         return state._replace(qn_s=kept.S, qn_y=kept.Y)
 
-    @staticmethod
-    def with_penalty(state: ssca_step.SSCAState, penalty: float) -> ssca_step.SSCAState:
+    def with_penalty(self, state: ssca_step.SSCAState, penalty: float) -> ssca_step.SSCAState:
         """The state with penalty c (a new stage of the continuation, warm-started); the merit
-        changes with c, so backtracking starts afresh."""
+        changes with c, so backtracking starts afresh, from the last accepted point when the
+        pending trial step is a long one computed after a rejection (:meth:`_unsafe_trial`).
+        Starting at such a trial took, on the digits network with c_1 = 1, a step of length
+        76 rejected all through the previous stage as the next stage's start (|w|^2 from
+        0.003 to 5,847, the violation from 2 to 38)."""
+        if self._unsafe_trial(state):
+            state = state._replace(w=state.prev_w.copy(), rejects=0)
         return state._replace(penalty=float(penalty), merit=float("nan"),
                               prev_w=np.zeros(0), prev_stats=())
+
+    def _unsafe_trial(self, state) -> bool:
+        """In the backtracking regime the state's w is a trial step not yet judged and prev_w
+        the last accepted point. The trial is not to be adopted unjudged (at a stage change,
+        or as the returned point) when it was computed after a rejection and is longer than
+        SETTLE_STEP max(1, |prev_w|) (a stage that settled in rejections of steps lost in
+        rounding leaves a trial as good as its base: adopting it kept HS75's certificate,
+        which judging it at the new c lost), unless the rejection was of a non-finite point
+        (the run then ends on that value's error, which names the function)."""
+        if not (self._backtracking(state) and state.rejects > 0 and len(state.prev_w)
+                and state.prev_w.shape == state.w.shape
+                and not getattr(self, "_nonfinite_trial", False)):
+            return False
+        step = float(np.linalg.norm(state.w - state.prev_w))
+        return step > ad.SETTLE_STEP * max(1.0, float(np.linalg.norm(state.prev_w)))
+
+    def returned_state(self, state: ssca_step.SSCAState) -> ssca_step.SSCAState:
+        """The state whose point a run that did not converge returns: the last accepted point
+        in place of an unsafe pending trial (:meth:`_unsafe_trial`). The digits network with
+        c_1 = 1 returned such a trial: |w|^2 = 40,622, F - U = 99, where the run had accepted
+        no point worse than |w|^2 = 0.003, F - U = 2.05."""
+        if self._unsafe_trial(state):
+            return state._replace(w=state.prev_w.copy())
+        return state
 
     def request(self, state) -> Request:
         config = {"batch_size": self._batch(state), "tau": self._tau(state)}
@@ -686,6 +715,8 @@ class SSCA(FrontDoor):
         """Full batches: accept the step to w_t if the merit did not increase (then tau shrinks),
         else retry from the last accepted point with tau doubled; a step to a point where
         some function is not finite (``nonfinite``: a client said so) is rejected too."""
+        # whether this round rejects a step to a non-finite point (:meth:`_unsafe_trial`)
+        self._nonfinite_trial = bool(nonfinite)
         if nonfinite:
             k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
             return self._retry(state, k, base_w, base, base_merit, True)
