@@ -225,9 +225,10 @@ class SSCA(FrontDoor):
 
     def returned_state(self, state: ssca_step.SSCAState) -> ssca_step.SSCAState:
         """The state whose point a run that did not converge returns: the last accepted point
-        in place of an unsafe pending trial (:meth:`_unsafe_trial`). The digits network with
-        c_1 = 1 returned such a trial: |w|^2 = 40,622, F - U = 99, where the run had accepted
-        no point worse than |w|^2 = 0.003, F - U = 2.05."""
+        in place of an unsafe pending trial (:meth:`_unsafe_trial`). With the stages' starts
+        fixed alone, the digits network with c_1 = 1 still returned such a trial: |w|^2 =
+        40,622, F - U = 99, where the run had accepted no point worse than |w|^2 = 0.003,
+        F - U = 2.05."""
         if self._unsafe_trial(state):
             return state._replace(w=state.prev_w.copy())
         return state
