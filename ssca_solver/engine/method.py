@@ -10,6 +10,7 @@ method by the same sequence::
     Session(problem, method, opts)                     clients, transport, fresh start or resume
     state  = method.prepare(state, session)            before round 1 (fresh starts only)
     for j in stages: state = method.next_stage(...)    then Runner.run for the stage's rounds
+    state  = method.returned_state(state)              (runs that did not converge)
     report = session.final_report(state)               full-data values and the KKT report
     status, message = method.status(outcome)
     Result(common fields, **method.result_fields(outcome))
@@ -202,6 +203,11 @@ class Method:
         return None
 
     # -- the end ---------------------------------------------------------------------------------
+    def returned_state(self, state):
+        """The state whose point a run that did not converge returns and reports on (SSCA:
+        the last accepted point in place of an unjudged trial step). Default: ``state``."""
+        return state
+
     def status(self, outcome: Outcome) -> tuple[str, str]:
         """(status, message). Default: :func:`ssca_solver.status.decide` with the method's
         tolerances (``feas_tol``, ``kkt_tol`` of its options) and :meth:`advice`."""

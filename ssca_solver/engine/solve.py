@@ -48,8 +48,7 @@ def solve(problem, method: type, options: dict) -> Result:
         else:
             failure = None
         if failure is None:
-            if reason != st.CONVERGED and hasattr(algorithm, "returned_state"):
-                # SSCA: the last accepted point in place of an unjudged long trial step
+            if reason != st.CONVERGED:
                 state = algorithm.returned_state(state)
             fun, cons, kkt, comm, history = session.final_report(state, reason)
             complete = session.final_evaluation.complete

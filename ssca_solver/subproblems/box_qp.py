@@ -147,5 +147,3 @@ class BoxProblem5:
         value = (const + float(q[:d] @ v) + 0.5 * float(v @ (P[:d, :d] @ v))
                  + penalty * float(s.sum()))
         return x + v, s, mult, value, attempt
-
-
