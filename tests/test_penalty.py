@@ -1,6 +1,7 @@
 """Algorithm 2's penalty continuation (Theorem 2 and the paragraph after it), and statuses."""
 
 import numpy as np
+import pytest
 
 import ssca_solver as ss
 from problems.neyman_pearson import neyman_pearson
@@ -171,3 +172,31 @@ def test_too_few_evaluations_to_judge_the_violation_say_so(cancer_data):
                                                         batch_size=16)
     assert res.status == "max_iter"
     assert "nan" not in res.message and "fewer than 4" in res.message, res.message
+
+
+def test_the_forces_that_balance_the_gradients():
+    """force_multipliers: min |g + G mu| over mu >= 0 (free sign for an equality), with no
+    complementarity rows; checked against the balance written out."""
+    from ssca_solver.diagnostics.kkt import force_multipliers
+
+    a, b = np.array([1.0, 2.0, 0.0]), np.array([0.0, 1.0, -1.0])
+    g = -3.0 * a + 2.0 * b
+    # b pushes the wrong way for an inequality: its force is 0, and a's is the projection
+    mu = force_multipliers(g, np.column_stack([a, b]))
+    assert mu[1] == 0.0 and mu[0] == pytest.approx(-(g @ a) / (a @ a), rel=1e-12)
+    # as an equality b balances exactly: the residual vanishes
+    mu = force_multipliers(g, np.column_stack([a, b]), equality=[False, True])
+    np.testing.assert_allclose(mu, [3.0, -2.0], rtol=1e-12)
+
+
+def test_a_stage_far_below_the_multiplier_is_ended_by_the_forces(cancer_data):
+    """At c = 0.01 against a multiplier of 0.41 the full-batch rounds settle at a point that
+    violates the constraint (slack 0.29); there the KKT fit, which also asks mu (F - U) = 0,
+    stayed below c / 2, and the stage ran 58 rounds before c was raised; the forces that
+    balance the gradients there are c, and end it in a few."""
+    res = neyman_pearson(cancer_data, alpha=0.1).solve(
+        batch_size="full", penalty=[0.01, 0.1, 1.0, 10.0], max_iter=900, seed=0)
+    assert res.status == "converged" and res.kkt.passed(1e-4, 1e-4)
+    assert res.stages[0].penalty == 0.01 and res.stages[0].slack_norm > 0.2
+    assert res.stages[0].rounds <= 20
+    assert res.kkt.multipliers[0] == pytest.approx(0.4147, rel=1e-3)

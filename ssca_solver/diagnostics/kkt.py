@@ -369,6 +369,19 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION) -> 
     return mu
 
 
+def force_multipliers(g, G, equality=None) -> np.ndarray:
+    """The multipliers that balance the gradients alone: min |g + G mu| over mu_m >= 0 (free
+    sign for an equality), with none of :func:`kkt_report`'s complementarity rows. At a
+    stationary point of the exact penalty F_0 + R + c sum_m (F_m - U_m)_+ (Problem 5) that
+    violates constraint m, they are c for it, where the KKT fit, which also asks
+    mu_m (F_m - U_m) = 0, is pulled toward 0 (a network on digits at c = 30: 30 against 7):
+    what the penalty continuation reads as "c is below the multipliers"."""
+    G = np.asarray(G, dtype=float).reshape(np.size(g), -1)
+    M = G.shape[1]
+    eq = np.zeros(M, dtype=bool) if equality is None else np.asarray(equality, dtype=bool)
+    return _fit_multipliers(np.asarray(g, dtype=float), G, np.zeros(M), eq, eps=0.0)
+
+
 #: "infeasible" needs the returned point to be a stationary point of the violation to this
 #: relative accuracy (:func:`violation_stationarity`)
 PHASE1_TOL = 1e-3

@@ -134,6 +134,7 @@ class Runner:
         # evaluates at the rounds an uninterrupted one does; with eval_budget it did not)
         self.free_since = None       # the round of the latest evaluation a round held
         self.work_since = 0.0        # rows the rounds read since the last paid evaluation
+        self.stage_ended = False     # the last round ended its stage (settled)
         self._start = time.perf_counter() - elapsed
 
     @property
@@ -171,7 +172,7 @@ class Runner:
         "max_iter", "stopped" (by the callback), "converged" (the stop test passed) or
         "settled" (the algorithm's ``settled(state, info)`` says its iterates stopped moving:
         more rounds would not change them)."""
-        self.stage = stage
+        self.stage, self.stage_ended = stage, False
         alg, opts = self.algorithm, self.opts
         if self.start_norm is None:           # |w_1|, the scale of divergence
             self.start_norm = float(np.linalg.norm(state.w))
@@ -228,6 +229,17 @@ class Runner:
             self.recorder.round(new.t, stage, record)
             if evaluated is not None:
                 self.recorder.evaluation(*evaluated)
+            # whether the stage ends here, asked before the callback and the checkpoint: the
+            # method's counters then hold this round (a checkpoint written before resumed a
+            # count of saturated rounds one short), and a stop requested at the round where
+            # the stage ends is a stop (it was lost: the next stage started) whose resume
+            # starts the next stage
+            try:
+                settled = not converged and alg.settled(state, info)
+            except BaseException as exc:
+                self.failed(exc, state)
+                raise
+            self.stage_ended = bool(settled)
             try:
                 stop = self._callback(state, record)
             except BaseException as exc:      # e.g. Ctrl-C in the callback: the round is done
@@ -239,10 +251,10 @@ class Runner:
                 self.save(state)
             if converged:
                 return state, st.CONVERGED
-            if alg.settled(state, info):
-                return state, st.SETTLED
             if stop:
                 return state, st.STOPPED
+            if settled:
+                return state, st.SETTLED
         if opts.checkpoint and rounds and state.t % opts.checkpoint_every:
             self.save(state)              # the end of a run: resume can extend it
         return state, st.MAX_ITER
@@ -347,6 +359,7 @@ class Runner:
                   **self.recorder.arrays(), **self.tally.arrays(),
                   **dropout_arrays(self.dropouts)}
         meta = {**self.meta, "round": int(state.t), "stage": int(self.stage),
+                "stage_ended": bool(self.stage_ended),
                 "elapsed": self.elapsed, "work_since": float(self.work_since),
                 "free_since": None if self.free_since is None else int(self.free_since)}
         return ckpt.save(self.opts.checkpoint, arrays, meta)

@@ -195,6 +195,8 @@ class Session:
             self.constraint_scale = 0.0
         self.seed = seed
         self.state, self.stage, self.resumed = state, stage, bool(opts.resume)
+        # the checkpoint's last round ended its stage (a stop requested at that round)
+        self.stage_ended = bool(opts.resume and meta.get("stage_ended", False))
         tasks = {**algorithm.tasks(), **self.evaluator.tasks}
         secure = None
         if opts.secure_aggregation:
@@ -258,14 +260,20 @@ class Session:
 
     def run_stages(self, state):
         """(state, reason): the method's stages within ``max_iter`` rounds in all (resuming in
-        the saved stage and round); the next stage starts only when the last ended with reason
+        the saved stage and round, or with the next stage when the saved round ended its
+        stage); the next stage starts only when the last ended with reason
         "max_iter" or "settled". The rounds left are shared equally among the stages left
         (:func:`stage_budget`): a stage that settles early leaves its rounds to the later ones,
         and the last stage runs to the end of the budget."""
         reason = st.MAX_ITER
         alg, recorder = self.algorithm, self.runner.recorder
-        for j in range(self.stage, alg.num_stages):
-            if j > 0 and not (self.resumed and j == self.stage):
+        first, within = self.stage, self.resumed
+        if self.resumed and self.stage_ended:
+            # the checkpoint was written at the round that ended its stage: the next stage
+            # starts (none left: the run had settled)
+            first, within, reason = self.stage + 1, False, st.SETTLED
+        for j in range(first, alg.num_stages):
+            if j > 0 and not (within and j == first):
                 try:
                     state = alg.next_stage(state, j, recorder)
                 except BaseException as exc:   # the last stage's end is the last good state

@@ -97,9 +97,10 @@ class FrontDoor(Method):
         """The continuation of Theorem 2: c_j (this stage's c of the sequence) when the last
         stage's slack estimate exceeds ``slack_tol`` and (after full-batch rounds; after
         sampled ones the slack alone decides) there is evidence that c is too small for an
-        exact penalty: a multiplier estimate of the last full-data KKT test at
-        least c / 2 (c must exceed the multipliers), a violation that stopped falling, or no
-        evidence either way (no test yet, fewer than 4 evaluations in the stage); else the
+        exact penalty: a multiplier estimate of the last full-data KKT test, or of the
+        forces that balance the gradients at the last accepted full-batch point
+        (:meth:`_force_multipliers`), at least c / 2 (c must exceed the multipliers), a
+        violation that stopped falling, or no evidence either way (no test yet, fewer than 4 evaluations in the stage); else the
         same state. With max_iter shared among the stages a stage can end while the iterates
         are still on their way to the constraint set, with a positive slack that only says
         the proximal step is short: a nonconvex equality with multiplier 0.04 was certified
@@ -119,8 +120,11 @@ class FrontDoor(Method):
         stalled, first, _ = ssca_status.violation_stalled(
             recorder.history(), self.bound_scale, self.M, self.equality)
         saturated, self._c_too_small = getattr(self, "_c_too_small", False), False
+        force = self._force_multipliers(state)
         evidence = (saturated or not mu.size or not np.all(np.isfinite(mu))
                     or float(np.max(mu)) >= 0.5 * state.penalty
+                    or (force is not None and float(np.max(np.abs(force), initial=0.0))
+                        >= 0.5 * state.penalty)
                     or stalled or not np.isfinite(first))
         if evidence:
             state = self.with_penalty(state, self.penalties[stage])
