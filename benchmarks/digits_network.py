@@ -37,6 +37,9 @@ clients (``ss.FederatedData.split(X, y, num_clients=10, seed=0)``):
 * Live hidden units: a unit j is live when |w1_j|^2 + |w2_:j|^2 + b1_j^2 > 1e-3; the local
   minima of min |w|^2 differ in how many units they keep (SLSQP's point: 9 of 32), which is
   what separates their |w|^2, not their accuracy.
+* --penalty c1,c2,...: the library's penalty sequence (default: its own, (1e2, 1e3, 1e4,
+  1e5)); not the default options, for the stop 34 measurements of where the runs go when
+  the first stage's c is far below the multiplier (144).
 * --max-iter N: the library's round budget (default: the library's own); --reuse-reference:
   the reference from the published digits_network.json (as --quick does), not recomputed.
 * --quick: seed 0, 100 rounds; the reference is read from digits_network.json (the output
@@ -299,12 +302,14 @@ def dense_sqp(net, X, y, x0, iterations: int, ref_norm2: float) -> dict:
 
 # -- SSCA --------------------------------------------------------------------------------------
 
-def run_ssca(net, data, X, y, seed: int, max_iter=None) -> dict:
+def run_ssca(net, data, X, y, seed: int, max_iter=None, penalty=None) -> dict:
     xs = []
     x0 = net.init(0)
     opts = dict(seed=seed, x0=x0, callback=lambda it: xs.append(np.array(it.x, copy=True)))
     if max_iter is not None:
         opts["max_iter"] = max_iter
+    if penalty is not None:
+        opts["penalty"] = penalty
     prob = classification_con(data, net, U)
     t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
@@ -315,7 +320,8 @@ def run_ssca(net, data, X, y, seed: int, max_iter=None) -> dict:
     viol = [net.evaluate(x, X, y)[0] - U for x in xs]
     rep = kkt(net, res.x, X, y)
     stages = getattr(res, "stages", None) or []
-    return {"seed": seed, "status": res.status, "rounds": int(res.nit), "wall_s": wall,
+    return {"seed": seed, "penalty_option": None if penalty is None else list(penalty),
+            "status": res.status, "rounds": int(res.nit), "wall_s": wall,
             "cpu_s": cpu,
             "norm2": float(res.x @ res.x), "violation": float(net.evaluate(res.x, X, y)[0] - U),
             "stationarity_rel": float(res.kkt.stationarity_rel),
@@ -372,7 +378,9 @@ def plot(payload, path):
     a2.set_xlabel("round")
     a2.set_ylabel("max(F - U, 1e-12) on the full data")
     a2.legend(fontsize=7)
-    fig.suptitle(f"digits 64-32-10, min |w|^2 s.t. F <= {U}, 10 clients, default options\n"
+    pen = payload.get("penalty_option")
+    opts = "default options" if pen is None else f"penalty={tuple(pen)}, other options default"
+    fig.suptitle(f"digits 64-32-10, min |w|^2 s.t. F <= {U}, 10 clients, {opts}\n"
                  + machine_title(payload["machine"]), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -395,11 +403,16 @@ def main():
     ap.add_argument("--reuse-reference", action="store_true",
                     help="read the reference from the published digits_network.json")
     ap.add_argument("--out", default=None, help="output name (default digits_network)")
+    ap.add_argument("--penalty", default=None,
+                    help="the library's penalty sequence, comma-separated (default: the "
+                         "library's own; stop 34's runs: 30,100,1e3,1e4,1e5)")
     args = ap.parse_args()
     t_start = time.perf_counter()
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
     max_iter = 100 if args.quick else args.max_iter
     probe = 0 if args.quick else args.slsqp_probe
+    penalty = (None if args.penalty is None
+               else tuple(float(c) for c in args.penalty.split(",")))
     net, data, X, y = load()
     log(f"digits: N = {len(y)}, d = {net.dim}, 10 clients; load {os.getloadavg()}")
     log("reference ...")
@@ -417,7 +430,7 @@ def main():
     for s in seeds:
         log(f"SSCA seed {s} ... load {os.getloadavg()}")
         load0 = os.getloadavg()
-        r = run_ssca(net, data, X, y, s, max_iter)
+        r = run_ssca(net, data, X, y, s, max_iter, penalty)
         r["load_before"], r["load_after"] = load0, os.getloadavg()
         runs.append(r)
         log(f"  {r['status']} after {r['rounds']} rounds, |w|^2 {r['norm2']:.6f}, "
@@ -464,6 +477,7 @@ def main():
                            "target": "within 0.5 % of the pooled reference, feasible "
                                      "(F - U <= 1e-4), in <= 1000 rounds"},
                "quick": args.quick, "machine": machine(), "reference": ref,
+               "penalty_option": None if penalty is None else list(penalty),
                "best_feasible": {"who": best[0], "norm2": best[1], "violation": best[2]}
                if best else None,
                "runs": runs, "dense_sqp": sqp, "total_wall_s": time.perf_counter() - t_start,
