@@ -1093,8 +1093,8 @@ class SSCA(FrontDoor):
     # what the method remembers from round to round outside the state (counters of the
     # settling and penalty tests, the backtracking's last trial, the best point and the last
     # KKT fit): checkpointed with the state, so that a resumed run takes the decisions the
-    # uninterrupted one takes (a resume in the middle of a count of saturated rounds raised
-    # c three rounds later, and the run took 51 rounds instead of 48)
+    # uninterrupted one takes (resumed in the middle of a count of saturated rounds, a run
+    # raised c two to four rounds late and took 49 or 51 rounds instead of 48)
     _COUNTS = ("_tiny", "_stall", "_saturation")
     _FLAGS = ("_c_too_small", "_corrected", "_nonfinite_trial")
     _LENGTHS = ("_rejected_length", "_rejected_trial")
