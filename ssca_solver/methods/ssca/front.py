@@ -103,8 +103,9 @@ class FrontDoor(Method):
         violation that stopped falling, or no evidence either way (no test yet, fewer than 4
         evaluations in the stage); else the same state. With max_iter shared among the
         stages a stage can end while the iterates are still on their way to the constraint
-        set, with a positive slack that only says the proximal step is short: a nonconvex equality with multiplier 0.04 was certified
-        at round 1100 at c = 100, and not in 1000 rounds when c was raised after 250."""
+        set, with a positive slack that only says the proximal step is short: a nonconvex
+        equality with multiplier 0.04 was certified at round 1100 at c = 100, and not in 1000
+        rounds when c was raised after 250."""
         previous = ssca_status.stage_slack_of(recorder, stage - 1, self.opts.max_iter,
                                               self.bound_scale)
         if previous <= self.opts.slack_tol:
