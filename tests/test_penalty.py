@@ -200,3 +200,32 @@ def test_a_stage_far_below_the_multiplier_is_ended_by_the_forces(cancer_data):
     assert res.stages[0].penalty == 0.01 and res.stages[0].slack_norm > 0.2
     assert res.stages[0].rounds <= 20
     assert res.kkt.multipliers[0] == pytest.approx(0.4147, rel=1e-3)
+
+
+def test_the_forces_of_dependent_equalities_are_a_least_squares_balance():
+    """Equalities with dependent gradients (rank 5 of 29, as in a system of equations): the
+    forces reach the least-squares residual of the balance, whatever the split."""
+    from ssca_solver.diagnostics.kkt import force_multipliers
+
+    rng = np.random.default_rng(0)
+    G = rng.normal(size=(29, 5)) @ rng.normal(size=(5, 29))
+    g = rng.normal(size=29)
+    mu = force_multipliers(g, G, equality=np.ones(29, dtype=bool))
+    best = np.linalg.norm(g + G @ np.linalg.lstsq(G, -g, rcond=None)[0])
+    assert np.linalg.norm(g + G @ mu) == pytest.approx(best, rel=1e-8)
+    np.testing.assert_array_equal(force_multipliers(np.zeros(29), G, np.ones(29, bool)), 0.0)
+
+
+def test_a_failed_force_fit_is_no_evidence_and_loses_no_run(cancer_data, monkeypatch):
+    """SciPy's nnls ran out of iterations inside the forces' fit on two S2MPJ systems of
+    equations (HYDCAR6, POWERSUMNE) and the runs raised; a fit that fails is now no evidence
+    and the run goes on as if there were none."""
+    from ssca_solver.methods.ssca import algorithm
+
+    def fails(*_):
+        raise RuntimeError("Maximum number of iterations reached.")
+
+    monkeypatch.setattr(algorithm, "kkt_forces", fails)
+    res = neyman_pearson(cancer_data, alpha=0.1).solve(
+        batch_size="full", penalty=[0.01, 0.1, 1.0, 10.0], max_iter=900, seed=0)
+    assert res.status == "converged" and res.stages[0].rounds == 58

@@ -376,10 +376,17 @@ def force_multipliers(g, G, equality=None) -> np.ndarray:
     violates constraint m, they are c for it, where the KKT fit, which also asks
     mu_m (F_m - U_m) = 0, is pulled toward 0 (a network on digits at c = 30: 30 against 7):
     what the penalty continuation reads as "c is below the multipliers"."""
-    G = np.asarray(G, dtype=float).reshape(np.size(g), -1)
+    g = np.asarray(g, dtype=float)
+    G = np.asarray(G, dtype=float).reshape(g.size, -1)
     M = G.shape[1]
     eq = np.zeros(M, dtype=bool) if equality is None else np.asarray(equality, dtype=bool)
-    return _fit_multipliers(np.asarray(g, dtype=float), G, np.zeros(M), eq, eps=0.0)
+    if not np.any(eq):
+        return nnls(G, -g)[0]
+    # an equality's multiplier has either sign: bounded least squares (the split
+    # mu+ - mu- of the KKT fit is not unique without its regularisation rows, and SciPy's
+    # nnls ran out of iterations on it: S2MPJ's HYDCAR6, 29 equalities)
+    return lsq_linear(G, -g, bounds=(np.where(eq, -np.inf, 0.0), np.inf), method="bvls",
+                      tol=1e-12).x
 
 
 #: "infeasible" needs the returned point to be a stationary point of the violation to this

@@ -1019,10 +1019,14 @@ class SSCA(FrontDoor):
         g = grads[0] if k else np.zeros(w.size)
         g = g + (2.0 * self.ridge * w if self.ridge is not None else det.grad(w))
         G = np.column_stack(grads[k:])
-        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(G))):
-            return None
-        force = kkt_forces(g, G, self.equality)
-        if np.linalg.norm(g + G @ force) > 0.5 * np.linalg.norm(g):
+        size = float(np.linalg.norm(g))
+        if not (size > 0.0 and np.isfinite(size) and np.all(np.isfinite(G))):
+            return None                  # nothing to balance (no objective, or at its minimum)
+        try:
+            force = kkt_forces(g, G, self.equality)
+        except (RuntimeError, ValueError, np.linalg.LinAlgError):
+            return None                  # a fit that fails is no evidence; the run goes on
+        if not (np.linalg.norm(g + G @ force) <= 0.5 * size):
             return None
         return force
 
