@@ -371,7 +371,8 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION) -> 
 
 def force_multipliers(g, G, equality=None) -> np.ndarray:
     """The multipliers that balance the gradients alone: min |g + G mu| over mu_m >= 0 (free
-    sign for an equality), with none of :func:`kkt_report`'s complementarity rows. At a
+    sign for an equality; the smallest such mu when every constraint is one), with none of
+    :func:`kkt_report`'s complementarity rows. At a
     stationary point of the exact penalty F_0 + R + c sum_m (F_m - U_m)_+ (Problem 5) that
     violates constraint m, they are c for it, where the KKT fit, which also asks
     mu_m (F_m - U_m) = 0, is pulled toward 0 (a network on digits at c = 30: 30 against 7):
@@ -382,9 +383,12 @@ def force_multipliers(g, G, equality=None) -> np.ndarray:
     eq = np.zeros(M, dtype=bool) if equality is None else np.asarray(equality, dtype=bool)
     if not np.any(eq):
         return nnls(G, -g)[0]
+    if np.all(eq):
+        # the smallest forces (dependent gradients leave the balance's mu non-unique)
+        return np.linalg.lstsq(G, -g, rcond=None)[0]
     # an equality's multiplier has either sign: bounded least squares (the split
     # mu+ - mu- of the KKT fit is not unique without its regularisation rows, and SciPy's
-    # nnls ran out of iterations on it: S2MPJ's HYDCAR6, 29 equalities)
+    # nnls ran out of iterations on it)
     return lsq_linear(G, -g, bounds=(np.where(eq, -np.inf, 0.0), np.inf), method="bvls",
                       tol=1e-12).x
 
