@@ -986,9 +986,10 @@ class SSCA(FrontDoor):
         # point that violates the constraint the KKT fit, which also asks mu (F - U) = 0, is
         # pulled toward 0 (a network on digits at c = 30: a fit of 7 while the forces were
         # 30, and the stage spent its budget at c = 30)
-        force = self._force_multipliers(state)
-        fitted = fitted or (force is not None and np.any(
-            at_c & (slack > tol) & (np.abs(force) >= 0.5 * state.penalty)))
+        if not fitted and np.any(at_c & (slack > tol)):
+            force = self._force_multipliers(state)
+            fitted = force is not None and bool(np.any(
+                at_c & (slack > tol) & (np.abs(force) >= 0.5 * state.penalty)))
         if fitted and np.any(at_c & (slack > tol)):
             self._saturation = getattr(self, "_saturation", 0) + 1
         else:
