@@ -195,3 +195,7 @@ def test_a_penalty_stage_never_starts_at_a_rejected_trial_step():
     assert float(res.x @ res.x) <= float(x0 @ x0)
     assert F <= np.log(10.0) + 1e-3
     assert res.status != "converged"
+    # the last stage settled with most of max_iter left: the message says so and does not ask
+    # for more rounds (it did, stop 34)
+    assert res.nit < 1000 and f"{1000 - res.nit} of max_iter's rounds left" in res.message
+    assert "more rounds" not in res.message

@@ -99,11 +99,16 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
                and stages and stages[-1].slack_norm > o.slack_tol
                and stages[-1].penalty == o.penalty[-1])
     r1 = phase1() if at_most else np.nan
+    # a run whose last stage settled before max_iter: more rounds at that c change nothing
+    early = settled and state.t < o.max_iter
     if at_most and not r1 <= PHASE1_TOL:
         return st.MAX_ITER, (
             f"no feasible point was found in {state.t} rounds (relative violation "
             f"{np.max(kkt.feasibility_rel):.3g} at the end) and the violation stopped falling "
-            f"at the largest c, but the returned point does not minimise the violation: its "
+            f"at the largest c"
+            + (f" (the iterates stopped moving at round {state.t}, with {o.max_iter - state.t} "
+               "of max_iter's rounds left)" if early else "")
+            + ", but the returned point does not minimise the violation: its "
             f"gradient there is {r1:.3g} of the constraints' gradient at the start (above "
             f"{PHASE1_TOL:g}), so a nearby point violates less and this is no evidence of "
             + ("infeasibility (with a fixed mini-batch the iterates scatter around the "
@@ -111,7 +116,8 @@ def decide(reason, state, kkt, history, stages, o, M, bound_scale, phase1=lambda
                if isinstance(o.batch_size, int) else
                f"infeasibility: the largest c ({o.penalty[-1]:g}) may be below what an exact "
                "penalty needs here (the penalised problem's solution keeps this violation); "
-               "give larger penalties (penalty=[..., a larger c]) or more rounds"))
+               "give larger penalties (penalty=[..., a larger c])"
+               + (", or start elsewhere (x0)" if early else " or more rounds")))
     drop = saddle() if at_most else 0.0
     if at_most and not np.isfinite(drop):
         return st.MAX_ITER, (
