@@ -20,7 +20,6 @@ import numpy as np
 
 from ...diagnostics.evaluation import excess
 from ...diagnostics.kkt import force_multipliers as kkt_forces
-from ...diagnostics.result import KKTReport
 from ...errors import SubproblemError, UserFunctionError
 from ...federated.messages import AGGREGATE, Request, array
 from ...model.surrogates import check_strongly_convex
@@ -978,9 +977,7 @@ class SSCA(FrontDoor):
         # the subproblem alone saturates while the model is still poor (least squares on
         # diabetes, multiplier 0.82: c went from 100 to 10^4 in 30 rounds, and the run then
         # took 120 more at a badly conditioned c)
-        report = getattr(self, "_last_report", None)
-        mu = (np.abs(np.asarray(report.multipliers, dtype=float)) if report is not None
-              else np.zeros(0))
+        mu = getattr(self, "_last_multipliers", np.zeros(0))
         fitted = mu.size == nu.size and np.any(mu >= 0.5 * state.penalty)
         # or the forces that balance the gradients at the last accepted point say so: at a
         # point that violates the constraint the KKT fit, which also asks mu (F - U) = 0, is
@@ -1013,13 +1010,12 @@ class SSCA(FrontDoor):
         det = self.problem.deterministic
         if self.ridge is None and not det.smooth:
             return None
-        grads = [ad.surrogate_gradient(st, w) for st in stats]
-        if any(g is None for g in grads):
-            return None
         k = 1 if self.problem.objective is not None else 0
-        g = grads[0] if k else np.zeros(w.size)
-        g = g + (2.0 * self.ridge * w if self.ridge is not None else det.grad(w))
-        G = np.column_stack(grads[k:])
+        grads = [ad.surrogate_gradient(st, w) for st in stats[k:]]
+        g = self._lagrangian_gradient(stats, w, [1.0] * k + [0.0] * self.M)
+        if g is None or any(gm is None for gm in grads):
+            return None
+        G = np.column_stack(grads)
         size = float(np.linalg.norm(g))
         if not (size > 0.0 and np.isfinite(size) and np.all(np.isfinite(G))):
             return None                  # nothing to balance (no objective, or at its minimum)
@@ -1117,15 +1113,14 @@ class SSCA(FrontDoor):
             for m, st in enumerate(best[1]):
                 for k, v in st.items():
                     out[f"mem/best/{m}/{k}"] = np.asarray(v)
-        report = getattr(self, "_last_report", None)
-        if report is not None:
-            out["mem/report_multipliers"] = np.asarray(report.multipliers, dtype=float)
+        if hasattr(self, "_last_multipliers"):
+            out["mem/report_multipliers"] = self._last_multipliers
         return out
 
     def _restore_memory(self, arrays) -> None:
         """The memory from :meth:`_memory`'s arrays (none in an older checkpoint: a fresh
         memory)."""
-        for name in self._COUNTS + self._FLAGS + self._LENGTHS + ("_best", "_last_report",
+        for name in self._COUNTS + self._FLAGS + self._LENGTHS + ("_best", "_last_multipliers",
                                                                  "_memory_at"):
             self.__dict__.pop(name, None)
         for name in self._COUNTS + self._FLAGS + self._LENGTHS:
@@ -1143,11 +1138,7 @@ class SSCA(FrontDoor):
             self._best = (np.array(arrays["mem/best_w"], dtype=float),
                           tuple(stats[m] for m in sorted(stats)))
         if "mem/report_multipliers" in arrays:
-            mu = np.array(arrays["mem/report_multipliers"], dtype=float)
-            self._last_report = KKTReport(
-                multipliers=mu, multiplier_source="checkpoint", stationarity=float("nan"),
-                stationarity_kind="", feasibility=np.zeros(mu.size),
-                complementarity=np.zeros(mu.size))
+            self._last_multipliers = np.array(arrays["mem/report_multipliers"], dtype=float)
 
 
 def _shrink(arrays) -> float:

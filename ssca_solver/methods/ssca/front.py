@@ -83,7 +83,8 @@ class FrontDoor(Method):
         return state
 
     def kkt_test(self, report) -> bool:
-        self._last_report = report          # its multipliers guide the continuation
+        # its multipliers guide the continuation
+        self._last_multipliers = np.abs(np.asarray(report.multipliers, dtype=float))
         return report.passed(self.opts.feas_tol, self.opts.kkt_tol)
 
     def kkt_metric(self, state):
@@ -115,9 +116,7 @@ class FrontDoor(Method):
             # sampled rounds (a mini-batch): the slack estimate alone, as Theorem 2's
             # continuation has it (the KKT fit at a noisy point says little about c)
             return self.with_penalty(state, self.penalties[stage])
-        report = getattr(self, "_last_report", None)
-        mu = (np.abs(np.asarray(report.multipliers, dtype=float))
-              if report is not None else np.zeros(0))
+        mu = getattr(self, "_last_multipliers", np.zeros(0))
         stalled, first, _ = ssca_status.violation_stalled(
             recorder.history(), self.bound_scale, self.M, self.equality)
         saturated, self._c_too_small = getattr(self, "_c_too_small", False), False
