@@ -5,7 +5,8 @@ Implements Algorithms 1 and 2 of Ye & Cui, "Sample-based Federated Learning via 
 """
 
 from . import status
-from .diagnostics.result import Communication, KKTReport, Result, SSCAResult, Stage
+from .diagnostics.certificate import KKTReport
+from .diagnostics.result import Communication, Result, SSCAResult, Stage
 from .diagnostics.history import History
 from .diagnostics.result_io import ResultFileError, load as load_result
 from .engine.method import Method

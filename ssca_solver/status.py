@@ -5,8 +5,9 @@
 it says"). The runner ends a run (or a stage of it) for one of :data:`REASONS`; a method turns
 the reason, the state and the final KKT report into a status and a message
 (:meth:`ssca_solver.engine.method.Method.status`), using the builders below for the parts every
-method shares, so that every method says "converged", "stopped" and "the test did not pass"
-in the same words.
+method shares, so that every method says "stopped" and "the test did not pass" in the same
+words. What "converged" promises, and the rules that give it, are in
+:mod:`ssca_solver.diagnostics.certificate`.
 """
 
 from __future__ import annotations
@@ -48,22 +49,6 @@ def exceeds(name: str, value: float, tol: float) -> str:
     return f"{name} = {value:.3g} > {tol:g} (relative)"
 
 
-def converged(kkt, t: int, feas_tol: float, kkt_tol: float) -> tuple[str, str]:
-    """(CONVERGED, message) for a run whose full-data KKT test passed at round ``t``, provided
-    ``kkt``, the full-data report at the returned point, passes too. When it does not (the
-    test passed on an evaluation the returned point's own report contradicts: a defect of the
-    library, as the free evaluations of rounds whose statistics were too inexact once were),
-    (ERROR, a message naming the residual that fails): "converged" is never claimed against
-    the report the Result carries."""
-    if kkt is not None and not kkt.passed(feas_tol, kkt_tol):
-        name, value, tol = kkt.residuals(feas_tol, kkt_tol)[0]
-        return ERROR, (f"the KKT test passed at round {t}, but the full-data report at the "
-                       f"returned point does not: {exceeds(name, value, tol)}; "
-                       "the run's stop test and its final report disagree, a defect of the "
-                       "library: please report it")
-    return CONVERGED, kkt.passed_message(t, feas_tol, kkt_tol)
-
-
 def stopped(t: int, penalty: Optional[float] = None) -> tuple[str, str]:
     """(STOPPED, message) for a run the callback stopped after round ``t`` (``penalty``: the c
     in force, for methods with a penalty sequence)."""
@@ -103,43 +88,3 @@ def error(what: str, t: int, exc: BaseException, checkpoint=None) -> tuple[str, 
                    f"point, after round {t}, with its history"
                    + (f" (checkpoint {checkpoint!r}: resume with solve(..., "
                       f"resume={checkpoint!r}))" if checkpoint else ""))
-
-
-def kkt_failed(message: str, kkt) -> str:
-    """``message`` with a note that the KKT report at the returned point could not be computed
-    (``kkt.multiplier_source`` names the failure)."""
-    return (f"{message}; note: the full-data KKT report at the returned point could not be "
-            f"computed ({kkt.multiplier_source}), so its stationarity and multipliers are NaN")
-
-
-def incomplete(message: str, kkt, missing, feas_tol: float, kkt_tol: float) -> str:
-    """The message of a run whose final full-data evaluation missed ``missing`` clients
-    (``on_client_failure="drop"``): its KKT report covers only the clients that answered, so
-    it certifies nothing, whichever way it came out; never "did not pass" with a residual
-    within its tolerance."""
-    who = ", ".join(str(c) for c in missing) or "some client"
-    if kkt.passed(feas_tol, kkt_tol):
-        name, value, tol = kkt.residuals(feas_tol, kkt_tol)[0]
-        return (f"no certificate: client(s) {who} did not answer the final full-data "
-                "evaluation (on_client_failure='drop'), so the KKT report at the returned "
-                "point covers only the clients that answered; on those every relative residual "
-                f"is within tolerance (largest: {name} {value:.2g} <= {tol:g}). Check the "
-                "failing clients, or run on: the status can say 'converged' only from an "
-                "evaluation every client answered")
-    return (message + f" (the final evaluation missed client(s) {who}: these residuals "
-            "cover only the clients that answered)")
-
-
-def decide(reason: str, t: int, kkt, feas_tol: float, kkt_tol: float, tested: bool,
-           advice: str, penalty: Optional[float] = None) -> tuple[str, str]:
-    """The status every certifying method shares: CONVERGED only when the runner's KKT test
-    passed, STOPPED by the callback, else MAX_ITER naming the largest residual (``tested``:
-    whether the test ran at all, i.e. ``eval_every`` was set)."""
-    if reason == CONVERGED:
-        return converged(kkt, t, feas_tol, kkt_tol)
-    if reason == STOPPED:
-        return stopped(t, penalty)
-    residual = kkt.residuals(feas_tol, kkt_tol)[0]
-    if not tested:
-        return untested(t, residual, kkt)
-    return not_passed(t, residual, advice)

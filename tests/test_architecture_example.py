@@ -67,10 +67,10 @@ def test_the_new_method_gets_secure_aggregation_by_declaring_it(gd, cancer_data)
     assert secure.communication.up_total > plain.communication.up_total
 
 
-def test_the_new_method_gets_the_certificate_by_declaring_a_kkt_test(gd, cancer_data):
-    """A subclass that declares kkt_test (and the tolerances in its options) is stopped by the
-    runner's full-data KKT test and reports "converged" at the optimum; without it the same
-    run is "max_iter"."""
+def test_the_new_method_gets_the_certificate_by_declaring_certifies(gd, cancer_data):
+    """A subclass that declares ``certifies = True`` (and the tolerances in its options) is
+    stopped by the runner's full-data KKT test and reports "converged" at the optimum; without
+    it the same run is "max_iter"."""
     from dataclasses import dataclass
 
     @dataclass(frozen=True)
@@ -88,8 +88,7 @@ def test_the_new_method_gets_the_certificate_by_declaring_a_kkt_test(gd, cancer_
             method.opts = o
             return method
 
-        def kkt_test(self, report):
-            return report.passed(self.opts.feas_tol, self.opts.kkt_tol)
+        certifies = True
 
         status = ss.Method.status           # the shared rules: "converged" only from the test
 

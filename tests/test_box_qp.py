@@ -85,7 +85,11 @@ def test_problem_5_over_a_box_matches_the_cvxpy_model(seed, ridge):
     else:
         a = direct.solve(stats, c, 1, center=x, model=B)
         b = model.solve(stats, c, 1, center=x, qn=model._model_values(B, x))
-    assert direct.direct_solves == 1 and a.retries == 0 and not a.inaccurate
+    # solved by the direct form; at the library's first setting Clarabel may say
+    # "AlmostSolved" on one CPU and "Solved" on another (seed 3 without a ridge), and the
+    # next setting then solves it: the answer is compared with CVXPY's below either way
+    assert direct.direct_solves == 1 and not a.inaccurate
+    assert a.retries < len(direct._direct.attempts)
     # to the library's Clarabel tolerances (gap 1e-9 of values ~ 50: up to
     # sqrt(1e-9 * 50 / 0.2) ~ 1.6e-5 in w for a curvature >= 0.1; the CVXPY model at the
     # same tolerances is off by as much, 6e-6 at seed 0)

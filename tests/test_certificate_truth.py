@@ -286,8 +286,8 @@ def test_the_second_order_correction_pulls_a_trial_point_back_to_a_curved_constr
     constraint asks 2 (w1 - 1) + 0.25 = 0, and the corrected trial point violates by 0.016
     (an SQP second-order correction), with the base point and statistics kept for further
     backtracking."""
-    from ssca_solver.methods.ssca import SSCA
-    from ssca_solver.methods.ssca.step import SSCAState
+    from ssca_solver.methods.ssca import SSCA, acceptance
+    from ssca_solver.methods.ssca.state import SSCAState
 
     f = fn(lambda w: w[1], lambda w: np.array([0.0, 1.0]), "f")
     h = fn(lambda w: w @ w - 1.0, lambda w: 2 * w, "h")
@@ -305,7 +305,7 @@ def test_the_second_order_correction_pulls_a_trial_point_back_to_a_curved_constr
     base_w, trial = np.array([1.0, 0.0]), np.array([1.0, -0.5])
     state = SSCAState(t=1, w=trial, stats=stats_at(trial), penalty=100.0, tau=tau,
                       prev_w=base_w, prev_stats=stats_at(base_w), merit=0.0)
-    new, info = method._second_order_correction(state, stats_at(trial))
+    new, info = acceptance.second_order_correction(method.config, state, stats_at(trial))
     violation = abs(new.w @ new.w - 1.0)
     assert violation < 0.02 < 0.25                      # the plain trial's 0.25
     assert new.w[0] == pytest.approx(0.875, abs=1e-6)   # on the shifted linearisation
@@ -313,7 +313,7 @@ def test_the_second_order_correction_pulls_a_trial_point_back_to_a_curved_constr
     assert new.prev_stats is state.prev_stats and new.rejects == 1
     # a trial whose violation did not grow is not corrected
     same = state._replace(w=np.array([0.99, 0.0]), stats=stats_at(np.array([0.99, 0.0])))
-    assert method._second_order_correction(same, same.stats) is None
+    assert acceptance.second_order_correction(method.config, same, same.stats) is None
 
 
 def test_eight_rejections_of_long_trial_steps_do_not_settle_the_point():

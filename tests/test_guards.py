@@ -50,37 +50,37 @@ def test_a_run_that_settled_at_a_kink_with_a_failing_kkt_test_is_not_converged()
     assert "stopped moving" in res.message and "did not pass" in res.message
 
 
-def test_the_stall_count_compares_merits_at_the_same_weight():
+def test_the_stall_count_compares_merits_at_the_same_weight(monkeypatch):
     """With the model the merit weighs the violation by a weight that follows the multipliers
-    (SSCA._merit_penalty), so merits of different rounds are not comparable: the best point's
-    merit is recomputed at this round's weight. Here each round lowers the objective and the
+    (merit.weight), so merits of different rounds are not comparable: the best point's merit
+    is recomputed at this round's weight. Here each round lowers the objective and the
     violation while the weight grows tenfold; every round is progress (S2MPJ's TENBARS1 was
     settled at round 96 of 800, its violation still falling, when the best merit came from
     a round with a smaller weight). At a fixed weight, hovering is not progress."""
-    from collections import namedtuple
-    from ssca_solver.methods.ssca.algorithm import SSCA
+    from types import SimpleNamespace
 
-    State = namedtuple("State", "w merit")
+    from ssca_solver.methods.ssca import acceptance
+    from ssca_solver.methods.ssca.state import SSCAState
 
-    class Stub:
-        def _model_on(self, state):
-            return True
+    def merit(cfg, stats, w, c):
+        return stats["f"] + c * stats["v"]
 
-        def _merit(self, stats, w, c):
-            return stats["f"] + c * stats["v"]
-
-    stub, track = Stub(), SSCA._track_progress
+    monkeypatch.setattr(acceptance.mt, "merit", merit)
+    cfg = SimpleNamespace(model_on=lambda state: True)
+    state = SSCAState(0, np.zeros(1), ())
     points = [({"f": 10.0 - k, "v": 1.0 - 0.1 * k}, 10.0 ** k) for k in range(4)]
     for k, (stats, c) in enumerate(points):
-        merit = stub._merit(stats, None, c)
-        track(stub, State(np.array([float(k)]), merit), merit, stats, c)
-        assert stub._stall == 0, (k, merit)
+        value = merit(cfg, stats, None, c)
+        state = acceptance.track_progress(
+            cfg, state._replace(w=np.array([float(k)]), merit=value), value, stats, c)
+        assert state.memory.stall == 0, (k, value)
     # the same point again and again at a fixed weight: no progress, counted
     stats, c = points[-1]
     for k in range(3):
-        merit = stub._merit(stats, None, c)
-        track(stub, State(np.array([3.0]), merit), merit, stats, c)
-    assert stub._stall == 3
+        value = merit(cfg, stats, None, c)
+        state = acceptance.track_progress(
+            cfg, state._replace(w=np.array([3.0]), merit=value), value, stats, c)
+    assert state.memory.stall == 3
 
 
 # -- 2. no certificate from an incomplete evaluation ----------------------------------------
@@ -408,6 +408,7 @@ def test_converged_is_never_claimed_against_the_report_the_result_carries():
     from types import SimpleNamespace
 
     from ssca_solver import status as st
+    from ssca_solver.diagnostics.certificate import Certificate
 
     def report(passed, residual):
         return SimpleNamespace(passed=lambda f, k: passed,
@@ -415,8 +416,8 @@ def test_converged_is_never_claimed_against_the_report_the_result_carries():
                                passed_message=lambda t, f, k: f"the full-data KKT test passed "
                                                               f"at round {t}")
 
-    status, message = st.converged(report(False, ("stationarity", 0.048, 1e-4)), 88, 1e-4,
-                                   1e-4)
+    certificate = Certificate(1e-4, 1e-4)
+    status, message = certificate.converged(report(False, ("stationarity", 0.048, 1e-4)), 88)
     assert status == st.ERROR and "stationarity = 0.048 > 0.0001" in message, message
-    status, message = st.converged(report(True, ("stationarity", 5e-5, 1e-4)), 12, 1e-4, 1e-4)
+    status, message = certificate.converged(report(True, ("stationarity", 5e-5, 1e-4)), 12)
     assert status == st.CONVERGED and "round 12" in message

@@ -220,12 +220,12 @@ def test_a_failed_force_fit_is_no_evidence_and_loses_no_run(cancer_data, monkeyp
     """SciPy's nnls ran out of iterations inside the forces' fit on two S2MPJ systems of
     equations (HYDCAR6, POWERSUMNE) and the runs raised; a fit that fails is now no evidence
     and the run goes on as if there were none."""
-    from ssca_solver.methods.ssca import algorithm
+    from ssca_solver.methods.ssca import continuation
 
     def fails(*_):
         raise RuntimeError("Maximum number of iterations reached.")
 
-    monkeypatch.setattr(algorithm, "kkt_forces", fails)
+    monkeypatch.setattr(continuation, "kkt_forces", fails)
     res = neyman_pearson(cancer_data, alpha=0.1).solve(
         batch_size="full", penalty=[0.01, 0.1, 1.0, 10.0], max_iter=900, seed=0)
     assert res.status == "converged" and res.stages[0].rounds == 58

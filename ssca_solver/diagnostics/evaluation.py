@@ -60,6 +60,12 @@ class ProblemTerms(NamedTuple):
     deterministic: object       # DeterministicPart
     equality: Optional[np.ndarray] = None   # which constraints are equalities (None: none)
 
+    @property
+    def first_constraint(self) -> int:
+        """The index of the first constraint's value among the per-function values (1 when
+        the objective is stochastic, else 0)."""
+        return 1 if self.stochastic_objective else 0
+
     def excess(self, cons: np.ndarray) -> np.ndarray:
         """:func:`excess` with this problem's equalities."""
         return excess(cons, self.equality)
@@ -76,7 +82,7 @@ def excess(cons, equality=None) -> np.ndarray:
 
 def split_values(values: np.ndarray, terms: ProblemTerms) -> tuple[float, np.ndarray]:
     """(F_0 stochastic part or 0, F_m - U_m) from the per-function values."""
-    k = 1 if terms.stochastic_objective else 0
+    k = terms.first_constraint
     f0 = float(values[0]) if k else 0.0
     return f0, np.asarray(values[k:], dtype=float) - terms.bounds
 

@@ -12,7 +12,7 @@ import numpy as np
 from scipy.optimize import lsq_linear, nnls
 
 from .evaluation import Evaluation, ProblemTerms, split_values
-from .result import KKTReport
+from .certificate import KKTReport
 
 
 #: the floor of the stationarity scale: this fraction of |grad (F_0 + R)| at the start point
@@ -36,19 +36,18 @@ def stationarity_floor(grad_scale: float, curvature: Optional[float], w,
       (Numerical Methods for Unconstrained Optimization, 1983, sec. 7.2): a relative change
       of w changes f by a small fraction of f.
 
-    Each candidate alone was measured to let a wrong point pass (a far start: 1 % of a start
-    gradient of 3.3e7 against |g| = 78 at a point 2.8 above the optimum; a narrow curved
-    valley: secant curvatures of 4e3 across it at |g| = 3e-3, f = 1.42 where the optimum is
-    0), so the floor is their minimum: it can only make the test stricter.
+    Each candidate alone can let a wrong point pass (a far start makes 1 % of the start
+    gradient large against the gradient near the optimum; across a narrow curved valley the
+    secant curvatures are large where the gradient along the valley is not small), so the
+    floor is their minimum: it can only make the test stricter.
 
     When the start point is a stationary point of F_0 + R (``grad_scale`` 0: the objective is
     flat there, e.g. a zero-residual least-squares objective that starts at zero and only the
     constraints move the iterates), the start floor is 0, the start secant runs between two
     vanishing gradients and the objective's size is its rounding at a zero-residual solution:
-    those candidates measure nothing (S2MPJ's TAME and ORTHREGB: KKT points whose |g| of
-    3e-16 and 1e-13 is the rounding of F_0, refused at stationarity 0.71 and 1.0 because the
-    floor was 0). The floor is then the local secant candidate alone, and 0 until it is
-    known."""
+    those candidates measure nothing (a KKT point whose |g| is the rounding of F_0 would be
+    refused at a relative stationarity of order 1). The floor is then the local secant
+    candidate alone, and 0 until it is known."""
     size = max(1.0, float(np.linalg.norm(w)))
     if not float(grad_scale) > 0.0:
         if local is not None and np.isfinite(local):
@@ -171,7 +170,7 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     |F_m - U_m| / max(1, |U_m|)) (0 for an equality).
     """
     det = terms.deterministic
-    k = 1 if terms.stochastic_objective else 0
+    k = terms.first_constraint
     _, cons = split_values(ev.values, terms)
     M = cons.size
     eq = (np.zeros(M, dtype=bool) if terms.equality is None
@@ -181,11 +180,10 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     domain_duals: tuple = ()
     g = g0 + (det.grad(w) if det.smooth else 0.0)
     # the scale is the objective's side of the balance only, never the multipliers': fitted
-    # to two nearly opposite halves of an equality, multipliers of 2e4..2e9 that cancel each
-    # other made max_m mu_m |grad F_m| huge and let points pass whose absolute stationarity
-    # was 0.74 (14 false certificates on a public collection); at a KKT point
-    # |sum_m mu_m grad F_m| = |g| anyway. The floor stands in when |g| vanishes (an
-    # unconstrained minimum): see stationarity_floor
+    # to two nearly opposite halves of an equality, huge multipliers that cancel each other
+    # make max_m mu_m |grad F_m| huge and would let points pass that are far from
+    # stationary; at a KKT point |sum_m mu_m grad F_m| = |g| anyway. The floor stands in
+    # when |g| vanishes (an unconstrained minimum): see stationarity_floor
     if floor is None:
         floor = stationarity_floor(grad_scale, curvature, w)
     # the objective's side of the balance, without the coordinates the domain's simple bounds
@@ -207,22 +205,18 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     else:
         # the step length t at which the objective's gradient alone would move w by
         # max(1, |w|): (u - w) / t is then in gradient units, and stat / scale =
-        # |u - w| / max(1, |w|). With t = 1 the step's length in the units of w was divided
-        # by a gradient scale: a point 0.57 from the bound its gradient of 5.8e3 pushes it
-        # to passed at 1e-4 (S2MPJ's QC, 15 % above the optimum)
+        # |u - w| / max(1, |w|). With t = 1 the step's length in the units of w would be
+        # divided by a gradient scale, and a point far from the bound a large gradient pushes
+        # it to would pass
         t = max(1.0, float(np.linalg.norm(w))) / scale
         # the step measures stationarity, not the violation the feasibility test judges: a
         # constraint violated at w within ``feas_tol`` (relative, as that test reads it) is
         # linearised as active there, G_m.(u - w) <= 0 (= 0 for an equality), as the plain
-        # fit above treats it. Asked to remove such a violation too, the step moved 4.6e-3
-        # along a direction the violated equality's gradient barely sees (0.018, the other
-        # one pinned by a bound) to remove 8.4e-5: relative stationarity 2.9e-3 at a point
-        # whose independent KKT residual is 2e-14 (S2MPJ's ALLINITA, refused at 157 rounds).
-        # Beyond feas_tol the test fails anyway and the step still removes the excess, whose
-        # force is the multiplier estimate that tells the penalty continuation c is too
-        # small (with every violation shifted, HS15's estimate at x0, violated by 3, was 0
-        # instead of 438, and its first stage ran 41 rounds instead of 6). feas_tol None:
-        # no allowance.
+        # fit above treats it. Asked to remove such a violation too, the step can move far
+        # along a direction the violated constraint's gradient barely sees, and a KKT point
+        # would be refused on stationarity. Beyond feas_tol the test fails anyway and the step
+        # still removes the excess, whose force is the multiplier estimate that tells the
+        # penalty continuation c is too small. feas_tol None: no allowance.
         lin = cons
         if feas_tol is not None and M:
             allowance = float(feas_tol) * np.maximum(1.0, np.abs(terms.bounds))
@@ -232,9 +226,9 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         if fixed.size:
             # the domain fixes some coordinates by simple bounds: the multipliers (and the
             # domain's duals) come from the step with every gradient as it is, at the length
-            # the whole gradient sets (a component of 1e8 along a fixed variable, balanced by
-            # the domain, left the free part of the step below Clarabel's tolerance at the
-            # length the free part sets); the residual from the same step with those
+            # the whole gradient sets (a large component along a fixed variable, balanced by
+            # the domain, would leave the free part of the step below the solver's tolerance
+            # at the length the free part sets); the residual from the same step with those
             # components removed, at the free part's length
             t_all = max(1.0, float(np.linalg.norm(w))) / max(float(np.linalg.norm(g)),
                                                              floor, 1e-300)
@@ -256,8 +250,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     if metric is not None and np.size(metric):
         # the same ratio in the diagonal metric's units (each coordinate divided by the square
         # root of its curvature estimate): without it the large coordinates set both the
-        # residual and the scale, and one column 1e4 times larger than the rest passed the
-        # test 1.6 % from the optimum (measured)
+        # residual and the scale, and one large column would let a point far from the
+        # optimum in the other coordinates pass
         inv = 1.0 / np.sqrt(np.max(np.atleast_2d(metric), axis=0))
         relative = max(relative, float(np.linalg.norm(res * inv))
                        / max(float(np.linalg.norm(det.free(g) * inv)), floor * float(np.min(inv)),
@@ -300,15 +294,13 @@ def _best_fit(g, G, cons, eq, scale: float, bound_scale: np.ndarray) -> np.ndarr
 
     The KKT conditions ask that *some* mu make every residual small. The fit over all
     constraints trades stationarity against complementarity through its regularisation rows:
-    with many nearly active, nearly dependent linear constraints it gave slightly inactive
-    ones forces of 1e-4 of the scale (S2MPJ's EXPFITA: 22 constraints, 5 variables; a point
-    with an independent KKT residual of 5e-12 failed on complementarity 2.2e-4), where the
-    fit over the active ones balances g exactly. The regularisation itself leaves a residual
-    of about eps^2 (force / scale)^2: genuine forces of 109 times |g| (S2MPJ's POLAK2, a
-    minimax problem whose two active constraints have gradients of 218 that nearly cancel)
-    left 2.4e-4 at a point whose plain fit balances g to 3.5e-8; the plain fit's forces are
-    bounded instead, far below the 6e5 times |g| with which two constraints a hair (1e-6)
-    from parallel absorb an unbalanced gradient (tests/test_kkt.py)."""
+    with many nearly active, nearly dependent linear constraints it gives slightly inactive
+    ones small forces that fail complementarity, where the fit over the active ones balances
+    g exactly. The regularisation itself leaves a residual of about eps^2 (force / scale)^2,
+    which genuine large forces (a minimax problem whose active constraints' gradients nearly
+    cancel) lift above the tolerance; the plain fit's forces are bounded instead, far below
+    those with which two constraints a hair from parallel absorb an unbalanced gradient
+    (tests/test_kkt.py)."""
     col = np.linalg.norm(G, axis=0)
     near = np.abs(cons) / bound_scale
 
@@ -412,7 +404,7 @@ def violation_stationarity(w: np.ndarray, ev: Evaluation, terms: ProblemTerms,
     (bounded least squares). Without a domain the residual is |g|; with one, the
     length of the projected step |Proj_D(w - g) - w| (one CVXPY solve).
     """
-    k = 1 if terms.stochastic_objective else 0
+    k = terms.first_constraint
     cons = np.asarray(ev.values[k:], dtype=float) - terms.bounds
     rel = terms.excess(cons) / np.maximum(1.0, np.abs(terms.bounds))
     G = np.asarray(ev.grads[k:], dtype=float).reshape(len(cons), w.size)

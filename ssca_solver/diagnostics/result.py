@@ -1,4 +1,6 @@
-"""The result of a solve: point, status, slacks, KKT diagnostics, history, communication."""
+"""The result of a solve: point, status, slacks, KKT diagnostics, history, communication.
+
+The KKT report and what it certifies are in :mod:`.certificate`."""
 
 from __future__ import annotations
 
@@ -8,108 +10,8 @@ from typing import Optional
 import numpy as np
 
 from .. import status as st
+from .certificate import KKTReport
 from .history import History
-
-
-@dataclass(frozen=True)
-class KKTReport:
-    """KKT diagnostics of Problem 3 at the returned point, on the full data.
-
-    Attributes:
-      multipliers: mu_m >= 0 of the stochastic constraints, from the KKT conditions at the point
-        (:func:`ssca_solver.diagnostics.kkt.kkt_report`), never a penalty c.
-      multiplier_source: "nnls" (least-squares fit of stationarity and complementarity) or
-        "linearized" (the linearised KKT step, used with a domain or a nonsmooth term), or
-        "failed: <why>" when the report could not be computed (:meth:`failed_at`): then the
-        multipliers, stationarity and complementarity are NaN (feasibility too when the point
-        could not even be evaluated), ``passed`` is False and ``failed`` is True.
-      stationarity: |grad F_0 + grad R + sum mu_m grad F_m| ("gradient"), or the length of the
-        linearised KKT step ("linearized step").
-      stationarity_kind: which of the two.
-      feasibility: max(F_m(w) - U_m, 0) per constraint (plus ``domain_violation``).
-      complementarity: |mu_m (F_m(w) - U_m)| per constraint.
-      domain_violation: largest violation of the domain constraints (0 inside).
-      domain_multipliers: one array of multipliers per domain constraint (empty without one).
-      scale: the gradient scale of the relative stationarity (see ``kkt_report``).
-      stationarity_rel, feasibility_rel, complementarity_rel: the relative residuals the
-        stopping test compares with ``kkt_tol`` and ``feas_tol``.
-    """
-
-    multipliers: np.ndarray
-    multiplier_source: str
-    stationarity: float
-    stationarity_kind: str
-    feasibility: np.ndarray
-    complementarity: np.ndarray
-    domain_violation: float = 0.0
-    domain_multipliers: tuple = ()
-    scale: float = 1.0
-    stationarity_rel: float = float("nan")
-    feasibility_rel: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    complementarity_rel: np.ndarray = field(default_factory=lambda: np.zeros(0))
-
-    @classmethod
-    def failed_at(cls, why: str, num_constraints: int, constraints=None, bounds=None,
-                  domain_violation: float = float("nan")) -> "KKTReport":
-        """A report that says it could not be computed (``why``): NaN multipliers,
-        stationarity and complementarity; feasibility from ``constraints`` (F_m - U_m at the
-        point, relative to max(1, |U_m|) with ``bounds``) when they were evaluated, else NaN."""
-        nan = np.full(num_constraints, np.nan)
-        if constraints is None:
-            feas, feas_rel = nan, nan.copy()
-        else:
-            cons = np.asarray(constraints, dtype=float)
-            feas = np.maximum(cons, 0.0)
-            scale = np.maximum(1.0, np.abs(np.asarray(bounds if bounds is not None
-                                                      else np.zeros(cons.size), dtype=float)))
-            feas_rel = feas / scale
-        return cls(multipliers=nan.copy(), multiplier_source=f"failed: {why}",
-                   stationarity=float("nan"), stationarity_kind="not computed",
-                   feasibility=feas, complementarity=nan.copy(),
-                   domain_violation=float(domain_violation), scale=float("nan"),
-                   stationarity_rel=float("nan"), feasibility_rel=feas_rel,
-                   complementarity_rel=nan.copy())
-
-    @property
-    def failed(self) -> bool:
-        """True when the report could not be computed (``multiplier_source`` says why)."""
-        return self.multiplier_source.startswith("failed")
-
-    @property
-    def max_residual(self) -> float:
-        """The largest absolute residual (NaN when one of them is NaN: a failed report)."""
-        values = np.array([self.stationarity, self.domain_violation,
-                           *np.atleast_1d(self.feasibility),
-                           *np.atleast_1d(self.complementarity)], dtype=float)
-        return float("nan") if np.any(np.isnan(values)) else float(np.max(values))
-
-    def residuals(self, feas_tol: float, kkt_tol: float) -> list[tuple[str, float, float]]:
-        """(name, relative residual, tolerance) of every test, largest ratio first (a NaN
-        residual, of a failed report, counts as the largest)."""
-        rows = [("stationarity", float(self.stationarity_rel), kkt_tol),
-                ("domain feasibility", float(self.domain_violation), feas_tol)]
-        for m, (f, c) in enumerate(zip(np.atleast_1d(self.feasibility_rel),
-                                       np.atleast_1d(self.complementarity_rel))):
-            rows.append((f"feasibility of constraint {m + 1}", float(f), feas_tol))
-            rows.append((f"complementarity of constraint {m + 1}", float(c), kkt_tol))
-        def ratio(row):
-            _, value, tol = row
-            if np.isnan(value):
-                return np.inf
-            return value / tol if tol > 0 else (np.inf if value > 0 else 0.0)
-
-        return sorted(rows, key=lambda r: -ratio(r))
-
-    def passed_message(self, t: int, feas_tol: float, kkt_tol: float) -> str:
-        """The message of status "converged": the round and the largest residual."""
-        name, value, tol = self.residuals(feas_tol, kkt_tol)[0]
-        return (f"the full-data KKT test passed at round {t}: every relative residual within "
-                f"tolerance (largest: {name} {value:.2g} <= {tol:g})")
-
-    def passed(self, feas_tol: float, kkt_tol: float) -> bool:
-        """The KKT test: every relative residual within its tolerance (never for a failed
-        report: NaN is within no tolerance)."""
-        return all(v <= tol for _, v, tol in self.residuals(feas_tol, kkt_tol))
 
 
 @dataclass(frozen=True)

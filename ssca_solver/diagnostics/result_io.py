@@ -52,7 +52,8 @@ from .. import npzfile
 from ..errors import ResultFileError
 from ..federated.messages import Dropout
 from .history import History
-from .result import Communication, KKTReport, Result, Stage
+from .certificate import KKTReport
+from .result import Communication, Result, Stage
 
 #: the ``format`` of the metadata, and the version of the layout this library writes and reads
 FORMAT = "ssca-solver-result"

@@ -12,14 +12,17 @@ method by the same sequence::
     for j in stages: state = method.next_stage(...)    then Runner.run for the stage's rounds
     state  = method.returned_state(state)              (runs that did not converge)
     report = session.final_report(state)               full-data values and the KKT report
+    reason = certificate.promote(reason, report, ...)  (methods that declare ``certifies``)
     status, message = method.status(outcome)
     Result(common fields, **method.result_fields(outcome))
 
 The round loop (:class:`ssca_solver.engine.runner.Runner`) uses the members of
 :class:`Algorithm`; the front door uses the hooks of :class:`Method`, each with a default, so a
-new method declares only what it has (probes, stages, a KKT stopping test, secure
-aggregation), and gets checkpoints, dropouts, partial participation and progress from the
-shared machinery. Shared machinery never imports a method (``tests/test_layers.py``).
+new method declares only what it has (probes, stages, the certificate, secure aggregation),
+and gets checkpoints, dropouts, partial participation and progress from the shared
+machinery. Capabilities are declared as class attributes (``certifies``,
+``supports_secure_aggregation``), never probed. Shared machinery never imports a method
+(``tests/test_layers.py``).
 
 Replies reach ``step`` with a server-side factor ``reply.weight`` (partial participation, the
 renormalisation after dropouts; 1 by default): a method combines reply i's arrays as
@@ -36,7 +39,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional, Protocol, runti
 
 import numpy as np
 
-from .. import status as st
+from ..diagnostics.certificate import Certificate
 from ..federated import Reply, Request, TaskHandler
 from . import options as opt
 
@@ -67,9 +70,15 @@ class Algorithm(Protocol):
     def describe(self, info) -> str:
         """A fragment of the progress line."""
 
-    def settled(self, state, info) -> bool:
-        """Whether the iterates stopped moving (more rounds would not change them): the stage
-        ends with reason ``"settled"``."""
+    def settle(self, state, info) -> tuple[Any, bool]:
+        """(state, settled): the state after the round's end-of-round bookkeeping, and whether
+        the iterates stopped moving (more rounds would not change them): the stage then ends
+        with reason ``"settled"``. Asked once per round that did not converge, after its
+        stop test and before the callback and the checkpoint."""
+
+    def remember_report(self, state, report) -> Any:
+        """The state with what the method keeps from the full-data KKT report of the round's
+        stop test (``report``)."""
 
     def tentative(self, state) -> bool:
         """Whether ``state.w`` is a trial point the method may still reject."""
@@ -113,6 +122,14 @@ class Method:
     Options: type = opt.RunOptions
     #: the server reads replies only through their weighted sum (secure aggregation allowed)
     supports_secure_aggregation: bool = False
+    #: the method can report "converged": the full-data KKT test of
+    #: :mod:`ssca_solver.diagnostics.certificate` runs at every evaluation, at the tolerances
+    #: ``feas_tol`` and ``kkt_tol`` of its options (which it must then have)
+    certifies: bool = False
+    #: rows of d floats its state arrays may fill in during a run (the checkpoints' size limit)
+    state_rows: int = 16
+    #: the parsed options (an instance of ``Options``), set by :meth:`build`
+    opts: Any = None
     #: the CVXPY solver of the final KKT report (the domain's multipliers)
     kkt_solver: str = "CLARABEL"
 
@@ -141,22 +158,21 @@ class Method:
         through ``session.runner.exchange``. Default: ``state``."""
         return state
 
-    def kkt_test(self, report) -> Optional[bool]:
-        """The method's stopping test on the full-data KKT report at an evaluation (None: the
-        method has none; it then never reports "converged"). A method with a test gets the
-        scale of the relative stationarity measured at the start and the test run at every
-        evaluation."""
-        return None
+    def certificate(self) -> Optional[Certificate]:
+        """The certificate's rules at the method's tolerances, or None for a method that does
+        not declare ``certifies`` (it then never reports "converged"). A certifying method
+        gets the scale of the relative stationarity measured at the start and the test run at
+        every evaluation."""
+        return Certificate.of(self.opts) if self.certifies else None
+
+    def remember_report(self, state, report):
+        """See :class:`Algorithm`; default: ``state`` (nothing kept)."""
+        return state
 
     def kkt_metric(self, state) -> Optional[np.ndarray]:
         """A diagonal metric in whose units the KKT report also measures stationarity (SSCA's
         diagonal metric), or None."""
         return None
-
-    @property
-    def certifies(self) -> bool:
-        """Whether :meth:`kkt_test` is implemented (the method can report "converged")."""
-        return type(self).kkt_test is not Method.kkt_test
 
     @property
     def num_stages(self) -> int:
@@ -173,9 +189,14 @@ class Method:
         """The penalty c in force (None for methods without one)."""
         return None
 
-    def settled(self, state, info) -> bool:
-        """See :class:`Algorithm`; default: never."""
-        return False
+    def settle(self, state, info):
+        """See :class:`Algorithm`; default: ``(state, False)`` (never settled)."""
+        return state, False
+
+    def divergence_cause(self) -> Optional[str]:
+        """What made the iterates diverge, when the method knows (e.g. a fixed step it warned
+        about before round 1), for the DivergenceError's message; default None."""
+        return None
 
     def tentative(self, state) -> bool:
         """Whether ``state.w`` is a trial point the method may still reject (SSCA's
@@ -209,11 +230,12 @@ class Method:
         return state
 
     def status(self, outcome: Outcome) -> tuple[str, str]:
-        """(status, message). Default: :func:`ssca_solver.status.decide` with the method's
-        tolerances (``feas_tol``, ``kkt_tol`` of its options) and :meth:`advice`."""
+        """(status, message). Default: :meth:`Certificate.decide
+        <ssca_solver.diagnostics.certificate.Certificate.decide>` at the method's tolerances
+        (``feas_tol``, ``kkt_tol`` of its options) with :meth:`advice`."""
         o = self.opts
-        return st.decide(outcome.reason, outcome.state.t, outcome.kkt, o.feas_tol, o.kkt_tol,
-                         bool(o.eval_every), self.advice(outcome))
+        return Certificate.of(o).decide(outcome.reason, outcome.state.t, outcome.kkt,
+                                        bool(o.eval_every), self.advice(outcome))
 
     def advice(self, outcome: Outcome) -> str:
         """What to try when the KKT test did not pass in the rounds allowed."""

@@ -130,8 +130,8 @@ class Runner:
         self.stop_test = stop_test
         self.start_norm = None
         self.last_test = None        # what the stop test returned at the latest evaluation
-        # the evaluations' schedule, kept in checkpoints (Session restores it: a resumed run
-        # evaluates at the rounds an uninterrupted one does; with eval_budget it did not)
+        # the evaluations' schedule, kept in checkpoints (Session restores it, so that a
+        # resumed run evaluates at the rounds an uninterrupted one does)
         self.free_since = None       # the round of the latest evaluation a round held
         self.work_since = 0.0        # rows the rounds read since the last paid evaluation
         self.stage_ended = False     # the last round ended its stage (settled)
@@ -170,7 +170,7 @@ class Runner:
     def run(self, state, rounds: int, stage: int = 0):
         """Run up to ``rounds`` rounds from ``state``; return (state, reason) with reason
         "max_iter", "stopped" (by the callback), "converged" (the stop test passed) or
-        "settled" (the algorithm's ``settled(state, info)`` says its iterates stopped moving:
+        "settled" (the algorithm's ``settle(state, info)`` says its iterates stopped moving:
         more rounds would not change them)."""
         self.stage, self.stage_ended = stage, False
         alg, opts = self.algorithm, self.opts
@@ -207,6 +207,7 @@ class Runner:
                         converged, self.last_test = self.stop_test(point, ev)
                         if converged:
                             new = point
+                        new = alg.remember_report(new, self.last_test)
                 elif (opts.eval_every and new.t % opts.eval_every == 0
                       and (self.free_since is None
                            or new.t - self.free_since >= opts.eval_every)
@@ -217,6 +218,7 @@ class Runner:
                         evaluated = (new.t, *self.evaluator.split(ev.values, new.w))
                     if ev is not None and self.stop_test is not None and ev.complete:
                         converged, self.last_test = self.stop_test(new, ev)
+                        new = alg.remember_report(new, self.last_test)
             except BaseException as exc:
                 diverged = self._diverged(exc, state)
                 self.failed(diverged or exc, state)
@@ -230,15 +232,15 @@ class Runner:
             if evaluated is not None:
                 self.recorder.evaluation(*evaluated)
             # whether the stage ends here, asked before the callback and the checkpoint: the
-            # method's counters then hold this round (a checkpoint written before resumed a
-            # count of saturated rounds one short), and a stop requested at the round where
-            # the stage ends is a stop (it was lost: the next stage started) whose resume
-            # starts the next stage
-            try:
-                settled = not converged and alg.settled(state, info)
-            except BaseException as exc:
-                self.failed(exc, state)
-                raise
+            # method's state then holds this round's counters, and a stop requested at the
+            # round where the stage ends is a stop whose resume starts the next stage
+            settled = False
+            if not converged:
+                try:
+                    state, settled = alg.settle(state, info)
+                except BaseException as exc:
+                    self.failed(exc, state)
+                    raise
             self.stage_ended = bool(settled)
             try:
                 stop = self._callback(state, record)
@@ -263,9 +265,8 @@ class Runner:
         """A scheduled evaluation reads every row (N) with gradients; with the method's
         ``eval_budget`` b it runs only once the rounds since the last one read at least
         N (1 - b) / b rows, so that evaluations take at most the share b of the clients'
-        work (issue 19: on the paper's network at B = 100 they took 79 % of the wall time).
-        No budget (None): every ``eval_every`` rounds."""
-        budget = getattr(self.algorithm, "eval_budget", None)
+        work. No budget (None): every ``eval_every`` rounds."""
+        budget = self.algorithm.eval_budget
         if not budget:
             return True
         return self.work_since >= self.evaluator.num_samples * (1.0 - budget) / budget
@@ -303,10 +304,10 @@ class Runner:
             state.t + 1, f"|w| grew from {self.start_norm:.3g} to {grown:.3g} and then: {exc}"))
 
     def _divergence(self, t: int, what: str) -> str:
-        cause = getattr(self.algorithm, "divergence_cause", lambda: None)()
+        cause = self.algorithm.divergence_cause()
         if cause:
             return f"the iterates diverged at round {t}: {what}; {cause}"
-        outlier = getattr(self.gatherer, "outlier", lambda t: None)(t)
+        outlier = self.gatherer.outlier(t)
         if outlier:         # one client's reply, not the steps: say so instead of blaming them
             return f"the iterates diverged at round {t}: {what}. {outlier}"
         return (f"the iterates diverged at round {t}: {what}. This is the solver's failure, "

@@ -18,7 +18,8 @@ from .. import status as st
 from ..errors import CheckpointError, ModelError, SSCAError, SubproblemError
 from ..diagnostics.evaluation import Evaluator
 from ..diagnostics.kkt import StationarityFloor, kkt_report
-from ..diagnostics.result import Communication, KKTReport
+from ..diagnostics.certificate import Certificate, KKTReport
+from ..diagnostics.result import Communication
 from ..federated import build_clients, make_transport
 from ..federated.gather import Gatherer
 from ..federated.sampling import Sampler
@@ -64,9 +65,9 @@ def fingerprint(problem, method: str, **options) -> dict:
 def code_hash(*functions, depth: int = 3) -> str:
     """A hash of what the user's callables compute, as far as Python shows it: each one's
     bytecode, constants and names, and (to ``depth``) the callables, numbers, strings and
-    small arrays its closure holds. Resuming with a function whose code was edited under the
-    same name continued the old run silently (issue 20's last silent case); a change the
-    hash cannot see (a module-level global, a C extension) still can."""
+    small arrays its closure holds, so that a resume with a function whose code was edited
+    under the same name is refused instead of continuing the old run silently; a change the
+    hash cannot see (a module-level global, a C extension) still can continue it."""
     import hashlib
 
     h = hashlib.blake2b(digest_size=16)
@@ -124,8 +125,8 @@ class Session:
     Args:
       problem: the :class:`~ssca_solver.Problem`.
       algorithm: the method object (:class:`~ssca_solver.engine.method.Method`): its
-        ``fingerprint()``, ``init``, ``penalty_of``, ``kkt_test`` (when it ``certifies``),
-        ``num_stages``/``next_stage`` and ``kkt_solver`` are read here.
+        ``fingerprint()``, ``init``, ``penalty_of``, ``certificate()`` (when it
+        ``certifies``), ``num_stages``/``next_stage`` and ``kkt_solver`` are read here.
       opts: its parsed options (a :class:`~ssca_solver.engine.options.RunOptions`).
 
     Attributes:
@@ -139,6 +140,8 @@ class Session:
     def __init__(self, problem, algorithm, opts):
         self.problem, self.algorithm, self.opts = problem, algorithm, opts
         self.solver = algorithm.kkt_solver
+        #: the certificate's rules at the method's tolerances (None: it does not certify)
+        self.certificate = algorithm.certificate()
         self.evaluator = Evaluator(problem)
         recorder = Recorder(algorithm.columns, problem.num_constraints)
         tally = Tally()
@@ -156,7 +159,7 @@ class Session:
                 algorithm.state_arrays(algorithm.init(np.zeros(problem.dim))),
                 {k: c.shape for k, c in recorder.columns.items()}, problem.dim,
                 len(problem.functions), problem.num_constraints, problem.data.num_clients,
-                algorithm.num_stages, getattr(algorithm, "state_rows", ckpt.STATE_ROWS))
+                algorithm.num_stages, algorithm.state_rows)
         if opts.checkpoint:          # before round 1: a path the run can write to
             ckpt.check_writable(opts.checkpoint, layout.estimate(
                 opts.max_iter * algorithm.num_stages, len(json.dumps(fp))))
@@ -222,7 +225,7 @@ class Session:
                    Sampler(sizes, opts.clients_per_round, opts.participation, seed))
         self.runner = Runner(algorithm, gatherer, self.evaluator, opts, recorder, tally,
                              {}, algorithm.penalty_of, elapsed,
-                             self._stop_test if algorithm.certifies else None,
+                             self._stop_test if self.certificate else None,
                              sampler=sampler, dropouts=dropouts)
         if opts.resume:
             # the evaluations' schedule where the checkpoint left it (absent in older files)
@@ -251,7 +254,7 @@ class Session:
             return state
         try:
             state = self.algorithm.prepare(state, self)
-            if self.algorithm.certifies and self.opts.eval_every:
+            if self.certificate and self.opts.eval_every:
                 self.measure_scale(state.w)
         except BaseException as exc:     # before round 1: the start is the last good state
             self.runner.failed(exc, state)
@@ -296,8 +299,8 @@ class Session:
         g = self.evaluator.objective_gradient(ev, w)
         self.floor.start(w, g, self.evaluator.split(ev.values, w)[0])
         self.runner.meta.update(self.floor.meta())
-        k = 1 if self.problem.objective is not None else 0
-        self.constraint_scale = float(max((np.linalg.norm(g) for g in ev.grads[k:]),
+        first = self.evaluator.terms.first_constraint
+        self.constraint_scale = float(max((np.linalg.norm(g) for g in ev.grads[first:]),
                                           default=0.0))
         self.runner.meta["constraint_scale"] = self.constraint_scale
         return self.grad_scale
@@ -309,9 +312,9 @@ class Session:
         self.transport.close()
 
     def _stop_test(self, state, ev):
-        """The runner's stop test: the KKT report at the state, judged by the method."""
+        """The runner's stop test: the KKT report at the state, judged by the certificate."""
         report = self.kkt(state, ev)
-        return bool(self.algorithm.kkt_test(report)), report
+        return self.certificate.passes(report), report
 
     def _inside_domain(self, x0):
         """x0, or its projection onto the domain (:meth:`DeterministicPart.project`) with a
@@ -329,8 +332,7 @@ class Session:
             # an empty domain, or a solver failure: the run's first subproblem meets an empty
             # domain too and says so (EmptyDomainError with the state after round 0); a
             # failure of the projection alone is said here, since the run then starts outside
-            # the domain (S2MPJ's TENBARS1, before the projection's fallback worked: every
-            # step into the domain was rejected, tau 4 -> 7e7, with nothing said)
+            # the domain, where every step into it may be rejected
             warnings.warn(f"x0 is outside the domain (violation {violation:.3g}) and its "
                           f"projection onto the domain failed ({exc}); starting from x0",
                           RuntimeWarning, stacklevel=2)
@@ -368,7 +370,8 @@ class Session:
             return kkt_report(state.w, ev, self.evaluator.terms, self.solver,
                               metric=self.algorithm.kkt_metric(state),
                               floor=self._floor(state.w, ev),
-                              feas_tol=getattr(self.opts, "feas_tol", None))
+                              feas_tol=self.certificate.feas_tol if self.certificate
+                              else None)
         except Exception as exc:
             if not diagnostic_failure(exc):
                 raise

@@ -24,6 +24,7 @@ import warnings
 import numpy as np
 
 from .. import status as st
+from ..diagnostics.certificate import kkt_failed
 from ..diagnostics.evaluation import EVALUATE
 from ..diagnostics.result import Result
 from ..model import problem as problem_module
@@ -47,16 +48,14 @@ def solve(problem, method: type, options: dict) -> Result:
             state, reason, failure = exc.state, st.ERROR, exc
         else:
             failure = None
+        certificate = session.certificate
         if failure is None:
             if reason != st.CONVERGED:
                 state = algorithm.returned_state(state)
             fun, cons, kkt, comm, history = session.final_report(state, reason)
             complete = session.final_evaluation.complete
-            if (reason in (st.MAX_ITER, st.SETTLED) and complete and opts.eval_every
-                    and algorithm.certifies and not kkt.failed and algorithm.kkt_test(kkt)):
-                # the run ended between two scheduled tests, and the full-data KKT test
-                # passes at the returned point: that is the certificate
-                reason = st.CONVERGED
+            if certificate is not None:
+                reason = certificate.promote(reason, kkt, complete, bool(opts.eval_every))
             outcome = Outcome(reason, state, kkt, history, session)
             try:
                 status, message = algorithm.status(outcome)
@@ -67,11 +66,11 @@ def solve(problem, method: type, options: dict) -> Result:
                                            "returned point)", state.t, exc)
                 extras["error"] = exc
             if kkt.failed and status != st.ERROR:
-                message = st.kkt_failed(message, kkt)
-            elif not complete and status == st.MAX_ITER and algorithm.certifies:
+                message = kkt_failed(message, kkt)
+            elif not complete and status == st.MAX_ITER and certificate is not None:
                 missing = sorted({d.client for d in session.runner.dropouts
                                   if d.round == state.t and d.task == EVALUATE})
-                message = st.incomplete(message, kkt, missing, opts.feas_tol, opts.kkt_tol)
+                message = certificate.incomplete(message, kkt, missing)
         else:
             fun, cons, kkt, comm, history, note = session.error_report(state)
             outcome = Outcome(reason, state, kkt, history, session)

@@ -119,9 +119,9 @@ class FedAvg(Method):
     supports_secure_aggregation = True     # the server reads only weighted sums of replies
     columns = {"lr": (), "step_norm": ()}
 
-    def __init__(self, problem, batch_size: Optional[int], local_steps: int, lr,
-                 momentum: float, ridge: float):
-        self.opts = None
+    def __init__(self, problem, *, batch_size: Optional[int], local_steps: int, lr,
+                 momentum: float, ridge: float, options: Optional[FedAvgOptions] = None):
+        self.opts = options
         self.objective = problem.objective
         self.batch_size = batch_size
         self.local_steps = int(local_steps)
@@ -136,10 +136,9 @@ class FedAvg(Method):
 
     @classmethod
     def build(cls, problem, opts: FedAvgOptions, given: dict) -> "FedAvg":
-        method = cls(problem, opts.batch_size, opts.local_steps, opts.lr, opts.momentum,
-                     problem.deterministic.norm2_coefficient())
-        method.opts = opts
-        return method
+        return cls(problem, batch_size=opts.batch_size, local_steps=opts.local_steps,
+                   lr=opts.lr, momentum=opts.momentum,
+                   ridge=problem.deterministic.norm2_coefficient(), options=opts)
 
     def fingerprint(self) -> dict:
         return {"batch_size": self.batch_size, "local_steps": self.local_steps,

@@ -109,6 +109,12 @@ class Problem:
         return head + tuple(c.function for c in self.constraints)
 
     @property
+    def first_constraint(self) -> int:
+        """The index of the first stochastic constraint in :attr:`functions` (1 when the
+        objective is stochastic, else 0)."""
+        return 1 if self.objective is not None else 0
+
+    @property
     def bounds(self) -> np.ndarray:
         return np.array([c.bound for c in self.constraints], dtype=float)
 
@@ -124,7 +130,7 @@ class Problem:
     def solve(self, method: str = "ssca", **options):
         """Solve with ``method`` (default "ssca": Algorithm 1, or Algorithm 2 with the penalty
         continuation when there are stochastic constraints). See
-        :func:`ssca_solver.methods.ssca.solve.solve_ssca` for the options; unknown options raise TypeError.
+        :class:`ssca_solver.SSCAOptions` for the options; unknown options raise TypeError.
         """
         if method not in _METHODS:
             raise ValueError(f"unknown method {method!r}; available: {sorted(_METHODS)}")

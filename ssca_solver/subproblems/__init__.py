@@ -6,10 +6,10 @@ s, multipliers, retries, whether the answer is inaccurate), so backends are inte
 testable against each other. Solvers keep no state between rounds.
 """
 
-from .base import SubproblemSolution
+from .base import SubproblemSolution, SubproblemSolver
 from .closed_form import ClosedFormSubproblem, solve_closed_form
 from .cvxpy_backend import CvxpySubproblem
 from .factory import closed_form_obstacle, make_subproblem
 
-__all__ = ["SubproblemSolution", "CvxpySubproblem", "ClosedFormSubproblem", "solve_closed_form",
+__all__ = ["SubproblemSolution", "SubproblemSolver", "CvxpySubproblem", "ClosedFormSubproblem", "solve_closed_form",
            "closed_form_obstacle", "make_subproblem"]

@@ -13,6 +13,33 @@ from typing import Optional, Sequence
 import numpy as np
 
 
+class SubproblemSolver:
+    """The base of the subproblem solvers: their declared capabilities, which the methods read
+    instead of probing for them (as CVXPY's solver interfaces declare theirs).
+
+    Attributes:
+      name: the solver's name in results ("closed_form", "cvxpy").
+      supports_metric: ``with_metric(metric, center)`` gives a solver with the proximal term
+        tau (w - w_t)' diag(D_m) (w - w_t) in place of tau |w - w_t|^2.
+      supports_model: ``with_model(model, center)`` gives a solver with a quasi-Newton
+        model's quadratic term in the objective's surrogate.
+      compiles_zero_model: ``with_zero_model(center)`` gives that solver's compiled problem
+        with the model's term at zero (one compilation for the rounds before and after the
+        first pair).
+      parametrize: CVXPY path: compiled once with Parameters (True) or rebuilt each round
+        (False); None for solvers without a compilation.
+      direct_solves: CVXPY path: the rounds a direct form solved without CVXPY's model; None
+        for solvers without one.
+    """
+
+    name: str = ""
+    supports_metric: bool = False
+    supports_model: bool = False
+    compiles_zero_model: bool = False
+    parametrize: Optional[bool] = None
+    direct_solves: Optional[int] = None
+
+
 class SubproblemSolution:
     """Solution of Problem 5 (Problem 2 when M = 0) at one round.
 

@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit
 
 from .._kernels import combination
-from .base import SubproblemSolution
+from .base import SubproblemSolution, SubproblemSolver
 
 
 @njit(cache=True)
@@ -411,7 +411,7 @@ def _solution(terms, slack, nu, value, residual, like, out) -> SubproblemSolutio
     return SubproblemSolution(w, slack, nu, value, residual)
 
 
-class ClosedFormSubproblem:
+class ClosedFormSubproblem(SubproblemSolver):
     """The closed-form backend behind the common subproblem contract.
 
     Args:
@@ -427,6 +427,8 @@ class ClosedFormSubproblem:
     """
 
     name = "closed_form"
+    supports_metric = True
+    supports_model = True
     #: a dual residual above this (times 1 + c) flags the round's solve as inaccurate
     INACCURATE = 1e-9
 
@@ -513,7 +515,7 @@ class ClosedFormSubproblem:
         return sol
 
 
-class MetricClosedForm:
+class MetricClosedForm(SubproblemSolver):
     """A :class:`ClosedFormSubproblem` bound to a diagonal metric and the point the round's
     statistics were taken at (the adaptive defaults' diagonal curvature; same contract)."""
 
@@ -527,7 +529,7 @@ class MetricClosedForm:
         return self.base.solve_metric(stats, penalty, self.metric, self.center, nu0)
 
 
-class ModelClosedForm:
+class ModelClosedForm(SubproblemSolver):
     """A :class:`ClosedFormSubproblem` bound to a quasi-Newton model and the point the round's
     statistics were taken at (the full-batch phase's second-order surrogate; same contract)."""
 

@@ -36,7 +36,7 @@ import cvxpy as cp
 import numpy as np
 
 from ..errors import ModelError, SubproblemError
-from .base import SubproblemSolution
+from .base import SubproblemSolution, SubproblemSolver
 from .box_qp import BoxProblem5
 
 
@@ -126,7 +126,7 @@ class _Model:
                 float(self.problem.value))
 
 
-class CvxpySubproblem:
+class CvxpySubproblem(SubproblemSolver):
     """Problem 5 in CVXPY: built once with Parameters when d <= DPP_MAX_DIM, else rebuilt with
     constants every round (``parametrize`` overrides the choice).
 
@@ -146,6 +146,8 @@ class CvxpySubproblem:
     """
 
     name = "cvxpy"
+    supports_model = True
+    compiles_zero_model = True
 
     def __init__(self, dim: int, builders: Sequence, stochastic_objective: bool,
                  bounds: Sequence[float], deterministic, solver: str = "CLARABEL",
@@ -705,7 +707,7 @@ class CvxpySubproblem:
                                   inaccurate=inaccurate)
 
 
-class ModelCvxpy:
+class ModelCvxpy(SubproblemSolver):
     """A :class:`CvxpySubproblem` bound to a quasi-Newton model and the point the round's
     statistics were taken at (the full-batch phase's second-order surrogate; same contract)."""
 
@@ -722,7 +724,7 @@ class ModelCvxpy:
                                center=self.center)
 
 
-class ZeroModelCvxpy:
+class ZeroModelCvxpy(SubproblemSolver):
     """A :class:`CvxpySubproblem` for the full-batch rounds before the quasi-Newton model
     holds a pair: the compiled problem of :class:`ModelCvxpy` with its term at B = 0 (the same
     subproblem as the first-order one), so that a run compiles one problem, not two (a compile

@@ -32,8 +32,7 @@ Algorithm 2 (docs/baselines.md has the equations with their references):
   F_m(w_t) on all clients is not known before they step, and a client-local
   max(0, lambda_m + rho (F_m(w; own batch) - U_m)) would descend the average of the clients'
   penalties, another function (by Jensen, larger), whose minimiser is biased even with full
-  batches (measured on Neyman-Pearson, rho = 10: 7 % above the optimum with the constraint
-  slack; docs/results.md, "Constrained baselines"). Every K rounds (``dual_every``) the multipliers take the
+  batches. Every K rounds (``dual_every``) the multipliers take the
   method-of-multipliers step lambda <- max(0, lambda + rho (Fhat - U)) with that round's
   averaged estimates (K = 1: the linearised augmented Lagrangian method, Xu 2021).
 
@@ -187,14 +186,15 @@ class Lagrangian(Method):
     columns: Mapping[str, tuple]
     Options = LagrangianOptions
     supports_secure_aggregation = True     # the server reads only weighted sums of replies
+    certifies = True                       # the full-data KKT test at feas_tol, kkt_tol
 
-    def __init__(self, problem, kind: str, batch_size: Optional[int], local_steps: int, lr,
+    def __init__(self, problem, *, kind: str, batch_size: Optional[int], local_steps: int, lr,
                  dual_lr=None, rho: float = 0.0, dual_every: int = 1, multipliers0=None,
-                 solver: str = "CLARABEL"):
+                 solver: str = "CLARABEL", options=None):
         if kind not in (PRIMAL_DUAL, AUGMENTED):
             raise ValueError(f"kind must be {PRIMAL_DUAL!r} or {AUGMENTED!r}, got {kind!r}")
         self.name = kind
-        self.opts = None
+        self.opts = options
         self.kkt_solver = solver
         self.problem = problem
         self.kind = kind
@@ -279,12 +279,11 @@ class Lagrangian(Method):
     @classmethod
     def build(cls, problem, opts: LagrangianOptions, given: dict) -> "Lagrangian":
         pd = cls.name == PRIMAL_DUAL
-        method = cls(problem, cls.name, opts.batch_size, opts.local_steps, opts.lr,
-                     dual_lr=opts.dual_lr if pd else None, rho=0.0 if pd else opts.rho,
-                     dual_every=1 if pd else opts.dual_every, multipliers0=opts.multipliers0,
-                     solver=opts.solver)
-        method.opts = opts
-        return method
+        return cls(problem, kind=cls.name, batch_size=opts.batch_size,
+                   local_steps=opts.local_steps, lr=opts.lr,
+                   dual_lr=opts.dual_lr if pd else None, rho=0.0 if pd else opts.rho,
+                   dual_every=1 if pd else opts.dual_every, multipliers0=opts.multipliers0,
+                   solver=opts.solver, options=opts)
 
     def _settings(self) -> dict:
         if self.kind == PRIMAL_DUAL:
@@ -296,9 +295,6 @@ class Lagrangian(Method):
         return {"batch_size": o.batch_size, "local_steps": o.local_steps,
                 "lr": describe_schedule(o.lr), "multipliers0": o.multipliers0,
                 "solver": o.solver, **self._settings()}
-
-    def kkt_test(self, report) -> bool:
-        return report.passed(self.opts.feas_tol, self.opts.kkt_tol)
 
     def advice(self, outcome) -> str:
         pd = self.kind == PRIMAL_DUAL

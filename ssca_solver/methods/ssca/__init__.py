@@ -2,19 +2,25 @@
 (exact penalty with slacks) inside the penalty continuation of Theorem 2.
 
 - :mod:`.options`: ``SSCAOptions`` and their checks;
-- :mod:`.algorithm`: the method object: request, step, records, checkpoints (the round);
-- :mod:`.front`: its side of the front door: build from the options, the probe, the KKT
-  test, the penalty stages, the status and the Result's fields;
+- :mod:`.algorithm`: the method object (the runner's protocol and the front door's hooks),
+  which delegates to the modules below;
+- :mod:`.settings`: what a solve fixes before round 1 (sizes, options, regime);
+- :mod:`.state`: ``SSCAState`` with its ``Memory``: everything carried between rounds, and
+  its checkpoint form;
 - :mod:`.client`: the client task of a round (statistics q_m on a mini-batch);
 - :mod:`.step`: one round on the server (eqs. (Fs0bar)/(Fsmbar), Problem 2/5, eq. (updatew));
-- :mod:`.adaptive`: the defaults that need no tuning (probe, batch growth, backtracking on
-  tau, the diagonal metric);
-- :mod:`.status`: the stages' slack and the evidence behind "infeasible".
+- :mod:`.probe`: the gradient check and the curvature before round 1;
+- :mod:`.merit`: the exact penalty and the Lagrangian's gradient from statistics;
+- :mod:`.acceptance`: full-batch step acceptance (backtracking, second-order correction);
+- :mod:`.quasi_newton`: the L-BFGS model of the full-batch rounds;
+- :mod:`.continuation`: the penalty stages and when a stage ends;
+- :mod:`.evidence`: the status at the end (evidence record, decision, message table);
+- :mod:`.adaptive`: the defaults that need no tuning (constants, client tasks, formulas).
 """
 
 from .algorithm import SSCA
 from .client import TASK, SSCARoundTask
 from .options import SSCAOptions
-from .step import SSCAState
+from .state import Memory, SSCAState
 
-__all__ = ["SSCA", "SSCAOptions", "SSCARoundTask", "SSCAState", "TASK"]
+__all__ = ["SSCA", "SSCAOptions", "SSCARoundTask", "SSCAState", "Memory", "TASK"]

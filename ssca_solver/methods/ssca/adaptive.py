@@ -41,23 +41,17 @@ from ...model.functions import (DIFFERENCE_STEPS, central_difference, checked_gr
 from ...model.surrogates import DiagonalCurvature, Linearization, ProximalLinear
 
 START_BATCH = 32        # rows per client in the first rounds of batch_size="auto"
-SAMPLED_TAU_FLOOR = 0.05  # least tau="auto" on sampled rounds (SSCA.sampled_tau)
+SAMPLED_TAU_FLOOR = 0.05  # least tau="auto" on sampled rounds (.probe.sampled_tau)
 GROWTH = 2              # factor of each batch increase
 NOISE_RATIO = 0.25      # grow while the averaged (noise / |grad L|)^2 exceeds this
 NOISE_AVERAGING = 0.3   # weight of the newest round in that average
 MIN_ROUNDS = 10         # rounds between two increases by the norm test
-#: and an increase at least this often: the batch reaches the full data. 10 (was 50, issue 19):
-#: the norm test rarely asks for growth on the shipped problems (pooled Neyman-Pearson,
-#: N d = 5e6, 10 clients: median noise ratio 0.054; 32 -> 16384 rows took 313 sampled rounds,
-#: ~55 passes over the data, most increases forced by this rule), and the full-batch L-BFGS
-#: rounds converge in tens of rounds. Measured with default options at 10 against 50:
-#: that case certified in 111 rounds instead of 322 (~44 instead of ~103 passes over the data;
-#: CPU time 3.0x SLSQP's instead of 7.8x at load 1.3-1.9, 5.9x instead of 10-13x at load 3-4);
-#: benchmarks/defaults.py --no-tuned 5,794 rounds instead of 10,384 over 14 problems x 3 seeds,
-#: every status unchanged (gaps within the KKT tolerance); the digits network under Algorithm 2 (batch "auto", 800 rounds) unchanged
-#: (|w|^2 30.365 vs 30.362, feasible, test accuracy 0.947). With GROW_EVERY == MIN_ROUNDS the
-#: batch doubles exactly every 10 rounds: the norm test can no longer make it grow sooner (its
-#: ratio is still computed and recorded in the history).
+#: and an increase at least this often, so that the batch reaches the full data: the norm test
+#: rarely asks for growth on well-sampled problems, while the full-batch (L-BFGS) rounds
+#: converge in tens of rounds. With GROW_EVERY == MIN_ROUNDS the batch doubles exactly every
+#: GROW_EVERY rounds: the norm test cannot make it grow sooner (its ratio is still computed
+#: and recorded in the history). The measurements behind the value are on the benchmarks
+#: page (benchmarks/defaults.py).
 GROW_EVERY = 10
 TAU_UP, TAU_DOWN = 2.0, 0.9
 #: tau's factor after an accepted step once the quasi-Newton model holds a pair (tau is then a
@@ -67,22 +61,22 @@ TAU_DOWN_MODEL = 0.25
 #: (the curvature of its initial matrix), so that the retried step is shorter
 MODEL_REJECT = 0.5
 #: accepted rounds in a row with the model whose subproblem keeps a slack at multiplier c that
-#: end a penalty stage (SSCA._saturated: c is too small for an exact penalty)
+#: end a penalty stage (.continuation.settle: c is too small for an exact penalty)
 SATURATED = 5
 #: with the model, STALL_ROUNDS accepted rounds in a row whose merit fell by less than
-#: MERIT_PROGRESS of its size settle the point (SSCA._track_progress)
+#: MERIT_PROGRESS of its size settle the point (.acceptance.track_progress)
 STALL_ROUNDS, MERIT_PROGRESS = 30, 1e-12
 #: with the model the merit test weighs the violation by min(c, max(MERIT_MULTIPLIERS
-#: max |nu|, MERIT_FLOOR c)) (SSCA._merit_penalty; the floor was 0.01 until stop 29)
+#: max |nu|, MERIT_FLOOR c)) (:func:`.merit.weight`)
 MERIT_MULTIPLIERS, MERIT_FLOOR = 2.0, 1e-4
 #: with the model tau stays at least this times the model's scale delta
 MODEL_TAU_FLOOR = 1e-10
 #: an accepted step of relative length <= TINY_STEP is lost in rounding: tau is then cut by
-#: TAU_TINY, and TINY_ROUNDS of them settle the point (SSCA._backtracking_step, .settled)
+#: TAU_TINY, and TINY_ROUNDS of them settle the point (.acceptance, .continuation.settle)
 TINY_STEP, TAU_TINY, TINY_ROUNDS = 1e-12, 0.1, 12
 #: rejected steps in a row after which the point is settled when the last rejected trial
 #: step was at most SETTLE_STEP max(1, |w|) long, and after MAX_REJECTS_LONG whatever its
-#: length (SSCA.settled)
+#: length (.continuation.settle)
 MAX_REJECTS, SETTLE_STEP, MAX_REJECTS_LONG = 8, 1e-6, 24
 #: the guarded full-batch rounds (a fixed tau, a builder with its own curvature) settle after
 #: this many rejections in a row however long the last trial (gamma halved 60 times: 1e-18)
@@ -95,12 +89,12 @@ METRIC_ROWS = 64        # rows per client whose per-sample gradients give the di
 ROUND_EVAL_EPS = 64 * np.finfo(float).eps  # rounding of values read from the statistics, per
 #                                          # unit of the terms that cancel in them
 ROUND_EVAL_SHARE = 1e-2  # share of feas_tol / kkt_tol that rounding may take in a round's
-#                        # free evaluation (SSCA._round_evaluation_exact)
+#                        # free evaluation (.algorithm.round_evaluation_exact)
 METRIC_SPREAD = 1e6     # a diagonal metric when the curvature estimates span more than this
 METRIC_NO_VARIANCE = 1e-8  # per-sample gradients whose variance is below this share of their
 #                          # second moment do not vary: they give no metric
 #: a rejected trial step above this fraction of the rejected one before it (tau doubled in
-#: between) drops the diagonal metric (SSCA._metric_or_not): the steps are not shrinking
+#: between) drops the diagonal metric (.acceptance.backtracking_step): the steps are not shrinking
 METRIC_SHRINK = 0.7
 CHECK_RTOL = 1e-2       # relative disagreement that fails the gradient check
 CHECK_ROUNDING = 1e3 * np.finfo(float).eps  # rounding allowance of a difference at step h:
@@ -118,7 +112,7 @@ def fd_step(w: np.ndarray) -> float:
 #: the function's domain (non-finite values), before a one-sided difference
 FINITE_TRIES = 8
 #: the gradient check's second point, this far (relative to max(1, |x0|_inf)) from x0 in a
-#: fixed random direction, for the gradients that disagreed at x0 (SSCA._recheck_elsewhere)
+#: fixed random direction, for the gradients that disagreed at x0 (.probe._recheck_elsewhere)
 RECHECK_DISTANCE = 1e-3
 
 
@@ -167,7 +161,7 @@ class ProbeTask:
         where = f"client {client.index}, before round 1 (gradient check)"
         check = bool(request.config.get("check"))
         # coordinates the domain fixes ("i,j,..."): left out of the direction the gradient is
-        # checked along (SSCA._recheck_elsewhere)
+        # checked along (.probe._recheck_elsewhere)
         fixed = [int(i) for i in str(request.config.get("fixed") or "").split(",") if i]
         arrays = {}
         for m, fn in enumerate(self.functions):
@@ -303,9 +297,9 @@ def diagonal_metric(replies, num_functions: int, num_samples: int) -> np.ndarray
         if mean is not None and np.all(np.isfinite(total)) and np.all(np.isfinite(mean)):
             # squared gradients that do not vary from sample to sample (one row, or rows
             # that are all alike: a deterministic function written as a SampleFunction) are
-            # the squared gradient, not a curvature: no metric from this function (with
-            # HS47/HS49's gradients at x0 the "metric" spanned 2e8 and 2e10, and its
-            # first-order steps did not certify in 800 rounds)
+            # the squared gradient, not a curvature: no metric from this function (such a
+            # "metric" spans orders of magnitude that no curvature has, and its first-order
+            # steps crawl)
             spread_of_samples = float(np.sum(np.maximum(total - mean * mean, 0.0)))
             if not spread_of_samples > METRIC_NO_VARIANCE * float(np.sum(total)):
                 total = np.zeros_like(total)

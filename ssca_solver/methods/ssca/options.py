@@ -40,9 +40,7 @@ class SSCAOptions(opt.RunOptions):
         condition of eqs. (rho)/(gamma); the paper's Section VI choices violate
         sum gamma^2 < inf and draw a warning. The schedules run with a fixed B, with "full"
         and a numeric tau, with K < I clients per round (or proportional participation), or
-        when rho or gamma is given; otherwise rho_t = gamma_t = 1. (Before EpochStep the
-        defaults were PowerStep(0.9, 0.4) and PowerStep(0.9, 0.55) on every round; the sampled
-        rho was EpochStep(0.3, 0.4) before commit 23292e3.)
+        when rho or gamma is given; otherwise rho_t = gamma_t = 1.
       penalty: c, a number or an increasing sequence c_1 < c_2 < ... (Theorem 2). Only used
         with stochastic constraints.
       max_iter (shared, :class:`~ssca_solver.engine.options.RunOptions`): rounds of the whole
@@ -162,9 +160,8 @@ ROUNDS_PER_STAGE = 200
 
 #: the share of the clients' work the scheduled evaluations may take in the sampled rounds of
 #: batch_size="auto" (eval_budget="auto"): there a batch of 32 rows per client reads 1/780 of
-#: the rows an evaluation reads, so one every eval_every rounds was most of the run's work
-#: (17 % of a 250,000-row Neyman-Pearson run, 12 % of the first 120 rounds on the paper's
-#: network), for a status its full-batch rounds then settle with free evaluations
+#: the rows an evaluation reads, so one every eval_every rounds would be most of the run's
+#: work, for a status its full-batch rounds then settle with free evaluations
 AUTO_EVAL_BUDGET = 0.15
 
 

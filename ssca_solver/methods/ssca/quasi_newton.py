@@ -1,4 +1,4 @@
-"""A damped limited-memory BFGS model of the Lagrangian for the full-batch phase (issue 19).
+"""A damped limited-memory BFGS model of the Lagrangian for the full-batch phase.
 
 On full batches every round's statistics hold the exact gradient of every F_m at the round's
 point (grad p_m(q, w_t) = 2 quad w_t + lin), so pairs
@@ -27,12 +27,10 @@ closed form keeps its M-dimensional dual: B is a multiple of I plus a rank <= 2 
 the subproblem lives in an orthonormal basis of at most 2 memory + M + 1 directions
 (:func:`ssca_solver.subproblems.closed_form.solve_closed_form_model`).
 
-B models the whole Lagrangian, the constraints' curvature included (weighted by nu). A
-structured variant that gave each inequality its own secant curvature in its surrogate and
-took it out of y (fewer second-order corrections on a curved active constraint) failed on an
-equality written as two inequalities, where the two multipliers are huge and non-unique
-(71.6 and 31.4 in alternate rounds at c = 100): 2,000 rounds without a certificate where the
-unstructured model certifies in 20 (problems/classical.py, measured 2026-11-26).
+B models the whole Lagrangian, the constraints' curvature included (weighted by nu). It is
+not split by constraint: a secant curvature per inequality fails where the multipliers are
+large and not unique (an equality written as two inequalities), since each constraint's share
+of y then swings from round to round.
 """
 
 from __future__ import annotations
@@ -44,10 +42,8 @@ import numpy as np
 #: pairs kept (the model's rank is at most twice this) above SMALL_DIM variables
 MEMORY = 8
 #: pairs kept at most SMALL_DIM variables, where a model of rank up to 2 SMALL_MEMORY costs
-#: little: a layer-normalised network with d = 113 was certified in 727 rounds with 64 pairs
-#: and not in 800 with 8 (relative stationarity 0.024; 32 pairs: 1.3e-4); on the held-out HS
-#: family the mean rounds of the problems certified both ways fell from 22.4 to 19.4 (median
-#: 12 both) and four more were certified; diabetes (d = 11) took 55 rounds instead of 48
+#: little and a longer memory resolves more of the curvature (the benchmarks page has the
+#: rounds with either memory)
 SMALL_DIM = 512
 SMALL_MEMORY = 64
 #: Powell's damping threshold: s'y >= DAMPING s'Bs after damping
@@ -77,9 +73,8 @@ class LBFGSModel:
         # point the compact form loses it when the steps are nearly dependent (more pairs than
         # variables, or iterates converging along a line): N is then nearly singular and its
         # inverse garbage. The oldest pairs are dropped until B is positive definite on the
-        # span of Psi (on its complement B = delta I). S2MPJ's MAKELA1 (d = 3, 10 pairs): an
-        # eigenvalue of -4.7, steps that raised the objective at every tau, "settled" 0.04
-        # above the optimum
+        # span of Psi (on its complement B = delta I): an indefinite B gives steps that raise
+        # the objective at every tau, and the run settles away from the optimum
         while True:
             self._build(S, Y)
             if self.Psi is None or (self.Ninv is not None and self._positive_definite()):

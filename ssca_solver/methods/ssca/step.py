@@ -22,6 +22,7 @@ import numpy as np
 from ..._kernels import FOLD_WIDTH, axpy, convex_step, fold, scaled
 from ...federated import Reply, aggregation_weight
 from ...subproblems.base import SubproblemSolution
+from .state import SSCAState
 
 
 FOLD_BUFFER_BYTES = 8_000_000
@@ -41,59 +42,6 @@ def pack_statistics(stats: Sequence[dict]) -> dict:
     return {stat_key(m, k): v for m, st in enumerate(stats) for k, v in st.items()}
 
 
-class SSCAState(NamedTuple):
-    """The server's state after round ``t``.
-
-    Attributes:
-      t: rounds done so far (the paper's t - 1 for w_t).
-      w: current point w_t, shape (d,).
-      stats: recursively averaged statistics, one dict per stochastic function (objective first
-        when it is stochastic): the surrogates Fbar_m^(t) in the form of their statistics.
-      penalty: c in force (Algorithm 2; 0 for Algorithm 1).
-      nu: the last round's subproblem multipliers (M,), the next solve's warm start.
-      batch: the batch size clients draw next round (adaptive sampling; 0: the solve's
-        fixed batch_size).
-      tau: the proximal weight clients use next round (adaptive; 0: the solve's tau).
-      noise: running estimate of (gradient noise / gradient)^2 (adaptive sampling).
-      since: rounds since the batch size last changed.
-      merit: the exact-penalty merit F_0 + R + c sum (F_m - U_m)_+ at w_t (full batches).
-      prev_w, prev_stats: the point and full-data statistics of the last accepted step, from
-        which a rejected step is retried with a larger tau (full batches).
-      rejects: steps rejected in a row (full batches).
-      metric: the diagonal metrics D_m (one row per stochastic function) that replace the
-        proximal term tau |w - w_t|^2 by tau (w - w_t)' diag(D_m) (w - w_t) (adaptive defaults
-        on the closed-form path; empty: the scalar curvature of the paper).
-      qn_s, qn_y: the quasi-Newton pairs (rows, oldest first; y Powell-damped) of the
-        full-batch phase's model of the Lagrangian's Hessian (:mod:`.quasi_newton`; empty:
-        none yet, or the first-order surrogates).
-      shrink: the factor on gamma_t of the guarded full-batch rounds (a fixed tau, a builder
-        with its own curvature, or given schedules: halved at each step the exact-penalty
-        merit rejects; 1: never rejected).
-      kappa: the factor on the curvature of the builders with their own (DiagonalCurvature)
-        under tau="auto", set at round 1 so that their surrogate majorises F along the probe's
-        direction (1: none).
-    """
-
-    t: int
-    w: np.ndarray
-    stats: tuple
-    penalty: float = 0.0
-    nu: np.ndarray = np.zeros(0)
-    batch: int = 0
-    tau: float = 0.0
-    noise: float = 0.0
-    since: int = 0
-    merit: float = float("nan")
-    prev_w: np.ndarray = np.zeros(0)
-    prev_stats: tuple = ()
-    rejects: int = 0
-    metric: np.ndarray = np.zeros((0, 0))
-    qn_s: np.ndarray = np.zeros((0, 0))
-    qn_y: np.ndarray = np.zeros((0, 0))
-    shrink: float = 1.0
-    kappa: float = 1.0
-
-
 class StepInfo(NamedTuple):
     """What one round produced, for the history and for callbacks."""
 
@@ -103,6 +51,30 @@ class StepInfo(NamedTuple):
     penalty: float
     solution: SubproblemSolution
     step_norm: float  # |wbar - w_t|: zero exactly at a fixed point of the iteration
+
+
+class RoundInfo:
+    """A round's :class:`StepInfo` with what the adaptive defaults did: the batch (None:
+    full), the tau clients used, the norm test's noise ratio and whether the step was
+    rejected."""
+
+    __slots__ = ("step", "batch", "tau", "noise_ratio", "rejected")
+
+    def __init__(self, step: StepInfo, batch, tau: float, noise_ratio: float, rejected: int):
+        self.step, self.batch, self.tau = step, batch, tau
+        self.noise_ratio, self.rejected = noise_ratio, rejected
+
+    @property
+    def t(self):
+        return self.step.t
+
+    @property
+    def solution(self):
+        return self.step.solution
+
+    @property
+    def step_norm(self):
+        return self.step.step_norm
 
 
 def init(w0: np.ndarray, builders: Sequence, tau: float, surrogate_init: str,

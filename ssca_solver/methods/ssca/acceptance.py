@@ -1,0 +1,314 @@
+"""Step acceptance on full batches: each round's statistics are the full data's at w_t, so the
+exact-penalty merit F_0 + R + c sum (F_m - U_m)_+ (Problem 5's) is known there, and a step
+that raised it is taken back.
+
+* :func:`backtracking_step` (tau="auto" with unit steps: deterministic SCA, or SQP steps with
+  the quasi-Newton model): accept w_t when the merit did not rise (tau then falls), else retry
+  from the last accepted point with tau raised, after a second-order correction where a
+  curved constraint is to blame;
+* :func:`guarded_step` (a fixed tau, a builder with its own curvature, or given schedules):
+  the user's tau and surrogates stay, and the step fraction gamma is halved instead.
+
+Each function returns (state, :class:`~.step.RoundInfo`); what they remember between rounds
+is in the state's :class:`~.state.Memory`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ...diagnostics.evaluation import excess
+from ...errors import SubproblemError
+from . import adaptive as ad
+from . import merit as mt
+from . import quasi_newton as qn
+from . import step as ssca_step
+from .settings import Settings
+from .state import SSCAState, remember
+from .step import RoundInfo
+
+
+def solver(cfg: Settings, state: SSCAState, center: np.ndarray):
+    """The subproblem solver of the round's surrogate at ``center``: with the diagonal metric,
+    with the quasi-Newton model, the model's compiled problem with a zero model before the
+    first pair (one compilation per run), or the plain solver."""
+    sub = cfg.subproblem
+    if state.metric.size:
+        return sub.with_metric(state.metric, center)
+    if cfg.model_on(state):
+        return sub.with_model(cfg.model(state), center)
+    if cfg.model_ok and cfg.backtracking(state) and sub.compiles_zero_model:
+        return sub.with_zero_model(center)
+    return sub
+
+
+def with_pair(cfg: Settings, state: SSCAState, stats) -> SSCAState:
+    """The state with the quasi-Newton pair of the accepted step prev_w -> w added: s the step,
+    y the change of the gradient of the Lagrangian F_0 + sum_m nu_m F_m (nu: the multipliers
+    of the subproblem that gave w) read from the full-batch statistics at both points
+    (:mod:`.quasi_newton`; no extra communication)."""
+    if not (cfg.model_ok and not state.metric.size and len(state.prev_w)
+            and len(state.prev_stats)):
+        # with a diagonal metric (features of very different scales) the model is not used:
+        # from B_0 = delta I it is as badly scaled as the features, where the metric's
+        # first-order steps are not
+        return state
+    s = state.w - state.prev_w
+    if float(np.linalg.norm(s)) <= qn.MIN_STEP * max(1.0, float(np.linalg.norm(state.w))):
+        return state
+    weights = np.concatenate(([1.0] * cfg.first, np.asarray(state.nu, dtype=float)))
+    y = np.zeros_like(s)
+    for c, new, old in zip(weights, stats, state.prev_stats):
+        g1, g0 = ad.surrogate_gradient(new, state.w), ad.surrogate_gradient(old, state.prev_w)
+        if g1 is None or g0 is None:
+            return state
+        if c != 0.0:
+            y += c * (g1 - g0)
+    kept = qn.extend(cfg.model(state), s, y, memory=cfg.qn_memory)
+    if kept is None:
+        return state
+    cfg.models.put(kept)
+    return state._replace(qn_s=kept.S, qn_y=kept.Y)
+
+
+def guarded_step(cfg: Settings, state: SSCAState, fresh, r: float, g: float, nonfinite: bool):
+    """A full-batch round outside the backtracking regime, kept monotone in the exact penalty
+    by the step fraction alone: the user's tau, surrogates and schedules stay as given.
+    ``fresh``: this round's statistics, the full data's at w_t (not yet averaged with rho_t).
+
+    If the merit at w_t is not above the last accepted point's (up to the rounding of the
+    merit and the subproblem solver's accuracy), w_t is accepted and eq. (updatew) moves from
+    it with gamma_t times ``shrink``; else w_t is taken back and the step from the last
+    accepted point is retried with ``shrink`` halved (one round per halving: the merit at the
+    new trial point is only known from the next round's replies). A fixed tau far below the
+    curvature, or a DiagonalCurvature whose diagonal is no majoriser, gives steps too long to
+    descend; shortening them until they do is gradient descent with a line search on gamma:
+    slow where tau is far too small, never divergent."""
+    if nonfinite and not len(state.prev_stats):
+        # clients reject non-finite values only at a tentative point, which has one
+        raise RuntimeError("a function was not finite at w_t and no accepted point "
+                           "exists to step back to")
+    value = np.inf if nonfinite else mt.merit(cfg, fresh, state.w, state.penalty)
+    reference = state.merit
+    worse = (len(state.prev_stats) > 0 and np.isfinite(reference)
+             and (np.isnan(value) or mt.rose(cfg, value, reference, fresh, state.w)))
+    if worse:
+        # the retry starts the averages afresh from the accepted point's own statistics
+        # (rho = 1: a surrogate with F's gradient there, so its step descends; averaged ones
+        # need not, and halving gamma along them need not help). The first rejection of a
+        # step that came from averages only restarts them; each later one also halves gamma.
+        base_w, base = state.prev_w, state.prev_stats
+        state = remember(state, rejected_length=_relative_step(state))
+        # (rho of the rejected step's round, from the state: a resume decides the same)
+        averaged = (state.rejects == 0 and state.t >= 1
+                    and round_steps(cfg, state, state.t)[0] < 1.0)
+        shrink = state.shrink if averaged else 0.5 * state.shrink
+        new, info = ssca_step.move(state._replace(w=base_w), base, 1.0, g * shrink,
+                                   cfg.subproblem)
+        new = new._replace(prev_w=base_w.copy(), prev_stats=base, merit=reference,
+                           rejects=state.rejects + 1, shrink=shrink)
+        return new, RoundInfo(info, None, cfg.tau_of(state), 0.0, 1)
+    stats = fresh if r == 1.0 else ssca_step.average_statistics(state.stats, fresh, r)
+    new, info = ssca_step.move(state, stats, r, g * state.shrink, cfg.subproblem)
+    new = new._replace(prev_w=state.w.copy(), prev_stats=fresh, merit=value, rejects=0)
+    return new, RoundInfo(info, None, cfg.tau_of(state), 0.0, 0)
+
+
+def round_steps(cfg: Settings, state: SSCAState, t: int) -> tuple:
+    """rho_t, gamma_t of round t from ``state``: 1, 1 with unit steps where adaptive sampling
+    controls the noise (constant steps, as in Byrd et al. 2012) or, on full batches with
+    tau="auto", deterministic SCA (majorization-minimization); else the schedules at the
+    batch in force (:meth:`Settings.steps_at`)."""
+    if cfg.unit_steps and (cfg.auto_batch or (cfg.full(state) and cfg.auto_tau)):
+        return 1.0, 1.0
+    return cfg.steps_at(cfg.batch(state), t)
+
+
+def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = False):
+    """Full batches: accept the step to w_t if the merit did not increase (then tau shrinks),
+    else retry from the last accepted point with tau doubled; a step to a point where some
+    function is not finite (``nonfinite``: a client said so) is rejected too."""
+    state = remember(state, nonfinite_trial=bool(nonfinite))
+    if nonfinite:
+        return _retry(cfg, state, ad.TAU_UP, state.prev_w, state.prev_stats, state.merit, True)
+    c_merit = mt.weight(cfg, state)
+    value = mt.merit(cfg, stats, state.w, c_merit)
+    reference = state.merit
+    if cfg.M and cfg.model_on(state) and len(state.prev_stats) and np.isfinite(state.merit):
+        # both points judged by the same exact penalty (the stored merit may have been
+        # computed with another weight)
+        reference = mt.merit(cfg, state.prev_stats, state.prev_w, c_merit)
+    worse = (np.isfinite(state.merit) and len(state.prev_stats)
+             and mt.rose(cfg, value, reference, stats, state.w))
+    corrected = state.memory.corrected
+    state = remember(state, corrected=False)
+    if worse and not corrected and cfg.model_on(state):
+        # a quasi-Newton step rejected: first the second-order correction (a full SQP step
+        # near a curved active constraint raises the exact penalty to second order, the
+        # Maratos effect; Nocedal & Wright, sec. 15.6), then a tau that shortens it
+        correction = second_order_correction(cfg, state, stats)
+        if correction is not None:
+            return correction
+    if worse:                                    # reject w_t
+        state = remember(state, rejected_length=_relative_step(state))
+        if not corrected:
+            state, pinned = _pinned(state)
+            if pinned:
+                # doubling tau did not shorten the trial steps: without the diagonal metric
+                # if there is one, else one second-order correction before tau doubles again
+                if state.metric.size:
+                    state = state._replace(metric=np.zeros((0, 0)))
+                else:
+                    correction = second_order_correction(cfg, state, stats)
+                    if correction is not None:
+                        return correction
+        k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
+        if cfg.model_on(state):
+            # tau far below the model's curvature does not shorten the step when doubled:
+            # at least the model's scale delta / 2 on the curvature
+            delta = cfg.model(state).delta
+            k = max(k, ad.MODEL_REJECT * delta / max(cfg.tau_of(state), 1e-300))
+    else:
+        state = track_progress(cfg, state, value, stats, c_merit)
+        state = with_pair(cfg, state, stats)
+        # with a curvature model tau is the regularisation of a quasi-Newton step, not the
+        # curvature: it falls faster while steps are accepted
+        k = ad.TAU_DOWN_MODEL if cfg.model_on(state) else ad.TAU_DOWN
+        base_w, base, base_merit = state.w, stats, value
+        state = remember(state, rejected_trial=float("nan"))
+        step = (float(np.linalg.norm(state.w - state.prev_w))
+                / max(1.0, float(np.linalg.norm(state.w))) if len(state.prev_w) else 1.0)
+        if step <= ad.TINY_STEP:
+            # an accepted step lost in rounding: a fixed point, or a tau far above the
+            # curvature (tiny steps are then progress); tau falls by TAU_TINY, not TAU_DOWN,
+            # and the point is settled only after TINY_ROUNDS such steps with none longer
+            # than 100 TINY_STEP in between (at a kink the steps hover about TINY_STEP)
+            k = ad.TAU_TINY
+            state = remember(state, tiny=state.memory.tiny + 1)
+        elif step > 100 * ad.TINY_STEP:
+            state = remember(state, tiny=0)
+    return _retry(cfg, state, k, base_w, base, base_merit, worse)
+
+
+def track_progress(cfg: Settings, state: SSCAState, value: float, stats,
+                   c_merit: float) -> SSCAState:
+    """With the model: the state with the rounds since the merit last fell by more than
+    MERIT_PROGRESS of its size below the best point's. At a kink of F (|w| at 0) the
+    quasi-Newton steps hover at 1e-11 without settling by step length; STALL_ROUNDS accepted
+    rounds without progress settle the point (:func:`.continuation.settle`). The best point's
+    merit is recomputed with this round's weight ``c_merit`` (from its statistics): the weight
+    follows the multipliers, and a best merit kept from a round with a smaller weight makes
+    progress look like none."""
+    if not cfg.model_on(state) or not np.isfinite(state.merit):
+        return remember(state, best_w=state.w, best_stats=stats, stall=0)
+    mem = state.memory
+    best_merit = (np.inf if len(mem.best_w) != len(state.w)
+                  else mt.merit(cfg, mem.best_stats, mem.best_w, c_merit))
+    if (not np.isfinite(best_merit)
+            or value < best_merit - ad.MERIT_PROGRESS * max(1.0, abs(best_merit))):
+        return remember(state, best_w=state.w, best_stats=stats, stall=0)
+    return remember(state, stall=mem.stall + 1)
+
+
+def second_order_correction(cfg: Settings, state: SSCAState, stats):
+    """After a rejected step that made the constraints' violation worse than the model said:
+    the same subproblem at the last accepted point and the same tau, with every constraint's
+    surrogate shifted by its model error at the trial point, F_m(w_t) - p_m(w_t) (the
+    statistics at w_t give F_m(w_t); the base statistics give the model). This is the
+    second-order correction of SQP methods (Fletcher; Nocedal & Wright, Numerical
+    Optimization, sec. 15.6): near a curved constraint the linearised step restores
+    feasibility only to first order, the exact penalty then rises, and a larger tau does not
+    shorten a step that the linearised constraints pin. One round; if its point is rejected
+    too, the backtracking raises tau as before. None when it does not apply (no constraints,
+    a builder without a constant statistic, or the violation did not grow)."""
+    k0 = cfg.first
+    if not cfg.M or not len(state.prev_stats) or len(state.prev_w) == 0:
+        return None
+    base = state.prev_stats
+    if not all("const" in base[m] for m in range(k0, len(cfg.builders))):
+        return None
+    true = np.array([cfg.builders[m].evaluate(stats[m], state.w)
+                     for m in range(k0, len(cfg.builders))])
+    model = np.array([cfg.builders[m].evaluate(base[m], state.w)
+                      for m in range(k0, len(cfg.builders))])
+    before = np.array([cfg.builders[m].evaluate(base[m], state.prev_w)
+                       for m in range(k0, len(cfg.builders))])
+    bounds = cfg.problem.bounds
+
+    def violation(v):
+        return float(np.sum(np.maximum(excess(v - bounds, cfg.equality), 0.0)
+                            / cfg.bound_scale))
+
+    if not (np.all(np.isfinite(true)) and violation(true) > violation(before)
+            and violation(true) > violation(model)):
+        return None
+    corrected = list(base)
+    for j, m in enumerate(range(k0, len(cfg.builders))):
+        st = dict(base[m])
+        st["const"] = np.asarray(np.asarray(st["const"], dtype=float) + (true[j] - model[j]))
+        corrected[m] = st
+    start = state._replace(w=state.prev_w)
+    try:
+        new, info = ssca_step.move(start, tuple(corrected), 1.0, 1.0,
+                                   solver(cfg, state, state.prev_w))
+    except SubproblemError:
+        return None        # no correction: the backtracking goes on with tau
+    new = new._replace(tau=cfg.tau_of(state), merit=state.merit, prev_w=state.prev_w.copy(),
+                       prev_stats=base, rejects=state.rejects + 1)
+    return remember(new, corrected=True), RoundInfo(info, None, cfg.tau_of(state), 0.0, 1)
+
+
+def _relative_step(state: SSCAState) -> float:
+    """|w_t - prev_w| / max(1, |prev_w|): the relative length of the trial step."""
+    return (float(np.linalg.norm(state.w - state.prev_w))
+            / max(1.0, float(np.linalg.norm(state.prev_w))))
+
+
+def _pinned(state: SSCAState) -> tuple:
+    """(state, pinned) after a rejected step: pinned when doubling tau did not shorten the
+    rejected trial steps (the second rejection in a row, or later, with a trial step above
+    METRIC_SHRINK of the one before). Backtracking rests on steps that shrink as tau grows.
+    Two things pin them: a diagonal metric entry near 0 (squared gradients that vanish along
+    a coordinate: an objective linear in it), along which moving costs nothing, and
+    linearised constraints that the step must restore (min -x_1 s.t. |x|^2 = 1 started off
+    the circle: every trial about as long as the last). The caller drops the metric, or else
+    tries a second-order correction."""
+    trial = float(np.linalg.norm(state.w - state.prev_w))
+    before = state.memory.rejected_trial
+    if state.rejects >= 1 and np.isfinite(before) and trial > ad.METRIC_SHRINK * before:
+        return remember(state, rejected_trial=float("nan")), True
+    return remember(state, rejected_trial=trial), False
+
+
+def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse):
+    """The subproblem at ``base_w`` with tau multiplied by ``k`` (the backtracking's next step
+    from the accepted or the last accepted point)."""
+    if cfg.model_on(state):
+        # tau stays above MODEL_TAU_FLOOR of the model's scale: far below it the solver's
+        # Problem 5 is too badly scaled to be solved
+        floor = ad.MODEL_TAU_FLOOR * cfg.model(state).delta
+        k = max(k, floor / max(cfg.tau_of(state), 1e-300))
+    scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
+    start = state._replace(w=base_w)
+    try:
+        new, info = ssca_step.move(start, scaled, 1.0, 1.0, solver(cfg, state, base_w))
+    except SubproblemError:
+        if not cfg.model_on(state):
+            raise
+        # the subproblem with the model failed every retry of the solver (a tau far below
+        # the model's curvature leaves the solver an ill-posed problem): this round's step
+        # without the model at a tau of the model's scale (the paper's surrogate), and the
+        # model starts afresh
+        delta = cfg.model(state).delta
+        k = max(k, delta / max(cfg.tau_of(state), 1e-300))
+        scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
+        start = start._replace(qn_s=np.zeros((0, 0)), qn_y=np.zeros((0, 0)))
+        new, info = ssca_step.move(start, scaled, 1.0, 1.0, cfg.subproblem)
+        warnings.warn(f"round {state.t + 1}: the subproblem with the quasi-Newton model "
+                      "failed; the round's step was taken without it and the model was "
+                      "reset", RuntimeWarning, stacklevel=2)
+    new = new._replace(tau=cfg.tau_of(state) * k, merit=base_merit, prev_w=base_w.copy(),
+                       prev_stats=scaled, rejects=state.rejects + 1 if worse else 0)
+    return new, RoundInfo(info, None, cfg.tau_of(state) * k, 0.0, int(bool(worse)))

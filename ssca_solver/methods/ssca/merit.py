@@ -1,0 +1,80 @@
+"""The exact-penalty merit of Problem 5 and the Lagrangian's gradient, read from full-batch
+statistics at the point they were taken at (no evaluation: the round's messages carry them).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ...diagnostics.evaluation import excess
+from . import adaptive as ad
+from .settings import Settings
+
+
+def merit(cfg: Settings, stats, w: np.ndarray, penalty: float) -> float:
+    """F_0 + R + c sum (F_m - U_m)_+ (c |F_m - U_m| for an equality) at w from full-batch
+    statistics taken at w: the exact penalty of Problem 5."""
+    values = [b.evaluate(st, w) for b, st in zip(cfg.builders, stats)]
+    k = cfg.first
+    det = (cfg.ridge * float(w @ w) if cfg.ridge is not None
+           else cfg.problem.deterministic.value(w))
+    obj = (values[0] if k else 0.0) + det
+    violation = excess(np.asarray(values[k:]) - cfg.problem.bounds, cfg.equality)
+    return float(obj + penalty * np.sum(np.maximum(violation, 0.0)))
+
+
+def rose(cfg: Settings, value: float, reference: float, stats, w: np.ndarray) -> bool:
+    """The merit ``value`` at w (from ``stats`` taken there) is above ``reference`` by more
+    than rounding: an increase within the subproblem solver's accuracy (MERIT_RTOL) is
+    rounding, not a bad step; and so is one within the rounding of the merit itself, which
+    the statistics give as const + lin.w + quad |w|^2, terms far larger than the value when
+    tau is large (MERIT_ROUNDING of their size)."""
+    rtol = ad.MERIT_RTOL.get(cfg.subproblem.name, 1e-9)
+    noise = ad.MERIT_ROUNDING * size(cfg, stats, w) if np.isfinite(value) else 0.0
+    return value > reference + max(rtol * max(1.0, abs(reference)), noise)
+
+
+def size(cfg: Settings, stats, w: np.ndarray) -> float:
+    """The size of the terms the merit is computed from (its rounding is ~1e-16 of it)."""
+    total = 0.0
+    for b, st in zip(cfg.builders, stats):
+        form = b.quadratic_form(st)
+        if form is None:
+            return 0.0
+        a, lin, const = form
+        total += abs(a) * float(w @ w) + abs(float(lin @ w)) + abs(const)
+    return total
+
+
+def weight(cfg: Settings, state) -> float:
+    """The exact penalty's weight in the merit test: c (Problem 5's), or with the model
+    min(c, max(MERIT_MULTIPLIERS max_m |nu_m|, MERIT_FLOOR c)), nu the multipliers of the
+    step's subproblem. Any weight above the multipliers makes the merit exact (Nocedal &
+    Wright, Thm 17.3); the smallest safe one lets an SQP step along a curved active constraint
+    through, where a c far above the multiplier rejects every second full step (a
+    second-order correction each time). The floor keeps the weight from vanishing with the
+    multipliers. Both points of a comparison are judged with the same weight."""
+    c = state.penalty
+    if not (cfg.M and cfg.model_on(state)) or not state.nu.size:
+        return c
+    nu = float(np.max(np.abs(state.nu)))
+    return min(c, max(ad.MERIT_MULTIPLIERS * nu, ad.MERIT_FLOOR * c))
+
+
+def lagrangian_gradient(cfg: Settings, stats, w: np.ndarray, weights) -> Optional[np.ndarray]:
+    """sum_m weights_m grad F_m(w) + grad R(w) from statistics taken at w (None when a
+    builder's statistics do not give a gradient)."""
+    total = None
+    for c, st in zip(weights, stats):
+        gm = ad.surrogate_gradient(st, w)
+        if gm is None:
+            return None
+        total = c * gm if total is None else total + c * gm
+    det = cfg.problem.deterministic
+    if cfg.ridge is not None:
+        total = total + 2.0 * cfg.ridge * w
+    elif det.smooth:
+        total = total + det.grad(w)
+    return total

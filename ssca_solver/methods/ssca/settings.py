@@ -1,0 +1,180 @@
+"""What a solve by SSCA fixes before round 1: the problem's sizes, the options, and the regime
+they select (adaptive or fixed batch and tau, unit steps, the diagonal metric, the
+quasi-Newton model). Built once (:meth:`Settings.build`), never changed; the round's functions
+(:mod:`.probe`, :mod:`.acceptance`, :mod:`.continuation`) read it beside the state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from ...schedules import at_epochs, step_value
+from . import adaptive as ad
+from . import quasi_newton as qn
+from .quasi_newton import LBFGSModel
+
+
+class ModelCache:
+    """The compact form of the state's quasi-Newton pairs, built once per set of pairs (the
+    solver, the rejection's tau and the fallback read it in the same round). A cache of a
+    value derived from the state, not memory: dropping it changes nothing but time."""
+
+    def __init__(self):
+        self._key, self._model = None, None
+
+    def __call__(self, state) -> LBFGSModel:
+        if self._model is None or self._key is not state.qn_s:
+            self.put(LBFGSModel(state.qn_s, state.qn_y))
+        return self._model
+
+    def put(self, model: LBFGSModel) -> None:
+        """Keep ``model``, the form of the pairs ``model.S`` (the array the state will hold)."""
+        self._key, self._model = model.S, model
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The fixed settings of one solve by SSCA (see the module docstring).
+
+    Attributes:
+      problem, builders, subproblem, options: the problem, its surrogate builders, the
+        subproblem solver and the parsed :class:`~ssca_solver.SSCAOptions`.
+      penalties: c_1 < c_2 < ... of the continuation ((0,) for Algorithm 1).
+      M: the number of stochastic constraints; ``first``: the index of the first
+        constraint's statistics (1 when the objective is stochastic, else 0).
+      equality: which constraints are equalities; ``bound_scale``: max(1, |U_m|).
+      ridge: lambda when the deterministic part is lambda |w|^2 (else None).
+      sizes, num_samples: the clients' rows N_i and N.
+      auto_batch, batch_size: batch_size="auto", or the fixed B (None: full batches).
+      auto_tau, tau: tau="auto", or the fixed tau (the fallback 0.1 under "auto").
+      adapt_tau: tau="auto" and every builder's tau adaptable.
+      sampled: the rounds' statistics are random (a fixed B, or K < I clients).
+      sampled_clients: K < I clients per round, or proportional draws.
+      unit_steps: rho = gamma = 1 on full batches (schedules not given).
+      metric_ok, model_ok: the diagonal metric / the quasi-Newton model may apply.
+      qn_memory: the quasi-Newton pairs kept.
+      rho, gamma: the resolved schedules; ``participation``: K / I.
+      own_curvature: the builders with a curvature of their own (scaled by kappa).
+      models: the :class:`ModelCache`.
+    """
+
+    problem: Any
+    builders: tuple
+    subproblem: Any
+    options: Any
+    penalties: tuple
+    M: int
+    first: int
+    equality: np.ndarray
+    bound_scale: np.ndarray
+    ridge: Optional[float]
+    sizes: tuple
+    num_samples: int
+    auto_batch: bool
+    batch_size: Optional[int]
+    auto_tau: bool
+    tau: float
+    adapt_tau: bool
+    sampled: bool
+    sampled_clients: bool
+    unit_steps: bool
+    metric_ok: bool
+    model_ok: bool
+    qn_memory: int
+    rho: Any
+    gamma: Any
+    participation: float
+    own_curvature: tuple
+    models: ModelCache
+
+    @classmethod
+    def build(cls, problem, *, builders, subproblem, options, rho, gamma,
+              unit_steps: bool = True, participation: float = 1.0,
+              sampled_clients: bool = False) -> "Settings":
+        """The settings of a solve of ``problem`` with ``options`` (see :class:`Settings`)."""
+        o = options
+        builders = tuple(builders)
+        auto_batch = o.batch_size == "auto"
+        batch_size = None if auto_batch else o.batch_size
+        auto_tau = o.tau == "auto"
+        adapt_tau = auto_tau and ad.adaptable(builders)
+        unit_steps = bool(unit_steps)
+        full_phase = auto_batch or batch_size is None
+        return cls(
+            problem=problem, builders=builders, subproblem=subproblem, options=o,
+            penalties=tuple(float(c) for c in o.penalty), M=problem.num_constraints,
+            first=problem.first_constraint, equality=problem.equality,
+            bound_scale=np.maximum(1.0, np.abs(problem.bounds)),
+            ridge=problem.deterministic.norm2_coefficient(),
+            sizes=tuple(problem.data.client_sizes), num_samples=problem.data.num_samples,
+            auto_batch=auto_batch, batch_size=batch_size, auto_tau=auto_tau,
+            tau=0.1 if auto_tau else float(o.tau), adapt_tau=adapt_tau,
+            # sampled rounds: a fixed B, or a random set of clients (K < I, proportional)
+            sampled=(not auto_batch and batch_size is not None) or bool(sampled_clients),
+            sampled_clients=bool(sampled_clients), unit_steps=unit_steps,
+            # a diagonal curvature where the data's scales differ, on full batches only
+            # (where the backtracking guards every step): on mini-batches it made networks
+            # diverge
+            metric_ok=unit_steps and adapt_tau and subproblem.supports_metric and full_phase,
+            # the quasi-Newton model in the backtracking regime, which keeps every accepted
+            # step monotone in the exact penalty
+            model_ok=(o.hessian == "lbfgs" and unit_steps and adapt_tau
+                      and subproblem.supports_model and full_phase),
+            qn_memory=qn.memory_for(problem.dim), rho=rho, gamma=gamma,
+            participation=float(participation),
+            own_curvature=tuple(m for m, b in enumerate(builders) if ad.own_curvature(b)),
+            models=ModelCache())
+
+    # -- the regime of a round, from the state ---------------------------------------------------
+    def batch(self, state) -> Optional[int]:
+        """The rows per client of the next round (None: every row)."""
+        if not self.auto_batch:
+            return self.batch_size
+        return None if state.batch >= max(self.sizes) else int(state.batch)
+
+    def full(self, state) -> bool:
+        """The next round reads every row of its clients."""
+        return self.batch(state) is None
+
+    def tau_of(self, state) -> float:
+        """The tau clients use next round."""
+        return float(state.tau) if state.tau > 0 else self.tau
+
+    def backtracking(self, state) -> bool:
+        """Full batches with the adaptive tau and unit steps: the backtracking regime."""
+        return self.full(state) and self.adapt_tau and self.unit_steps
+
+    def guarded(self, state) -> bool:
+        """Full batches from every client outside the backtracking regime (a numeric tau, a
+        builder with its own curvature such as DiagonalCurvature, or rho/gamma given): each
+        round's statistics are the full data's at w_t, so the exact-penalty merit there is
+        known and a step that raised it is taken back (:func:`.acceptance.guarded_step`)."""
+        return (self.full(state) and not self.sampled_clients
+                and not (self.adapt_tau and self.unit_steps))
+
+    def model_on(self, state) -> bool:
+        """The quasi-Newton model is in the round's surrogate: it applies (``model_ok``), it
+        holds a pair, and no diagonal metric is in force (which takes precedence)."""
+        return bool(self.model_ok and state.qn_s.size and not state.metric.size)
+
+    def model(self, state) -> LBFGSModel:
+        """The compact form of the state's quasi-Newton pairs (:class:`ModelCache`)."""
+        return self.models(state)
+
+    def steps_at(self, batch, t: int) -> tuple:
+        """rho_t, gamma_t of eqs. (rho)/(gamma) with ``batch`` rows per client (None: all): an
+        :class:`~ssca_solver.EpochStep` counts passes over the data, R = N / ((K/I) sum_i
+        min(B, N_i)) rounds per epoch at that batch."""
+        rows = (float(self.num_samples) if batch is None
+                else float(sum(min(int(batch), int(n)) for n in self.sizes)))
+        R = self.num_samples / max(rows * self.participation, 1e-300)
+        return (step_value(at_epochs(self.rho, R), t, "rho"),
+                step_value(at_epochs(self.gamma, R), t, "gamma"))
+
+    @property
+    def objective_stochastic(self) -> bool:
+        """Whether the objective is a SampleFunction (its statistics come first)."""
+        return self.first == 1
