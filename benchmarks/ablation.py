@@ -39,7 +39,7 @@ from _common import RESULTS, log, machine, write_json  # noqa: E402
 from defaults import START_BATCH, fmt, library_version, run  # noqa: E402
 from problems import suite  # noqa: E402
 from ssca_solver.methods.ssca import adaptive as ad  # noqa: E402
-from ssca_solver.methods.ssca import algorithm as ssca_mod  # noqa: E402
+from ssca_solver.methods.ssca import probe  # noqa: E402
 
 MAX_ITER = 2000
 
@@ -55,7 +55,7 @@ def variant(name: str):
         "defaults": [],
         "adaptive_batch": [(ad, "GROW_EVERY", 10 ** 9), (ad, "NOISE_RATIO", float("inf"))],
         "full_from_round_1": [],
-        "tau_probe": [(ssca_mod.SSCA, "probe", lambda self, exchange, x0: 1.0)],
+        "tau_probe": [(probe, "run", lambda cfg, exchange, x0: probe.Probe(1.0, float("nan")))],
         "backtracking": [(ad, "MERIT_RTOL", {"closed_form": float("inf"),
                                              "cvxpy": float("inf")}),
                          (ad, "TAU_DOWN", 1.0)],

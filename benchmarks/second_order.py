@@ -309,10 +309,12 @@ def _timed(fn, key):
 def _instrument() -> None:
     """Time the server's parts in this process (class attributes wrapped once): the closed
     form plain, with the diagonal metric and with the model; the pair update; the compact
-    form (``SSCA._model``, built once per set of pairs); the round's free full-data evaluation
+    form (``ModelCache``, built once per set of pairs); the round's free full-data evaluation
     (``SSCA.round_evaluation``) and the KKT stop test (``Session._stop_test``)."""
     from ssca_solver.engine.session import Session
+    from ssca_solver.methods.ssca import acceptance
     from ssca_solver.methods.ssca.algorithm import SSCA
+    from ssca_solver.methods.ssca.settings import ModelCache
     from ssca_solver.subproblems.closed_form import ClosedFormSubproblem
 
     if getattr(SSCA, "_round_cost_instrumented", False):
@@ -320,8 +322,8 @@ def _instrument() -> None:
     ClosedFormSubproblem.solve = _timed(ClosedFormSubproblem.solve, "sub_plain")
     ClosedFormSubproblem.solve_model = _timed(ClosedFormSubproblem.solve_model, "sub_model")
     ClosedFormSubproblem.solve_metric = _timed(ClosedFormSubproblem.solve_metric, "sub_metric")
-    SSCA._with_pair = _timed(SSCA._with_pair, "pair_update")
-    SSCA._model = _timed(SSCA._model, "compact_form")
+    acceptance.with_pair = _timed(acceptance.with_pair, "pair_update")
+    ModelCache.__call__ = _timed(ModelCache.__call__, "compact_form")
     SSCA.round_evaluation = _timed(SSCA.round_evaluation, "round_evaluation")
     Session._stop_test = _timed(Session._stop_test, "stop_test")
     SSCA._round_cost_instrumented = True

@@ -18,6 +18,7 @@ Writes benchmarks/results/section_v.json and section_v.png.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -33,6 +34,7 @@ from problems.mlp import MLP, _forward_backward, classification_con, classificat
 from ssca_solver.methods.ssca import step as driver  # noqa: E402
 from ssca_solver.datasets import fashion_mnist  # noqa: E402
 from ssca_solver.methods.ssca.algorithm import SSCA, SSCARoundTask  # noqa: E402
+from ssca_solver.subproblems import SubproblemSolver  # noqa: E402
 from ssca_solver.federated import InProcessTransport, Request, build_clients  # noqa: E402
 from ssca_solver.engine.options import seed_entropy  # noqa: E402
 from ssca_solver.schedules import PowerStep  # noqa: E402
@@ -155,7 +157,7 @@ def part2(X, y, rounds):
         return _part2(X, y, rounds)
 
 
-class _TimedSubproblem:
+class _TimedSubproblem(SubproblemSolver):
     """The subproblem with the time of each solve recorded."""
 
     def __init__(self, sub):
@@ -200,7 +202,9 @@ def _runner(prob, net):
         opts["penalty"] = [1e5]
     o = SSCA.parse(prob, opts)
     alg = SSCA.build(prob, o, opts)
-    sub = alg.subproblem = _TimedSubproblem(alg.subproblem)
+    alg.config = dataclasses.replace(alg.config,
+                                     subproblem=_TimedSubproblem(alg.config.subproblem))
+    sub = alg.config.subproblem
     session = Session(prob, alg, o)
     session.transport.close()
     # the runner reaches the clients only through its gatherer: the timed transport goes there
