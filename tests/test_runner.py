@@ -313,7 +313,8 @@ def test_runner_drives_any_algorithm_and_keeps_history_in_arrays(cancer_data):
     ticks = []
     opts = RunOptions(eval_every=0, callback=lambda it: ticks.append(it.t))
     gatherer = Gatherer(InProcessTransport(clients), cancer_data.client_sizes)
-    runner = Runner(alg, gatherer, ev, opts, rec, tally, {})
+    runner = Runner(alg, gatherer=gatherer, evaluator=ev, opts=opts, recorder=rec,
+                    tally=tally, meta={})
     state, reason = runner.run(alg.init(np.zeros(31)), 100)
     gc.collect()
     before = len(gc.get_objects())

@@ -111,7 +111,7 @@ class Runner:
         evaluations, in order.
     """
 
-    def __init__(self, algorithm, gatherer: Gatherer, evaluator, opts, recorder: Recorder,
+    def __init__(self, algorithm, *, gatherer: Gatherer, evaluator, opts, recorder: Recorder,
                  tally: Tally, meta: dict, penalty_of: Callable = lambda state: None,
                  elapsed: float = 0.0, stop_test: Optional[Callable] = None, sampler=None,
                  dropouts=()):

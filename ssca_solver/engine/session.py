@@ -223,9 +223,10 @@ class Session:
                             secure=secure, tally=tally)
         sampler = (None if opts.clients_per_round is None else
                    Sampler(sizes, opts.clients_per_round, opts.participation, seed))
-        self.runner = Runner(algorithm, gatherer, self.evaluator, opts, recorder, tally,
-                             {}, algorithm.penalty_of, elapsed,
-                             self._stop_test if self.certificate else None,
+        self.runner = Runner(algorithm, gatherer=gatherer, evaluator=self.evaluator,
+                             opts=opts, recorder=recorder, tally=tally, meta={},
+                             penalty_of=algorithm.penalty_of, elapsed=elapsed,
+                             stop_test=self._stop_test if self.certificate else None,
                              sampler=sampler, dropouts=dropouts)
         if opts.resume:
             # the evaluations' schedule where the checkpoint left it (absent in older files)
