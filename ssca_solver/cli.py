@@ -3,8 +3,9 @@
 
 The demo models Neyman-Pearson classification on scikit-learn's breast-cancer data spread over
 5 clients (minimise the logistic loss on class 1 subject to the loss on class 0 <= alpha, plus a
-small exact ridge term), solves it by Algorithm 2 with the penalty continuation, and prints the
-report next to the pooled CVXPY optimum for comparison.
+small exact ridge term), solves it by Algorithm 2 with the penalty continuation and the default
+options (those given on the command line aside), and prints the report next to the pooled
+CVXPY optimum for comparison.
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ def _demo(args) -> int:
           f"{data.num_samples} rows over {data.num_clients} clients {data.client_sizes}")
     print(f"  minimise mean logistic loss on class 1 + {args.lam:g} |w|^2   subject to   "
           f"mean logistic loss on class 0 <= {args.alpha:g}      (d = {X.shape[1]})")
-    print(f"  SSCA: B = {args.batch_size} rows per client per round, tau = {args.tau}, up to "
-          f"{args.rounds * len(args.penalty)} rounds in all ({args.rounds} per penalty "
-          f"value given), penalties {args.penalty}\n")
+    given = {name: value for name, value in (("batch_size", args.batch_size),
+                                             ("tau", args.tau), ("penalty", args.penalty),
+                                             ("max_iter", args.rounds))
+             if value is not None}
+    print("  SSCA with the default options"
+          + (" except " + ", ".join(f"{k}={v}" for k, v in given.items()) if given else "")
+          + "\n")
     prob = neyman_pearson(data, args.alpha, lam=args.lam)
-    # --rounds is per penalty value; max_iter bounds the whole run
-    res = prob.solve(method="ssca", batch_size=args.batch_size,
-                     max_iter=args.rounds * len(args.penalty),
-                     tau=args.tau, penalty=args.penalty, seed=args.seed,
-                     eval_every=max(1, args.rounds // 20), progress=True)
+    res = prob.solve(method="ssca", seed=args.seed, progress=True, **given)
     print()
     print(res.report())
     t0 = time.perf_counter()
@@ -98,13 +99,15 @@ def main(argv=None) -> int:
     demo.add_argument("--alpha", type=float, default=0.2, help="bound on the class-0 loss")
     demo.add_argument("--lam", type=float, default=1e-2, help="ridge weight (exact term)")
     demo.add_argument("--clients", type=int, default=5)
-    demo.add_argument("--batch-size", type=_auto_or(int), default="auto",
+    demo.add_argument("--batch-size", type=_auto_or(int), default=None,
                       help="rows per client per round, 'full', or 'auto' (default: adaptive)")
-    demo.add_argument("--rounds", type=int, default=1000, help="rounds per penalty value given: the run is bounded by this times the number "
-                      "of --penalty values (max_iter, which bounds the whole run)")
-    demo.add_argument("--tau", type=_auto_or(float), default="auto",
+    demo.add_argument("--rounds", type=int, default=None,
+                      help="max_iter: the rounds of the whole run (default 800: 200 per "
+                      "penalty value of the default sequence)")
+    demo.add_argument("--tau", type=_auto_or(float), default=None,
                       help="proximal weight, or 'auto' (default: measured and adapted)")
-    demo.add_argument("--penalty", type=float, nargs="+", default=[10.0, 100.0, 1000.0])
+    demo.add_argument("--penalty", type=float, nargs="+", default=None,
+                      help="the penalty sequence c_1 < c_2 < ... (default: the library's)")
     demo.add_argument("--seed", type=int, default=0)
     net = sub.add_parser("network", help="the paper's Section V network (Algorithm 1 or 2)")
     net.add_argument("--data", choices=["digits", "fashion-mnist", "mnist"], default="digits",

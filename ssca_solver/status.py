@@ -76,15 +76,14 @@ def not_passed(t: int, residual: tuple, advice: str) -> tuple[str, str]:
     names the residual that failed and what to try (``advice``)."""
     name, value, tol = residual
     return MAX_ITER, (f"the full-data KKT test did not pass in {t} rounds: "
-                      f"{exceeds(name, value, tol)} at the returned point; try "
-                      f"{advice}")
+                      f"{exceeds(name, value, tol)} at the returned point\ntry {advice}")
 
 
 def error(what: str, t: int, exc: BaseException, checkpoint=None) -> tuple[str, str]:
     """(ERROR, message) for a run whose ``what`` (e.g. "round 12's subproblem") failed with
     ``exc`` after ``t`` completed rounds: the Result holds the point after round ``t``."""
     text = str(exc).split("\n", 1)[0]
-    return ERROR, (f"{what} failed ({type(exc).__name__}: {text}); returning the last good "
+    return ERROR, (f"{what} failed ({type(exc).__name__}: {text})\nreturning the last good "
                    f"point, after round {t}, with its history"
                    + (f" (checkpoint {checkpoint!r}: resume with solve(..., "
                       f"resume={checkpoint!r}))" if checkpoint else ""))

@@ -163,7 +163,8 @@ def test_mini_batch_status_is_honest(ls_ball):
     assert "KKT test did not pass" in res.message and "batch_size" in res.message
     assert res.history.multipliers.shape == (40, 1)
     assert res.history.constraint_estimate.shape == (40, 1)
-    assert len(res.history.eval_t) == 4
+    # the start point's evaluation (round 0) and four scheduled ones
+    assert res.history.eval_t[0] == 0 and len(res.history.eval_t) == 5
 
 
 def test_bad_options_raise(ls_ball):

@@ -394,11 +394,13 @@ def test_history_columns_are_one_row_per_round(runs, monkeypatch):
     res = runs("stages")
     cols = res.history_columns()
     lengths = {name: np.shape(c) for name, c in cols.items()}
-    assert set(lengths.values()) == {(res.nit,)}, lengths
+    # a row per round, and one before them for the start point's evaluation (round 0)
+    assert res.history.eval_t[0] == 0
+    assert set(lengths.values()) == {(res.nit + 1,)}, lengths
     assert list(cols)[:2] == ["t", "stage"]
-    np.testing.assert_array_equal(cols["t"], res.history.t)
-    np.testing.assert_array_equal(cols["slack[0]"], res.history.slack[:, 0])
-    evaluated = np.isin(res.history.t, res.history.eval_t)
+    np.testing.assert_array_equal(cols["t"], np.r_[0, res.history.t])
+    np.testing.assert_array_equal(cols["slack[0]"][1:], res.history.slack[:, 0])
+    evaluated = np.isin(cols["t"], res.history.eval_t)
     np.testing.assert_array_equal(cols["evaluated"], evaluated)
     np.testing.assert_array_equal(cols["objective"][evaluated], res.history.objective)
     assert np.all(np.isnan(cols["objective"][~evaluated]))
@@ -411,18 +413,23 @@ def test_history_columns_are_one_row_per_round(runs, monkeypatch):
 
 
 def test_an_evaluation_without_a_round_gets_a_row_of_its_own(runs):
-    """An evaluation at round 0 (no round row): a row with NaN in the round columns."""
+    """An evaluation at round 0 (the start point's: no round row): a row with NaN in the
+    round columns; one at a round that has no row either (a history cut short) too."""
     res = runs("stages")
-    h = res.history.as_dict()
-    h["eval_t"] = np.r_[0, h["eval_t"]]
-    h["objective"] = np.r_[7.0, h["objective"]]
-    h["constraints"] = np.vstack([[[-1.0]], h["constraints"]])
-    cols = dataclasses.replace(res, history=ss.History(h)).history_columns()
+    cols = res.history_columns()
     assert {np.shape(c) for c in cols.values()} == {(res.nit + 1,)}
     assert cols["t"][0] == 0 and np.isnan(cols["stage"][0]) and np.isnan(cols["rho"][0])
-    assert cols["evaluated"][0] and cols["objective"][0] == 7.0
-    assert cols["constraints[0]"][0] == -1.0
+    assert cols["evaluated"][0] and cols["objective"][0] == res.history.objective[0]
+    assert cols["constraints[0]"][0] == res.history.constraints[0, 0]
     np.testing.assert_array_equal(cols["stage"][1:], res.history.stage)
+    h = res.history.as_dict()
+    h["eval_t"] = np.r_[h["eval_t"], res.nit + 5]
+    h["objective"] = np.r_[h["objective"], 7.0]
+    h["constraints"] = np.vstack([h["constraints"], [[-1.0]]])
+    cols = dataclasses.replace(res, history=ss.History(h)).history_columns()
+    assert {np.shape(c) for c in cols.values()} == {(res.nit + 2,)}
+    assert cols["t"][-1] == res.nit + 5 and np.isnan(cols["rho"][-1])
+    assert cols["objective"][-1] == 7.0 and cols["constraints[0]"][-1] == -1.0
 
 
 def test_history_columns_make_a_dataframe(runs):

@@ -66,7 +66,7 @@ def test_callback_stops_the_run(cancer_data, how):
     assert res.status == "stopped" and not res.success and res.nit == 4
     assert "stopped by the callback after round 4" in res.message
     assert seen == [(t, "ssca", 0, 10.0) for t in range(1, 5)]
-    assert len(res.history.t) == 4 and list(res.history.eval_t) == [2, 4]
+    assert len(res.history.t) == 4 and list(res.history.eval_t) == [0, 2, 4]
 
 
 def test_callback_sees_the_latest_evaluation(cancer_data):
@@ -74,7 +74,8 @@ def test_callback_sees_the_latest_evaluation(cancer_data):
     neyman_pearson(cancer_data, 0.2).solve(
         batch_size=5, max_iter=6, penalty=[10.0], seed=0, eval_every=3,
         callback=lambda it: got.append((it.t, it.eval_t, it.objective, it.constraints)))
-    assert [g[1] for g in got] == [None, None, 3, 3, 3, 6]
+    # (round 0: the start point's evaluation, the latest until round 3's)
+    assert [g[1] for g in got] == [0, 0, 3, 3, 3, 6]
     assert got[2][2] is not None and got[2][3].shape == (1,)
 
 

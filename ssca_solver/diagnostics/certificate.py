@@ -181,12 +181,12 @@ class Certificate(NamedTuple):
             name, value, tol = report.residuals(self.feas_tol, self.kkt_tol)[0]
             return (f"no certificate: client(s) {who} did not answer the final full-data "
                     "evaluation (on_client_failure='drop'), so the KKT report at the returned "
-                    "point covers only the clients that answered; on those every relative "
-                    f"residual is within tolerance (largest: {name} {value:.2g} <= {tol:g}). "
-                    "Check the failing clients, or run on: the status can say 'converged' "
+                    "point covers only the clients that answered\non those every relative "
+                    f"residual is within tolerance (largest: {name} {value:.2g} <= {tol:g})\n"
+                    "check the failing clients, or run on: the status can say 'converged' "
                     "only from an evaluation every client answered")
-        return (message + f" (the final evaluation missed client(s) {who}: these residuals "
-                "cover only the clients that answered)")
+        return (message + f"\nnote: the final evaluation missed client(s) {who}: these "
+                "residuals cover only the clients that answered")
 
     def decide(self, reason: str, t: int, report: KKTReport, tested: bool, advice: str,
                penalty: Optional[float] = None) -> tuple[str, str]:
@@ -207,6 +207,6 @@ class Certificate(NamedTuple):
 def kkt_failed(message: str, report: KKTReport) -> str:
     """``message`` with a note that the KKT report at the returned point could not be computed
     (``report.multiplier_source`` names the failure)."""
-    return (f"{message}; note: the full-data KKT report at the returned point could not be "
+    return (f"{message}\nnote: the full-data KKT report at the returned point could not be "
             f"computed ({report.multiplier_source}), so its stationarity and multipliers are "
             "NaN")

@@ -106,6 +106,9 @@ class Result:
         evaluation, in order: :class:`ssca_solver.federated.Dropout` (client, task, round,
         error); ``round`` is the round the request belonged to (for task "evaluate", the
         rounds done when it ran). Empty when no client failed.
+      tolerances: the certificate's tolerances ``{"feas_tol": ..., "kkt_tol": ...}`` (empty
+        for a method that does not certify): the relative residuals of ``kkt`` are tested
+        against them.
 
     ``success`` is True only when the method's own stopping test passed (status "converged").
     """
@@ -129,6 +132,7 @@ class Result:
     solver_info: dict = field(default_factory=dict)
     extras: dict = field(default_factory=dict)
     dropouts: tuple = ()
+    tolerances: dict = field(default_factory=dict)
 
     @property
     def success(self) -> bool:
@@ -139,7 +143,7 @@ class Result:
     def report(self) -> str:
         """A readable account of the solve (what the demo prints)."""
         k = self.kkt
-        lines = [f"status        {self.status}: {self.message}",
+        lines = [_block("status", f"{self.status}: {self.message}"),
                  f"rounds        {self.nit}   method: {self.method}"
                  + (f"   subproblem solver: {self.subproblem}" if self.subproblem else "")
                  + f"   time: {self.time:.2f} s",
@@ -153,15 +157,18 @@ class Result:
             lines.append(f"sampling      {sampling}")
         if self.stages and self.slack.size:
             lines.append("penalty steps")
-            for s in self.stages:
+            for j, s in enumerate(self.stages):
+                kept = j > 0 and s.penalty == self.stages[j - 1].penalty
                 lines.append(f"  c = {s.penalty:<10.3g} rounds = {s.rounds:<6d} "
-                             f"|slack| = {s.slack_norm:.3g}")
+                             f"|slack| = {s.slack_norm:.3g}"
+                             + ("   (c kept: no evidence that it was too small)" if kept
+                                else ""))
         if self.constraints.size:
             lines.append("constraints   (full data; F_m - U_m <= 0 is feasible, = 0 for ==)")
             names = self.constraint_names or tuple(f"#{m + 1}" for m in range(self.slack.size))
             for m, name in enumerate(names):
                 own = self.extras.get("multipliers")     # a Lagrangian method's lambda
-                lines.append(f"  {name:<28s} F-U = {self.constraints[m]: .4g}   "
+                lines.append(f"  {m + 1:>2d} {name:<28s} F-U = {self.constraints[m]: .4g}   "
                              + (f"slack = {self.slack[m]:.3g}   " if self.stages else "")
                              + f"mu = {k.multipliers[m]:.4g}"
                              + (f"   method's lambda = {own[m]:.4g}" if own is not None
@@ -171,18 +178,7 @@ class Result:
             lines.append(f"subproblem    {si.get('retries', 0)} retries (fallback settings, "
                          "recentred, other solvers), "
                          f"{len(si.get('inaccurate_rounds', ()))} rounds flagged inaccurate")
-        if k.failed:
-            lines.append(f"KKT           not computed ({k.multiplier_source})"
-                         + (f"   max feasibility = {np.max(k.feasibility):.3g}"
-                            if k.feasibility.size else ""))
-        else:
-            lines.append(f"KKT           stationarity = {k.stationarity:.3g} "
-                         f"({k.stationarity_kind})"
-                         + (f"   max feasibility = {np.max(k.feasibility):.3g}   max "
-                            f"complementarity = {np.max(k.complementarity):.3g}   multipliers "
-                            f"from {k.multiplier_source}" if k.feasibility.size else ""))
-        if k.domain_violation > 0:
-            lines.append(f"              domain violation = {k.domain_violation:.3g}")
+        lines.extend(_kkt_lines(k, self.tolerances))
         if self.dropouts:
             d = self.dropouts
             lines.append(f"dropouts      {len(d)} (client, round): "
@@ -242,6 +238,47 @@ class Result:
                 f"max_constraint={np.max(self.constraints, initial=-np.inf):.3g}, "
                 f"slack_norm={np.linalg.norm(self.slack):.3g}, "
                 f"stationarity={self.kkt.stationarity:.3g})")
+
+
+def _block(head: str, text: str) -> str:
+    """``text`` under a 14-character heading, its further lines indented to match."""
+    first, *rest = str(text).split("\n")
+    return "\n".join([f"{head:<14s}{first}"] + [" " * 14 + line for line in rest])
+
+
+def _kkt_lines(k: KKTReport, tolerances: dict) -> list[str]:
+    """The KKT report as the certificate reads it: each relative residual beside its
+    tolerance (``tolerances``: the solve's ``feas_tol`` and ``kkt_tol``; none for a method
+    that does not certify), then the absolute residuals."""
+    if k.failed:
+        return [f"KKT           not computed ({k.multiplier_source})"
+                + (f"   max feasibility = {np.max(k.feasibility):.3g}"
+                   if np.size(k.feasibility) else "")]
+    feas_tol, kkt_tol = tolerances.get("feas_tol"), tolerances.get("kkt_tol")
+
+    def judged(name, value, tol):
+        if tol is None:
+            return f"{name} {value:.2g}"
+        return f"{name} {value:.2g} {'<=' if value <= tol else '>'} {tol:g}"
+
+    rel = [judged("stationarity", float(k.stationarity_rel), kkt_tol)]
+    if np.size(k.feasibility_rel):
+        rel.append(judged("feasibility", float(np.max(k.feasibility_rel)), feas_tol))
+        rel.append(judged("complementarity", float(np.max(k.complementarity_rel)), kkt_tol))
+    if k.domain_violation > 0:
+        rel.append(judged("domain feasibility", float(k.domain_violation), feas_tol))
+    lines = ["KKT           relative residuals" + (" (the certificate's test)" if feas_tol
+                                                   is not None else "") + ": "
+             + ", ".join(rel)]
+    absolute = (f"absolute: stationarity {k.stationarity:.3g} ({k.stationarity_kind}, scale "
+                f"{k.scale:.3g})")
+    if np.size(k.feasibility):
+        absolute += (f", max feasibility {np.max(k.feasibility):.3g}, max complementarity "
+                     f"{np.max(k.complementarity):.3g}; multipliers from "
+                     f"{k.multiplier_source}")
+    if k.domain_violation > 0:
+        absolute += f", domain violation {k.domain_violation:.3g}"
+    return lines + [" " * 14 + absolute]
 
 
 def _sampling(history) -> str:

@@ -62,7 +62,7 @@ VERSION = 1
 #: that a new field is not silently lost)
 SAVED_FIELDS = ("x", "status", "message", "fun", "constraints", "slack", "penalty", "kkt",
                 "history", "communication", "stages", "nit", "method", "subproblem", "time",
-                "constraint_names", "solver_info", "extras", "dropouts")
+                "constraint_names", "solver_info", "extras", "dropouts", "tolerances")
 #: the history's full-data evaluation columns (one row per evaluation, not per round)
 EVAL_COLUMNS = ("eval_t", "objective", "constraints")
 _KKT_ARRAYS = ("multipliers", "feasibility", "complementarity", "feasibility_rel",
@@ -292,6 +292,7 @@ def _layout(result: Result) -> tuple[dict, dict]:
         "history": list(history),
         "solver_info": enc.encode(dict(result.solver_info), "solver_info", "solver_info"),
         "extras": enc.encode(dict(result.extras), "extras", "extras"),
+        "tolerances": {str(k): _number(v) for k, v in result.tolerances.items()},
     }
     return meta, arrays
 
@@ -475,6 +476,11 @@ def _build(r: _Reader) -> Result:
     for field, value in (("solver_info", solver_info), ("extras", extras)):
         if not isinstance(value, dict):
             r.bad(field, f"is a {type(value).__name__}, not a dict")
+    # (a file written before the tolerances were kept has none)
+    tolerances = meta.get("tolerances", {})
+    if not isinstance(tolerances, dict):
+        r.bad("tolerances", f"is a {type(tolerances).__name__}, not a dict")
+    tolerances = {k: r.number(v, f"tolerances.{k}") for k, v in tolerances.items()}
     unused = sorted(set(r.arrays) - r.used)
     if unused:
         r.bad(unused[0], "is an array no field of the metadata refers to")
@@ -491,7 +497,7 @@ def _build(r: _Reader) -> Result:
                             optional=True),
         time=r.number(r.get(meta, "time", "time"), "time"),
         constraint_names=names, solver_info=solver_info, extras=extras,
-        dropouts=tuple(dropouts))
+        dropouts=tuple(dropouts), tolerances=tolerances)
 
 
 def _history(r: _Reader, M: int) -> History:

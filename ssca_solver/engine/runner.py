@@ -105,6 +105,8 @@ class Runner:
       sampler: the participants of each round (:class:`ssca_solver.federated.sampling.Sampler`),
         or None for every client.
       dropouts: the dropouts recorded so far (restored on resume).
+      started: when the solve began (``time.perf_counter()``; default: now): the elapsed
+        time counts from there, plus ``elapsed`` of the parts before a resume.
 
     Attributes:
       dropouts: every :class:`~ssca_solver.federated.Dropout` of the completed rounds and
@@ -114,7 +116,7 @@ class Runner:
     def __init__(self, algorithm, *, gatherer: Gatherer, evaluator, opts, recorder: Recorder,
                  tally: Tally, meta: dict, penalty_of: Callable = lambda state: None,
                  elapsed: float = 0.0, stop_test: Optional[Callable] = None, sampler=None,
-                 dropouts=()):
+                 dropouts=(), started: Optional[float] = None):
         self.algorithm = algorithm
         self.evaluator = evaluator
         self.opts = opts
@@ -135,7 +137,7 @@ class Runner:
         self.free_since = None       # the round of the latest evaluation a round held
         self.work_since = 0.0        # rows the rounds read since the last paid evaluation
         self.stage_ended = False     # the last round ended its stage (settled)
-        self._start = time.perf_counter() - elapsed
+        self._start = (time.perf_counter() if started is None else started) - elapsed
 
     @property
     def elapsed(self) -> float:

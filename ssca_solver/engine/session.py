@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from typing import Optional
 
 import cvxpy as cp
 import numpy as np
@@ -128,6 +129,8 @@ class Session:
         ``fingerprint()``, ``init``, ``penalty_of``, ``certificate()`` (when it
         ``certifies``), ``num_stages``/``next_stage`` and ``kkt_solver`` are read here.
       opts: its parsed options (a :class:`~ssca_solver.engine.options.RunOptions`).
+      started: when the solve began (``time.perf_counter()``; default: now), from which the
+        run's elapsed time counts.
 
     Attributes:
       runner: the :class:`~ssca_solver.engine.runner.Runner`.
@@ -137,7 +140,7 @@ class Session:
       seed: the run's seed (an int; read from the checkpoint on resume).
     """
 
-    def __init__(self, problem, algorithm, opts):
+    def __init__(self, problem, algorithm, opts, started: Optional[float] = None):
         self.problem, self.algorithm, self.opts = problem, algorithm, opts
         self.solver = algorithm.kkt_solver
         #: the certificate's rules at the method's tolerances (None: it does not certify)
@@ -226,6 +229,7 @@ class Session:
         self.runner = Runner(algorithm, gatherer=gatherer, evaluator=self.evaluator,
                              opts=opts, recorder=recorder, tally=tally, meta={},
                              penalty_of=algorithm.penalty_of, elapsed=elapsed,
+                             started=started,
                              stop_test=self._stop_test if self.certificate else None,
                              sampler=sampler, dropouts=dropouts)
         if opts.resume:
@@ -294,11 +298,15 @@ class Session:
 
     def measure_scale(self, w) -> float:
         """|grad (F_0 + R)| at the start point on the full data: the scale of the relative
-        stationarity test (one full-data evaluation, counted with the evaluations); kept with
-        the point for the secant curvature of :meth:`kkt`."""
+        stationarity test (one full-data evaluation, counted with the evaluations, and
+        recorded in the history as round 0's); kept with the point for the secant curvature
+        of :meth:`kkt`."""
         ev = self.runner.evaluate(w, with_grad=True)
         g = self.evaluator.objective_gradient(ev, w)
-        self.floor.start(w, g, self.evaluator.split(ev.values, w)[0])
+        value, cons = self.evaluator.split(ev.values, w)
+        if ev.complete:
+            self.runner.recorder.evaluation(0, value, cons)
+        self.floor.start(w, g, value)
         self.runner.meta.update(self.floor.meta())
         first = self.evaluator.terms.first_constraint
         self.constraint_scale = float(max((np.linalg.norm(g) for g in ev.grads[first:]),

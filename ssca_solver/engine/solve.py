@@ -19,6 +19,9 @@ client failures, divergence and Ctrl-C still raise.
 
 from __future__ import annotations
 
+import contextlib
+import re
+import time
 import warnings
 
 import numpy as np
@@ -34,11 +37,20 @@ from .session import Session, library_failure
 
 def solve(problem, method: type, options: dict) -> Result:
     """Solve ``problem`` by ``method`` (a :class:`~ssca_solver.engine.method.Method`
-    subclass) with the user's ``options``; see the module docstring for the sequence."""
+    subclass) with the user's ``options``; see the module docstring for the sequence. Each
+    kind of warning raised during the run is shown once, with how often it came
+    (:func:`once_per_kind`); ``res.time`` counts the whole call, the engine's start-up
+    included."""
+    started = time.perf_counter()
     opts = method.parse(problem, options)
     algorithm = method.build(problem, opts, options)
+    with once_per_kind():
+        return _run(problem, algorithm, opts, started)
+
+
+def _run(problem, algorithm, opts, started: float) -> Result:
     extras = {}
-    with Session(problem, algorithm, opts) as session:
+    with Session(problem, algorithm, opts, started=started) as session:
         try:
             state = session.start()
             state, reason = session.run_stages(state)
@@ -89,7 +101,57 @@ def solve(problem, method: type, options: dict) -> Result:
                   kkt=kkt, history=history, communication=comm, nit=state.t,
                   method=algorithm.name, time=session.runner.elapsed,
                   constraint_names=tuple(c.name for c in problem.constraints),
-                  dropouts=tuple(session.runner.dropouts), **fields)
+                  dropouts=tuple(session.runner.dropouts),
+                  tolerances=({} if certificate is None else
+                              {"feas_tol": certificate.feas_tol,
+                               "kkt_tol": certificate.kkt_tol}), **fields)
+
+
+#: digits in a warning's text (masked when grouping warnings by kind)
+_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?([eE][-+]?\d+)?")
+
+
+@contextlib.contextmanager
+def once_per_kind():
+    """Collect the warnings raised inside and show each kind once when it ends (also when it
+    ends with an exception): the first of a kind (same category, same text once its numbers
+    are masked), with "(N times in this solve)" when it came more than once. A warning that
+    the caller's filters turn into an error raises then, at the end of the solve (not over an
+    exception already on its way)."""
+    kinds: dict = {}
+    failed = False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                yield
+            finally:
+                for w in caught:
+                    key = (w.category, _NUMBER.sub("#", str(w.message)))
+                    kinds.setdefault(key, []).append(w)
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        for ws in kinds.values():
+            try:
+                _show(ws)
+            except Exception:
+                if not failed:
+                    raise
+
+
+def _show(ws) -> None:
+    """The first warning of a kind again, with its count when there were more."""
+    first = ws[0]
+    message = first.message
+    if len(ws) > 1:
+        try:
+            message = first.category(f"{first.message} ({len(ws)} times in this solve)")
+        except Exception:              # a category with another constructor: as it came
+            message = first.message
+    warnings.warn_explicit(message, first.category, first.filename, first.lineno,
+                           source=first.source)
 
 
 def _fields(algorithm, outcome, failed: bool) -> dict:

@@ -32,72 +32,79 @@ SADDLE_SHRINK = (1.0, 1e-2, 1e-4)
 
 _NO_FEASIBLE = ("no feasible point was found in {t} rounds (relative violation {violation:.3g} "
                 "at the end)")
-_VANISHES = (_NO_FEASIBLE + ", and the violation's gradient vanishes at the returned point "
-             "({phase1:.2g} of the constraints' gradient at the start), but ")
+_VANISHES = (_NO_FEASIBLE + "; the violation's gradient vanishes at the returned point "
+             "({phase1:.2g} of the constraints' gradient at the start),\n")
 
-#: the message of each status code (:func:`classify`), filled in from the evidence
+#: the message of each status code (:func:`classify`), filled in from the evidence: its first
+#: line says what happened, the next ones why, the last what to try
 MESSAGES = {
     "not_minimiser": (
-        _NO_FEASIBLE + " and the violation stopped falling at the largest c{early}, but the "
-        "returned point does not minimise the violation: its gradient there is {phase1:.3g} "
-        "of the constraints' gradient at the start (above {phase1_tol:g}), so a nearby point "
-        "violates less and this is no evidence of {not_minimiser}"),
+        _NO_FEASIBLE + " and the violation stopped falling at the largest c{early},\n"
+        "but the returned point does not minimise the violation: its gradient there is "
+        "{phase1:.3g} of the constraints' gradient at the start (above {phase1_tol:g}), so a "
+        "nearby point violates less\n"
+        "and this is no evidence of {not_minimiser}"),
     "saddle_untested": (
-        _VANISHES + "whether it is a minimiser of the violation or a saddle could not be "
-        "tested: the functions were not finite (or raised) at every probe point around it. "
+        _VANISHES + "but whether it is a minimiser of the violation or a saddle could not be "
+        "tested: the functions were not finite (or raised) at every probe point around it.\n"
         "So this is no evidence of infeasibility: start elsewhere (x0), or give larger "
         "penalties"),
     "saddle": (
-        _VANISHES + "it is a saddle of the violation, not a minimiser: along a random "
-        "direction the violation's second difference drops by {saddle:.3g}. So this is no "
-        "evidence of infeasibility (a network at w = 0 is such a point): start elsewhere "
-        "(x0), or give smaller penalties first"),
+        _VANISHES + "but it is a saddle of the violation, not a minimiser: along a random "
+        "direction the violation's second difference drops by {saddle:.3g}.\n"
+        "So this is no evidence of infeasibility (a network at w = 0 is such a point): start "
+        "elsewhere (x0), or give smaller penalties first"),
     "infeasible": (
         "no feasible point was found: none of the run's {evaluations} full-data evaluations "
         "nor the returned point satisfied the constraints (constraint {worst} violated by "
-        "{worst_violation:.3g} at the end); at the largest penalty c = {stage_penalty:g} the "
-        "subproblem kept a positive slack ({stage_slack:.3g}, relative) and the violation "
-        "stopped decreasing {how}, and the returned point is a stationary point of the "
-        "violation (its gradient {phase1:.2g} of the constraints' gradient at the start) and "
-        "not a saddle of it: the constraints cannot be met near this point. When they are "
-        "convex they cannot be met at all; when they are not, this may be a local minimum of "
-        "the violation with feasible points elsewhere (start from another x0), or their "
-        "multipliers exceed c (give larger penalties)"),
+        "{worst_violation:.3g} at the end)\n"
+        "evidence: at the largest penalty c = {stage_penalty:g} the subproblem kept a positive "
+        "slack ({stage_slack:.3g}, relative); the violation stopped decreasing {how}; the "
+        "returned point is a stationary point of the violation (its gradient {phase1:.2g} of "
+        "the constraints' gradient at the start) and not a saddle of it\n"
+        "so the constraints cannot be met near this point. When they are convex they cannot "
+        "be met at all; when they are not, this may be a local minimum of the violation with "
+        "feasible points elsewhere (start from another x0), or their multipliers exceed c "
+        "(give larger penalties)"),
     "settled_violated": (
         "the iterates stopped moving at round {t} at c = {penalty:g} with the constraints "
-        "violated and the full-data KKT test failing ({failing}), although an earlier "
-        "evaluated iterate was feasible: c may be below the multipliers (give larger "
-        "penalties), or the point is a stationary point of the penalised problem that is no "
-        "KKT point of the constrained one (start elsewhere)"),
+        "violated and the full-data KKT test failing ({failing}),\n"
+        "although an earlier evaluated iterate was feasible: c may be below the multipliers "
+        "(give larger penalties), or the point is a stationary point of the penalised problem "
+        "that is no KKT point of the constrained one (start elsewhere)"),
     "settled_rejected": (
         "the iterates stopped moving at round {t}: no step improved the exact penalty F_0 + "
         "R + c (violation) in {rejects} tries in a row (tau doubled or a second-order "
-        "correction at each), and the full-data KKT test did not pass: {failing}; the point "
-        "may sit at a kink of a nonsmooth function, the penalised problem's rounding may hide "
-        "the decrease, or c = {penalty:g} may be below the multipliers: try larger "
-        "penalties"),
+        "correction at each),\n"
+        "and the full-data KKT test did not pass: {failing}\n"
+        "the point may sit at a kink of a nonsmooth function, the penalised problem's "
+        "rounding may hide the decrease, or c = {penalty:g} may be below the multipliers: "
+        "try larger penalties"),
     "settled_rejected_unconstrained": (
         "the iterates stopped moving at round {t}: no step improved the objective in "
-        "{rejects} tries in a row (tau doubled at each), and the full-data KKT test did not "
-        "pass: {failing}; the point may sit at a kink of a nonsmooth function, or rounding "
-        "may hide the decrease"),
+        "{rejects} tries in a row (tau doubled at each),\n"
+        "and the full-data KKT test did not pass: {failing}\n"
+        "the point may sit at a kink of a nonsmooth function, or rounding may hide the "
+        "decrease"),
     "settled": (
         "the iterates stopped moving at round {t} (full batches: {solved}) but the full-data "
-        "KKT test did not pass: {failing}; the point may sit at a kink of a nonsmooth "
-        "function, or the tolerance is below what rounding allows for this problem"),
+        "KKT test did not pass: {failing}\n"
+        "the point may sit at a kink of a nonsmooth function, or the tolerance is below what "
+        "rounding allows for this problem"),
     "no_feasible_stalled": (
-        _NO_FEASIBLE + "; the violation stopped falling {how} but {missing}, so this is no "
-        "evidence of infeasibility: try more rounds (max_iter), a larger batch or larger "
-        "penalties"),
+        _NO_FEASIBLE + "; the violation stopped falling {how}\n"
+        "but {missing}, so this is no evidence of infeasibility\n"
+        "try more rounds (max_iter), a larger batch or larger penalties"),
     "no_feasible_few_evaluations": (
         _NO_FEASIBLE + "; the last stage had fewer than 4 full-data evaluations, too few to "
-        "tell whether the violation still falls, so this is no evidence of infeasibility: "
+        "tell whether the violation still falls, so this is no evidence of infeasibility\n"
         "try more rounds (max_iter) or larger penalties"),
     "no_feasible_decreasing": (
         _NO_FEASIBLE + ", but the violation was still decreasing (smallest {first:.4g} in the "
         "first half of the last stage's evaluations, {second:.4g} in the second), so this is "
-        "no evidence of infeasibility: try more rounds (max_iter) or larger penalties; if the "
-        "constraints cannot be met, the violation settles and the status says so"),
+        "no evidence of infeasibility\n"
+        "try more rounds (max_iter) or larger penalties; if the constraints cannot be met, "
+        "the violation settles and the status says so"),
 }
 
 #: the parts of a message that depend on one more fact of the evidence
