@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..errors import UserFunctionError
-from .functions import SampleFunction
+from .functions import SampleFunction, callable_name
 
 #: the bucket policies of :func:`from_jax`: "pow2" pads a batch of B rows to the next power of
 #: two (one compilation per power of two), "exact" compiles once per distinct B
@@ -122,8 +122,7 @@ class AutodiffSampleFunction(SampleFunction):
         self.loss = loss
         self.batched = bool(batched)
         self.dtype = dtype
-        name = name or getattr(loss, "__name__", None) or "f"
-        super().__init__(self._values, self._grad, name=("f" if name == "<lambda>" else name),
+        super().__init__(self._values, self._grad, name=name or callable_name(loss),
                          surrogate=surrogate, value_and_grad=self._value_and_grad)
         self._reset()
 

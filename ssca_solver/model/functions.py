@@ -7,6 +7,7 @@ per-sample gradients.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -41,9 +42,7 @@ class SampleFunction:
             raise TypeError("SampleFunction needs callables value(w, X, y) and grad(w, X, y)")
         self.value = value
         self.grad = grad
-        self.name = name or getattr(value, "__name__", "f")
-        if self.name == "<lambda>":
-            self.name = "f"
+        self.name = name or callable_name(value)
         self.surrogate = surrogate
         if value_and_grad is not None and not callable(value_and_grad):
             raise TypeError("value_and_grad must be callable(w, X, y) -> (values, grad)")
@@ -117,6 +116,18 @@ def _is_number(value) -> bool:
     if isinstance(value, np.ndarray):
         return value.ndim == 0 and value.dtype.kind in "iuf"
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def callable_name(fn, default: str = "f") -> str:
+    """The name a user's callable goes by in reports and errors: its ``__name__`` (a lambda's:
+    ``default``), that of the function a ``functools.partial`` wraps, or a callable object's
+    class name (a ``torch.nn.Module``, say)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__name__", None)
+    if name is None and callable(fn):
+        name = type(fn).__name__
+    return default if not name or name == "<lambda>" else str(name)
 
 
 def _as_bound(bound, name: str = "f", op: str = "<=") -> float:
