@@ -136,7 +136,8 @@ def fair_layernorm(data: ss.FederatedData, eps: float = 0.1, lam: float = 1e-3, 
     net = LayerNormNet(K, J)
     loss, gap = functions(net, group_share(data), **options)
     reg = (lambda w: lam * cp.sum_squares(w)) if lam else None
-    return ss.Problem(loss, [gap <= eps, gap >= -eps], dim=net.dim, data=data, regularizer=reg)
+    return ss.Problem(loss, [gap <= eps, gap >= -eps], dim=net.dim, data=data, regularizer=reg,
+                      x0=net.init(0))
 
 
 def pooled_parts(X, y, eps: float, lam: float = 1e-3, J: int = 8):

@@ -235,7 +235,9 @@ def classification_uncon(data: ss.FederatedData, net: MLP, lam: float = 1e-5,
 
     ``lam_mode="exact"`` (default) keeps lambda |w|^2 exact in the subproblem (PAPER_NOTES item
     5); ``"linearised"`` puts it inside f_0, so the proximal-linear surrogate linearises it as
-    the paper does (the 2 lambda beta term of eq. (prob:class-uncon-ap)).
+    the paper does (the 2 lambda beta term of eq. (prob:class-uncon-ap)). A solve without
+    ``x0`` starts from the network's own initialisation ``net.init(0)`` (at w = 0 its hidden
+    units are dead).
     """
     if lam_mode not in ("exact", "linearised"):
         raise ValueError(f"lam_mode must be 'exact' or 'linearised', got {lam_mode!r}")
@@ -243,7 +245,7 @@ def classification_uncon(data: ss.FederatedData, net: MLP, lam: float = 1e-5,
     ce = net.cross_entropy()
     if lam_mode == "exact" or lam == 0:
         reg = (lambda w: lam * cp.sum_squares(w)) if lam else None
-        return ss.Problem(ce, dim=net.dim, data=data, regularizer=reg)
+        return ss.Problem(ce, dim=net.dim, data=data, regularizer=reg, x0=net.init(0))
 
     def value(w, X, y):
         return ce.value(w, X, y) + lam * float(w @ w)
@@ -254,11 +256,12 @@ def classification_uncon(data: ss.FederatedData, net: MLP, lam: float = 1e-5,
 
     f0 = ss.SampleFunction(value, lambda w, X, y: value_and_grad(w, X, y)[1],
                            name="cross-entropy + lambda|w|^2", value_and_grad=value_and_grad)
-    return ss.Problem(f0, dim=net.dim, data=data)
+    return ss.Problem(f0, dim=net.dim, data=data, x0=net.init(0))
 
 
 def classification_con(data: ss.FederatedData, net: MLP, U: float = 0.13) -> ss.Problem:
-    """prob:class-con: minimise |w|^2 subject to F(w) <= U."""
+    """prob:class-con: minimise |w|^2 subject to F(w) <= U (a solve without ``x0`` starts
+    from ``net.init(0)``)."""
     _check_data(data, net)
     return ss.Problem(lambda w: cp.sum_squares(w), [net.cross_entropy() <= U], dim=net.dim,
-                      data=data)
+                      data=data, x0=net.init(0))

@@ -55,7 +55,8 @@ def classification_uncon(data: ss.FederatedData, net: MLP, lam: float = 1e-5,
     the subproblem, as ``problems.mlp.classification_uncon(lam_mode="exact")``)."""
     _check_data(data, net)
     reg = (lambda w: lam * cp.sum_squares(w)) if lam else None
-    return ss.Problem(cross_entropy(net, **options), dim=net.dim, data=data, regularizer=reg)
+    return ss.Problem(cross_entropy(net, **options), dim=net.dim, data=data, regularizer=reg,
+                      x0=net.init(0))
 
 
 def classification_con(data: ss.FederatedData, net: MLP, U: float = 0.13,
@@ -63,4 +64,4 @@ def classification_con(data: ss.FederatedData, net: MLP, U: float = 0.13,
     """prob:class-con with the JAX loss: minimise |w|^2 subject to F(w) <= U."""
     _check_data(data, net)
     return ss.Problem(lambda w: cp.sum_squares(w), [cross_entropy(net, **options) <= U],
-                      dim=net.dim, data=data)
+                      dim=net.dim, data=data, x0=net.init(0))

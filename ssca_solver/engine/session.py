@@ -175,7 +175,7 @@ class Session:
                                  "or give the same one")
             start = meta.get("x0")
             if opts.x0 is not None and start is not None and start != _point_hash(
-                    start_point(opts.x0, problem.dim)):
+                    self.start_point()):
                 # x0 given again on resume: the run goes on from the checkpoint's point, so an
                 # x0 other than the first run's would be silently ignored
                 raise CheckpointError(
@@ -195,8 +195,8 @@ class Session:
                                       f"restored: {exc}", opts.resume) from exc
         else:
             seed = seed_entropy(opts.seed)
-            start = _point_hash(start_point(opts.x0, problem.dim))
-            state = algorithm.init(self._inside_domain(start_point(opts.x0, problem.dim)))
+            start = _point_hash(self.start_point())
+            state = algorithm.init(self._inside_domain(self.start_point()))
             self.floor = StationarityFloor()
             self.constraint_scale = 0.0
         self.seed = seed
@@ -247,6 +247,11 @@ class Session:
                                           == os.path.abspath(opts.checkpoint))
             self.checkpoints = ckpt.Writer(opts.checkpoint, int(meta["round"]) if same else None)
             self.runner.save = self.checkpoints.guard(self.runner.save)
+
+    def start_point(self) -> np.ndarray:
+        """x0: the solve's, else the problem's own (``Problem(x0=...)``), else zeros."""
+        given = self.opts.x0 if self.opts.x0 is not None else self.problem.x0
+        return start_point(given, self.problem.dim)
 
     # -- the sequence of the front door ---------------------------------------------------------
     def start(self):

@@ -52,14 +52,24 @@ class Problem:
       regularizer: a callable ``w -> convex CVXPY expression`` (or a list of them), added to the
         objective exactly.
       domain: a callable ``w -> CVXPY constraint(s)`` (or a list), a deterministic convex set.
+      x0: the start point a solve uses when it is given none (default: zeros), e.g. a
+        network's own initialisation: at w = 0 a network's hidden units are dead (its
+        gradient vanishes along them for every penalty c).
     """
 
     def __init__(self, objective, constraints: Sequence[StochasticConstraint] = (),
                  dim: Optional[int] = None, data: Optional[FederatedData] = None,
-                 regularizer=None, domain=None):
+                 regularizer=None, domain=None, x0=None):
         if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or dim < 1:
             raise ModelError(f"dim must be a positive integer (the size of w), got {dim!r}")
         self.dim = int(dim)
+        self.x0 = None
+        if x0 is not None:
+            x0 = np.array(x0, dtype=float)
+            if x0.shape != (self.dim,) or not np.all(np.isfinite(x0)):
+                raise ModelError(f"x0 must be a finite array of shape ({self.dim},), got "
+                                 f"shape {x0.shape}")
+            self.x0 = x0
         constraints = _as_list(constraints)
         for i, c in enumerate(constraints):
             if isinstance(c, cp.constraints.constraint.Constraint):

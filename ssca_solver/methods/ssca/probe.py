@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ...errors import UserFunctionError
+from ...errors import ModelError, UserFunctionError
 from ...federated.messages import AGGREGATE, Request, array
 from . import adaptive as ad
 from .settings import Settings
@@ -41,6 +41,7 @@ def run(cfg: Settings, exchange, x0: np.ndarray) -> Probe:
     fixed = cfg.problem.deterministic.bound_fixed(x0)
     curvature, norms = _probe_at(cfg, exchange, x0, batch, failed,
                                  fixed=",".join(str(int(i)) for i in fixed))
+    _refuse_a_dead_default_start(cfg, x0, norms)
     if failed:
         _recheck_elsewhere(cfg, exchange, x0, batch, failed)
     if not cfg.auto_tau:
@@ -55,6 +56,22 @@ def run(cfg: Settings, exchange, x0: np.ndarray) -> Probe:
         return Probe(cfg.tau, curvature)
     tau = curvature if np.isfinite(curvature) and curvature > 0 else cfg.tau
     return Probe(max(tau, _first_step_tau(cfg, x0, norms)), curvature)
+
+
+def _refuse_a_dead_default_start(cfg: Settings, x0: np.ndarray, norms) -> None:
+    """A start nobody chose (x0 defaulted to zeros: neither the solve nor the problem gave
+    one) at which every function's gradient vanishes on every client's batch is a stationary
+    point of every penalised problem (a network whose weights are all 0: its hidden units are
+    dead): the iterates could not leave it, so the solve refuses it (ModelError) and asks for
+    an x0."""
+    if (cfg.options.x0 is not None or cfg.problem.x0 is not None or np.any(x0)
+            or not norms or any(g != 0.0 for _, _, g in norms)):
+        return
+    raise ModelError(
+        "x0 defaulted to zeros, where the gradient of every function vanishes on every "
+        "client's batch: a stationary point of every penalised problem (a network whose "
+        "weights are all 0 has dead hidden units), which the iterates cannot leave. Pass "
+        "x0= to solve (e.g. the model's own initialisation), or Problem(..., x0=...)")
 
 
 def measure_metric(cfg: Settings, exchange, x0: np.ndarray) -> Optional[np.ndarray]:
