@@ -128,3 +128,26 @@ def test_the_time_counts_the_whole_solve(lsq, monkeypatch):
     monkeypatch.setattr(session_module.Session, "__init__", slow_start)
     res = ss.Problem(ss.SampleFunction(_loss, _grad), dim=4, data=lsq).solve(max_iter=2)
     assert res.time >= 0.3
+
+
+def test_a_dead_default_start_is_refused_and_a_problems_own_start_is_used(lsq):
+    """f(w) = (w_0 w_1 - y)^2 has a vanishing gradient at w = 0 for every row (a network
+    with all weights 0 is such a point): a solve without x0 refuses the default zeros and
+    says to pass x0; given one, by the solve or by the problem, it runs from there."""
+    def value(w, X, y):
+        return (w[0] * w[1] * X[:, 0] - y) ** 2
+
+    def grad(w, X, y):
+        r = 2 * (w[0] * w[1] * X[:, 0] - y) * X[:, 0]
+        return np.array([np.mean(r) * w[1], np.mean(r) * w[0]])
+
+    f = ss.SampleFunction(value, grad, name="product")
+    with pytest.raises(ss.ModelError, match="x0 defaulted to zeros.*Pass x0="):
+        ss.Problem(f, dim=2, data=lsq).solve(max_iter=5, seed=0)
+    start = np.array([0.5, 0.5])
+    given = ss.Problem(f, dim=2, data=lsq).solve(max_iter=5, seed=0, x0=start)
+    own = ss.Problem(f, dim=2, data=lsq, x0=start).solve(max_iter=5, seed=0)
+    np.testing.assert_array_equal(given.x, own.x)
+    assert np.linalg.norm(own.x - start) > 0
+    with pytest.raises(ss.ModelError, match="x0 must be a finite array of shape"):
+        ss.Problem(f, dim=2, data=lsq, x0=np.zeros(3))
