@@ -27,6 +27,20 @@ class UserFunctionError(SSCAError, ValueError):
     """
 
 
+def not_finite_at_point(exc: BaseException) -> bool:
+    """Whether ``exc`` says a user's function has no finite value at the point: it returned a
+    non-finite number, or its arithmetic failed there (an overflow, a division by zero, a
+    floating-point error, the "math domain error" of the math module). Such a point is outside
+    the function's domain: at a trial point the backtracking rejects it as a step."""
+    if not isinstance(exc, UserFunctionError):
+        return False
+    if "non-finite" in str(exc):
+        return True
+    cause = exc.__cause__
+    return isinstance(cause, ArithmeticError) or (isinstance(cause, ValueError)
+                                                  and "math domain error" in str(cause))
+
+
 class ScheduleError(SSCAError, ValueError):
     """A step-size schedule that violates eq. (rho) or eq. (gamma) in a way that breaks SSCA."""
 

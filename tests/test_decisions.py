@@ -264,3 +264,32 @@ def test_each_check_refuses_a_missing_member_on_its_own(written):
         assert len(rest) < len(state), group
         with pytest.raises(ValueError, match="not its statistics"):
             method.state_from_arrays(rest)
+
+
+# -- a trial point where a function's arithmetic fails is a rejected step ----------------------
+
+def test_an_overflow_at_a_trial_point_is_a_rejected_step():
+    """A function whose own arithmetic fails at a point (math.exp overflowing, as an
+    objective written with Python floats does far from its optimum) has no finite value
+    there: at a trial point of the backtracking the client answers "non-finite" and the
+    server steps back, as for a returned inf; anywhere else it is the user's error."""
+    import math
+
+    from conftest import round_request, ssca_clients
+    from ssca_solver.methods.ssca.client import NONFINITE, REJECT_NONFINITE
+
+    def value(w, X, y):
+        return np.array([math.exp(w[0] * x) for x in X[:, 0]])
+
+    def grad(w, X, y):
+        return np.array([np.mean([x * math.exp(w[0] * x) for x in X[:, 0]])])
+
+    data = ss.FederatedData([(np.ones((4, 1)), None), (np.ones((3, 1)), None)])
+    prob = ss.Problem(ss.SampleFunction(value, grad, name="expo"), dim=1, data=data)
+    client = ssca_clients(prob)[0]
+    far = np.array([1000.0])                           # exp(1000) overflows
+    trial = round_request(3, far, None)
+    trial.config[REJECT_NONFINITE] = True
+    assert NONFINITE in client.handle(trial).arrays
+    with pytest.raises(ss.UserFunctionError, match="OverflowError"):
+        client.handle(round_request(3, far, None))

@@ -22,7 +22,8 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from .. import status as st
-from ..errors import DivergenceError, ReplyError, SSCAError, UserFunctionError
+from ..errors import (DivergenceError, ReplyError, SSCAError, UserFunctionError,
+                      not_finite_at_point)
 from ..federated.gather import Gatherer
 from ..federated.messages import Dropout
 from . import checkpoint as ckpt
@@ -281,7 +282,7 @@ class Runner:
             return self.evaluate(state.w, with_grad=self.stop_test is not None,
                                  round=state.t, commit=False)
         except UserFunctionError as exc:
-            if "non-finite" in str(exc) and self.algorithm.tentative(state):
+            if not_finite_at_point(exc) and self.algorithm.tentative(state):
                 return None      # any dropouts stay pending: the round's end records them
             raise
 
@@ -293,7 +294,7 @@ class Runner:
             return None
         grown = float(np.linalg.norm(state.w))
         text = str(exc).lower()
-        user_nonfinite = ((isinstance(exc, UserFunctionError) and "non-finite" in text)
+        user_nonfinite = (not_finite_at_point(exc)
                           or (isinstance(exc, ReplyError) and exc.kind == "nonfinite"))
         # NumPy/SciPy refusing infs or NaNs inside the solver's own arithmetic
         numeric = (isinstance(exc, ValueError) and not isinstance(exc, SSCAError)

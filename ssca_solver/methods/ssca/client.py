@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...errors import UserFunctionError
+from ...errors import UserFunctionError, not_finite_at_point
 from ...federated.messages import Request, optional_int, own_factor, secagg_active
 from . import adaptive as ad
 from .step import pack_statistics
@@ -57,7 +57,7 @@ class SSCARoundTask:
             # a trial point of the backtracking outside a function's domain (overflow, log of
             # a negative number): say so, and the server retries from the last accepted point
             # (under secure aggregation every reply must carry the same arrays: it raises)
-            if not (request.config.get(REJECT_NONFINITE) and "non-finite" in str(exc)
+            if not (request.config.get(REJECT_NONFINITE) and not_finite_at_point(exc)
                     and not secagg_active(request)):
                 raise
             return client.reply(request, {NONFINITE: np.ones(1)}, batch_size=b)

@@ -89,8 +89,9 @@ MESSAGES = {
     "settled": (
         "the iterates stopped moving at round {t} (full batches: {solved}) but the full-data "
         "KKT test did not pass: {failing}\n"
-        "the point may sit at a kink of a nonsmooth function, or the tolerance is below what "
-        "rounding allows for this problem"),
+        "the point may sit at a kink of a nonsmooth function, or the steps were lost in "
+        "rounding before the test passed (an ill-conditioned problem: this says nothing about "
+        "whether the optimum itself meets the tolerance)"),
     "no_feasible_stalled": (
         _NO_FEASIBLE + "; the violation stopped falling {how}\n"
         "but {missing}, so this is no evidence of infeasibility\n"
