@@ -331,3 +331,24 @@ def test_the_deterministic_gradient_of_a_ridge_term_is_read_without_cvxpy():
             fd = np.array([(det.value(w + 1e-6 * e) - det.value(w - 1e-6 * e)) / 2e-6
                            for e in np.eye(6)])
             np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_the_multiplier_fit_survives_nnls_running_out_of_iterations(monkeypatch):
+    """SciPy's nnls raised "Maximum number of iterations reached" on a fit of 101 nearly
+    active constraints in 3 variables, and the KKT report of two correct points failed: the
+    fit now gives nnls more iterations and falls back to bounded-variable least squares."""
+    from scipy.optimize import nnls
+
+    from ssca_solver.diagnostics import kkt
+
+    rng = np.random.default_rng(1)
+    A, b = rng.standard_normal((40, 12)), rng.standard_normal(40)
+    ref = nnls(A, b)[0]
+    np.testing.assert_allclose(kkt.nonnegative_least_squares(A, b), ref, atol=1e-12)
+
+    def runs_out(*args, **kwargs):
+        raise RuntimeError("Maximum number of iterations reached.")
+
+    monkeypatch.setattr(kkt, "nnls", runs_out)
+    np.testing.assert_allclose(kkt.nonnegative_least_squares(A, b), ref, atol=1e-9)
+    assert np.all(kkt.nonnegative_least_squares(A, b) >= 0.0)

@@ -335,6 +335,21 @@ def _best_fit(g, G, cons, eq, scale: float, bound_scale: np.ndarray) -> np.ndarr
     return best
 
 
+#: iterations of SciPy's nnls per unknown (its default, 3, runs out on systems of many nearly
+#: active constraints in few variables)
+NNLS_ITERATIONS = 50
+
+
+def nonnegative_least_squares(A, b) -> np.ndarray:
+    """argmin |A x - b| over x >= 0: SciPy's nnls (an active-set method: where it converges
+    within its default iterations the answer is the same) with NNLS_ITERATIONS per unknown,
+    and bounded-variable least squares where it still runs out."""
+    try:
+        return nnls(A, b, maxiter=NNLS_ITERATIONS * max(1, A.shape[1]))[0]
+    except RuntimeError:
+        return lsq_linear(A, b, bounds=(0.0, np.inf), method="bvls", tol=1e-12).x
+
+
 def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION) -> np.ndarray:
     """The regularised least-squares multipliers (see :func:`kkt_report`; ``eps`` the weight
     of the regularisation rows, 0 for the plain fit): mu_m >= 0 for an inequality, free sign
@@ -346,7 +361,7 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION) -> 
     A = np.vstack([G, np.diag(comp_rows), eps * np.diag(col)])
     b = np.concatenate([-g, np.zeros(2 * M)])
     if not np.any(eq):
-        return nnls(A, b)[0]
+        return nonnegative_least_squares(A, b)
     E = np.flatnonzero(eq)
     neg = np.zeros((A.shape[0], E.size))
     neg[:G.shape[0]] = -G[:, E]
@@ -355,7 +370,7 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION) -> 
         reg[j, M + j] = eps * col[m]
     A2 = np.vstack([np.hstack([A, neg]), reg])
     b2 = np.concatenate([b, np.zeros(E.size)])
-    x = nnls(A2, b2)[0]
+    x = nonnegative_least_squares(A2, b2)
     mu = x[:M].copy()
     mu[E] -= x[M:]
     return mu
@@ -367,14 +382,14 @@ def force_multipliers(g, G, equality=None) -> np.ndarray:
     :func:`kkt_report`'s complementarity rows. At a
     stationary point of the exact penalty F_0 + R + c sum_m (F_m - U_m)_+ (Problem 5) that
     violates constraint m, they are c for it, where the KKT fit, which also asks
-    mu_m (F_m - U_m) = 0, is pulled toward 0 (a network on digits at c = 30: 30 against 7):
-    what the penalty continuation reads as "c is below the multipliers"."""
+    mu_m (F_m - U_m) = 0, is pulled toward 0: what the penalty continuation reads as "c is
+    below the multipliers"."""
     g = np.asarray(g, dtype=float)
     G = np.asarray(G, dtype=float).reshape(g.size, -1)
     M = G.shape[1]
     eq = np.zeros(M, dtype=bool) if equality is None else np.asarray(equality, dtype=bool)
     if not np.any(eq):
-        return nnls(G, -g)[0]
+        return nonnegative_least_squares(G, -g)
     if np.all(eq):
         # the smallest forces (dependent gradients leave the balance's mu non-unique)
         return np.linalg.lstsq(G, -g, rcond=None)[0]
