@@ -30,6 +30,11 @@ class SampleFunction:
       value_and_grad: optional ``value_and_grad(w, X, y) -> (values (n,), grad (d,))`` computing
         both in one pass (e.g. one forward and one backward pass of a network); clients use it
         instead of two separate calls when it is given.
+      hess: optional ``hess(w, X, y) -> ndarray (d, d)``, the Hessian of ``mean(value(w, X,
+        y))`` w.r.t. w, or a positive semidefinite approximation of it (a Gauss-Newton form).
+        When every stochastic function has one and d is small enough, full-batch rounds carry
+        it and the server's step is Newton's SQP step (``hessian="auto"``, see
+        :class:`~ssca_solver.SSCAOptions`) instead of a quasi-Newton one.
 
     ``f <= U`` (or ``f >= L``) makes a stochastic constraint F(w) <= U of Problem 3, and
     ``f == b`` the equality F(w) = b.
@@ -37,7 +42,8 @@ class SampleFunction:
     """
 
     def __init__(self, value: Callable, grad: Callable, name: Optional[str] = None,
-                 surrogate=None, value_and_grad: Optional[Callable] = None):
+                 surrogate=None, value_and_grad: Optional[Callable] = None,
+                 hess: Optional[Callable] = None):
         if not callable(value) or not callable(grad):
             raise TypeError("SampleFunction needs callables value(w, X, y) and grad(w, X, y)")
         self.value = value
@@ -47,6 +53,9 @@ class SampleFunction:
         if value_and_grad is not None and not callable(value_and_grad):
             raise TypeError("value_and_grad must be callable(w, X, y) -> (values, grad)")
         self.value_and_grad = value_and_grad
+        if hess is not None and not callable(hess):
+            raise TypeError("hess must be callable(w, X, y) -> (d, d) Hessian of the batch mean")
+        self.hess = hess
 
     @classmethod
     def from_jax(cls, loss: Callable, name: Optional[str] = None, **options):
@@ -94,7 +103,7 @@ class SampleFunction:
             raise ModelError(f"cannot negate {self.name}: it has a custom surrogate "
                              f"({self.surrogate!r}) whose curvature would change sign; write "
                              "the constraint as g <= U with g and its surrogate defined directly")
-        value, grad, vg = self.value, self.grad, self.value_and_grad
+        value, grad, vg, hess = self.value, self.grad, self.value_and_grad, self.hess
 
         def neg_vg(w, X, y):
             v, g = vg(w, X, y)
@@ -103,7 +112,9 @@ class SampleFunction:
         return SampleFunction(lambda w, X, y: -np.asarray(value(w, X, y), dtype=float),
                               lambda w, X, y: -np.asarray(grad(w, X, y), dtype=float),
                               name=f"-{self.name}", surrogate=self.surrogate,
-                              value_and_grad=None if vg is None else neg_vg)
+                              value_and_grad=None if vg is None else neg_vg,
+                              hess=None if hess is None else
+                              (lambda w, X, y: -np.asarray(hess(w, X, y), dtype=float)))
 
     __hash__ = object.__hash__
 
@@ -212,6 +223,17 @@ def checked_values(fn: SampleFunction, w, X, y, n: int, where: str) -> np.ndarra
 def checked_grad(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray:
     """Call ``fn.grad`` and check shape (d,) and finiteness; ``where`` names client and round."""
     return _valid_grad(fn.name, _call(fn, "grad", w, X, y, where), d, where)
+
+
+def checked_hess(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray:
+    """Call ``fn.hess`` and check shape (d, d) and finiteness; the symmetric part."""
+    H = np.asarray(_call(fn, "hess", w, X, y, where), dtype=float)
+    if H.shape != (d, d):
+        raise UserFunctionError(f"{fn.name}.hess must return the Hessian of the batch mean, of "
+                                f"shape ({d}, {d}); got shape {H.shape} on {where}")
+    if not np.all(np.isfinite(H)):
+        raise UserFunctionError(f"{fn.name}.hess returned a non-finite entry on {where}")
+    return 0.5 * (H + H.T)
 
 
 def mean_value_or_nan(fn: SampleFunction, w, X, y, n: int, where: str) -> float:

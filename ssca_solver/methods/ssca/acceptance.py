@@ -23,6 +23,7 @@ from ...diagnostics.evaluation import excess
 from ...errors import SubproblemError
 from . import adaptive as ad
 from . import merit as mt
+from . import newton
 from . import quasi_newton as qn
 from . import step as ssca_step
 from .settings import Settings
@@ -71,6 +72,17 @@ def with_pair(cfg: Settings, state: SSCAState, stats) -> SSCAState:
         return state
     cfg.models.put(kept)
     return state._replace(qn_s=kept.S, qn_y=kept.Y)
+
+
+def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
+    """The state with the Newton model of the accepted point w_t: the Hessian of the
+    Lagrangian F_0 + sum_m nu_m F_m there (nu: the multipliers of the subproblem that gave
+    w_t) from the round's full-data Hessians (:func:`.newton.lagrangian_hessian`); the state
+    as it was when the round brought none (a client without them)."""
+    if not curvature or len(curvature) != len(cfg.builders) or state.metric.size:
+        return state
+    H = newton.lagrangian_hessian(curvature, state.nu, cfg.first, state.w.size)
+    return state._replace(hess=H)
 
 
 def guarded_step(cfg: Settings, state: SSCAState, fresh, r: float, g: float, nonfinite: bool):
@@ -126,10 +138,12 @@ def round_steps(cfg: Settings, state: SSCAState, t: int) -> tuple:
     return cfg.steps_at(cfg.batch(state), t)
 
 
-def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = False):
+def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = False,
+                      curvature=None):
     """Full batches: accept the step to w_t if the merit did not increase (then tau shrinks),
     else retry from the last accepted point with tau doubled; a step to a point where some
-    function is not finite (``nonfinite``: a client said so) is rejected too."""
+    function is not finite (``nonfinite``: a client said so) is rejected too. ``curvature``:
+    the round's full-data Hessians at w_t (the Newton model's, :mod:`.newton`)."""
     state = remember(state, nonfinite_trial=bool(nonfinite))
     if nonfinite:
         return _retry(cfg, state, ad.TAU_UP, state.prev_w, state.prev_stats, state.merit, True)
@@ -172,7 +186,10 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
             k = max(k, ad.MODEL_REJECT * delta / max(cfg.tau_of(state), 1e-300))
     else:
         state = track_progress(cfg, state, value, stats, c_merit)
-        state = with_pair(cfg, state, stats)
+        if cfg.newton:
+            state = with_curvature(cfg, state, curvature)
+        else:
+            state = with_pair(cfg, state, stats)
         # with a curvature model tau is the regularisation of a quasi-Newton step, not the
         # curvature: it falls faster while steps are accepted
         k = ad.TAU_DOWN_MODEL if cfg.model_on(state) else ad.TAU_DOWN
@@ -304,7 +321,8 @@ def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse):
         delta = cfg.model(state).delta
         k = max(k, delta / max(cfg.tau_of(state), 1e-300))
         scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
-        start = start._replace(qn_s=np.zeros((0, 0)), qn_y=np.zeros((0, 0)))
+        start = start._replace(qn_s=np.zeros((0, 0)), qn_y=np.zeros((0, 0)),
+                               hess=np.zeros((0, 0)))
         new, info = ssca_step.move(start, scaled, 1.0, 1.0, cfg.subproblem)
         warnings.warn(f"round {state.t + 1}: the subproblem with the quasi-Newton model "
                       "failed; the round's step was taken without it and the model was "

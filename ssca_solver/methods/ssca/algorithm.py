@@ -22,7 +22,7 @@ import numpy as np
 
 from ...engine.method import Method
 from ...engine.options import describe_schedule
-from ...federated.messages import AGGREGATE, Request, array
+from ...federated.messages import AGGREGATE, Request, aggregation_weight, array
 from ...model.surrogates import check_strongly_convex
 from ...schedules import check_schedules, resolve
 from ...subproblems import make_subproblem
@@ -30,6 +30,7 @@ from . import acceptance
 from . import adaptive as ad
 from . import continuation
 from . import evidence
+from . import newton
 from . import probe
 from . import state as ssca_state
 from . import step as ssca_step
@@ -77,8 +78,10 @@ class SSCA(Method):
                                      sampled_clients=sampled_clients)
         self.kkt_solver = options.solver
         self.eval_budget = options.eval_budget
-        # the quasi-Newton pairs take 2 * memory rows of d floats in a checkpoint
-        self.state_rows = 2 * self.config.qn_memory
+        # the quasi-Newton pairs take 2 * memory rows of d floats in a checkpoint, the Newton
+        # model's Hessian d rows
+        self.state_rows = max(2 * self.config.qn_memory,
+                              problem.dim + 2 if self.config.newton else 0)
         self.columns = {"rho": (), "gamma": (), "penalty": (), "slack": (self.config.M,),
                         "multipliers": (self.config.M,), "surrogate_value": (),
                         "step_norm": (), "retries": (), "inaccurate": (), "batch_size": (),
@@ -182,6 +185,8 @@ class SSCA(Method):
             # a trial point where a function is not finite is a rejected step, not an error:
             # the backtracking goes back to the last accepted point (which has statistics)
             config[REJECT_NONFINITE] = True
+        if cfg.newton and cfg.backtracking(state):
+            config["curvature"] = True         # the Newton model's statistics
         return Request(TASK, state.t + 1, state.w, config)
 
     def tentative(self, state) -> bool:
@@ -203,8 +208,8 @@ class SSCA(Method):
         full = cfg.full(state)
         r, g = acceptance.round_steps(cfg, state, t)
         noise = np.zeros(len(cfg.builders))
-        nonfinite = []
-        replies = self._screened(replies, t, noise, nonfinite)
+        nonfinite, curvature = [], {}
+        replies = self._screened(replies, t, noise, nonfinite, curvature)
         guarded = cfg.guarded(state)
         stats = ssca_step.average_with_messages(state.stats, replies, cfg.num_samples,
                                                 1.0 if guarded else r, allow_empty=True)
@@ -213,7 +218,7 @@ class SSCA(Method):
         if stats is not None and (guarded or r == 1.0):
             state, stats = self._own_curvature(state, stats)
         if full and cfg.adapt_tau and cfg.unit_steps:
-            return acceptance.backtracking_step(cfg, state, stats, bool(nonfinite))
+            return acceptance.backtracking_step(cfg, state, stats, bool(nonfinite), curvature)
         if guarded:
             return acceptance.guarded_step(cfg, state, stats, r, g, bool(nonfinite))
         new, info = ssca_step.move(state, stats, r, g, cfg.subproblem)
@@ -222,10 +227,12 @@ class SSCA(Method):
             new, ratio = self._adapt_batch(new, state.w, stats, noise, info.solution)
         return new, RoundInfo(info, cfg.batch(state), cfg.tau_of(state), ratio, 0)
 
-    def _screened(self, replies, t, noise, nonfinite):
-        """Strip and add up the noise numbers; leave out (and list in ``nonfinite``) the
-        replies of clients whose functions were not finite at the trial point; at round 1
-        check the first message's surrogates for strong convexity (Assumption 2)."""
+    def _screened(self, replies, t, noise, nonfinite, curvature):
+        """Strip and add up the noise numbers and the curvature (into ``curvature``: function
+        index -> full-data Hessian, :func:`.newton.take_curvature`); leave out (and list in
+        ``nonfinite``) the replies of clients whose functions were not finite at the trial
+        point; at round 1 check the first message's surrogates for strong convexity
+        (Assumption 2)."""
         p, cfg = self.problem, self.config
         key = ad.NOISE.rstrip(":")
         for i, reply in enumerate(replies):
@@ -242,6 +249,10 @@ class SSCA(Method):
             if key in reply.arrays:
                 reply = replace(reply, arrays={k: v for k, v in reply.arrays.items()
                                                if k != key})
+            if cfg.newton:
+                reply = replace(reply, arrays=newton.take_curvature(
+                    reply.arrays, aggregation_weight(reply, cfg.num_samples), curvature,
+                    p.dim))
             if t == 1 and i == 0:
                 for m, (fn, b) in enumerate(zip(p.functions, cfg.builders)):
                     if not b.strongly_convex:        # an equality's affine surrogate

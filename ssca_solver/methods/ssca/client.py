@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import UserFunctionError, not_finite_at_point
+from ...model.functions import checked_hess
 from ...federated.messages import Request, optional_int, own_factor, secagg_active
 from . import adaptive as ad
 from .step import pack_statistics
@@ -20,6 +21,23 @@ TASK = "ssca.round"
 REJECT_NONFINITE = "reject_nonfinite"
 #: the reply array of a client whose functions were not finite at the point
 NONFINITE = "nonfinite"
+#: request config: send each function's curvature (``CURVATURE`` + m: the packed upper
+#: triangle of the sum over the batch's rows of its Hessian, :func:`pack_symmetric`)
+CURVATURE = "curv:"
+
+
+def pack_symmetric(H: np.ndarray) -> np.ndarray:
+    """The upper triangle of a symmetric (d, d) matrix, row by row: d (d + 1) / 2 floats."""
+    return H[np.triu_indices(H.shape[0])]
+
+
+def unpack_symmetric(packed: np.ndarray, d: int) -> np.ndarray:
+    """The symmetric (d, d) matrix of :func:`pack_symmetric`'s floats."""
+    H = np.zeros((d, d))
+    rows, cols = np.triu_indices(d)
+    H[rows, cols] = packed
+    H[cols, rows] = packed
+    return H
 
 
 class SSCARoundTask:
@@ -29,9 +47,11 @@ class SSCARoundTask:
 
     Request config: ``batch_size`` (None: every row), ``tau`` (the proximal weight of builders
     without their own), ``noise`` (also send, per function, the squared difference of the
-    batch halves' mean gradients, ``"noise:m"``: adaptive sampling) and ``reject_nonfinite``
-    (a function that is not finite at w_t is answered with the one array ``"nonfinite"``
-    instead of an error: the backtracking's trial point is rejected).
+    batch halves' mean gradients, ``"noise:m"``: adaptive sampling), ``curvature`` (also send,
+    per function, the sum over the batch's rows of its Hessian at w_t, packed: ``"curv:m"``,
+    the statistics of the server's Newton model) and ``reject_nonfinite`` (a function that is
+    not finite at w_t is answered with the one array ``"nonfinite"`` instead of an error: the
+    backtracking's trial point is rejected).
     """
 
     def __init__(self, functions: Sequence, builders: Sequence):
@@ -43,9 +63,9 @@ class SSCARoundTask:
         tau = float(request.config["tau"])
         where = f"client {client.index}, round {request.round}"
         noisy = bool(request.config.get("noise")) and b < client.num_rows
-        stats, noise = [], []
+        stats, noise, curvature = [], [], {}
         try:
-            for fn, builder in zip(self.functions, self.builders):
+            for m, (fn, builder) in enumerate(zip(self.functions, self.builders)):
                 t = builder.tau if builder.tau is not None else tau
                 if noisy:
                     st, v = ad.split_statistics(builder, fn, request.w, X, y, t, where)
@@ -53,6 +73,9 @@ class SSCARoundTask:
                     noise.append(v)
                 else:
                     stats.append(builder.statistics(fn, request.w, X, y, t, where))
+                if request.config.get("curvature"):
+                    H = checked_hess(fn, request.w, X, y, request.w.size, where)
+                    curvature[f"{CURVATURE}{m}"] = pack_symmetric(H * X.shape[0])
         except UserFunctionError as exc:
             # a trial point of the backtracking outside a function's domain (overflow, log of
             # a negative number): say so, and the server retries from the last accepted point
@@ -62,6 +85,7 @@ class SSCARoundTask:
                 raise
             return client.reply(request, {NONFINITE: np.ones(1)}, batch_size=b)
         arrays = pack_statistics(stats)
+        arrays.update(curvature)
         secure = secagg_active(request) and bool(request.config.get("noise"))
         if secure and not noisy:          # every masked reply has the same arrays: a full
             noise = [0.0] * len(self.functions)      # batch's share of the noise is 0

@@ -65,14 +65,19 @@ class SSCAOptions(opt.RunOptions):
       solver_options: dict of keyword arguments for that solver.
       surrogate_init: "tau" (Fbar^(0) = tau |w|^2, the paper's Section V convention, default)
         or "zero" (Fbar^(0) = 0, eq. (Fs0bar) as written); see PAPER_NOTES item 4.
-      hessian: "lbfgs" (default) or "none". On full batches with tau="auto" (the backtracking
-        regime), "lbfgs" adds a damped limited-memory BFGS model of the Lagrangian's
-        Hessian, built from the gradients the rounds already carry, to the objective's
-        surrogate (the closed form through Woodbury, the CVXPY path as a parametrised
-        quadratic term): an SQP step with the same exact-penalty backtracking
-        (:mod:`ssca_solver.methods.ssca.quasi_newton`). "none": the paper's first-order
-        surrogates (eqs. (fs0bar)/(fsmbar)) in every round. Sampled rounds, a fixed tau and
-        a diagonal metric always use the first-order surrogates.
+      hessian: "auto" (default), "newton", "lbfgs" or "none": the model of the Lagrangian's
+        Hessian that full batches with tau="auto" (the backtracking regime) add to the
+        objective's surrogate, making each round an SQP step with the same exact-penalty
+        backtracking. "newton": the clients send each function's Hessian at the round's point
+        (its ``hess``, :class:`~ssca_solver.SampleFunction`: d (d + 1) / 2 floats per function
+        per client per round) and the model is the full-data Hessian of the Lagrangian
+        F_0 + sum_m nu_m F_m, made positive definite (:mod:`ssca_solver.methods.ssca.newton`);
+        "lbfgs": a damped limited-memory BFGS model built from the gradients the rounds
+        already carry (:mod:`ssca_solver.methods.ssca.quasi_newton`); "auto": "newton" when
+        every stochastic function has a ``hess`` and d (d + 1) / 2 <= NEWTON_MAX_FLOATS
+        (d <= 256), else "lbfgs"; "none": the paper's first-order surrogates (eqs.
+        (fs0bar)/(fsmbar)) in every round. Sampled rounds, a fixed tau and a diagonal metric
+        always use the first-order surrogates.
       eval_budget: "auto" (default), None, or the largest share b of the clients' work (rows
         read) the scheduled full-data evaluations may take, e.g. 0.15: one runs at a multiple
         of ``eval_every`` once the rounds since the last read N (1 - b) / b rows. None: one
@@ -99,7 +104,7 @@ class SSCAOptions(opt.RunOptions):
     solver: str = "CLARABEL"
     solver_options: Optional[dict] = None
     surrogate_init: str = "tau"
-    hessian: str = "lbfgs"
+    hessian: str = "auto"
     eval_budget: Any = "auto"
 
     def checked(self, problem, given: dict) -> "SSCAOptions":
@@ -147,8 +152,7 @@ class SSCAOptions(opt.RunOptions):
                                      ("auto", "closed_form", "cvxpy")),
             "surrogate_init": opt.choice("surrogate_init", self.surrogate_init,
                                          ("tau", "zero")),
-            "hessian": opt.choice("hessian", "none" if self.hessian is None else self.hessian,
-                                  ("lbfgs", "none")),
+            "hessian": _hessian(self.hessian, problem),
             "eval_budget": _eval_budget(self.eval_budget, B, given,
                                         self.clients_per_round is None)})
 
@@ -163,6 +167,26 @@ ROUNDS_PER_STAGE = 200
 #: the rows an evaluation reads, so one every eval_every rounds would be most of the run's
 #: work, for a status its full-batch rounds then settle with free evaluations
 AUTO_EVAL_BUDGET = 0.15
+
+
+#: the most floats of one function's curvature per client per round that hessian="auto" sends:
+#: d (d + 1) / 2 for d = 256, the floats of 128 gradients, where a Newton step saves the
+#: hundreds of first-order or quasi-Newton rounds an ill-conditioned problem costs
+NEWTON_MAX_FLOATS = 256 * 257 // 2
+
+
+def _hessian(value, problem) -> str:
+    """The model of the Lagrangian's Hessian the options ask for, "auto" resolved."""
+    value = opt.choice("hessian", "none" if value is None else value,
+                       ("auto", "newton", "lbfgs", "none"))
+    missing = [f.name for f in problem.functions if f.hess is None]
+    if value == "newton" and missing:
+        raise ValueError(f"hessian='newton' needs every stochastic function's hess; "
+                         f"{', '.join(missing)} has none (SampleFunction(..., hess=...))")
+    if value == "auto":
+        d = problem.dim
+        return "newton" if not missing and d * (d + 1) // 2 <= NEWTON_MAX_FLOATS else "lbfgs"
+    return value
 
 
 def _eval_budget(value, batch_size, given: dict, every_client: bool):

@@ -14,24 +14,29 @@ import numpy as np
 from ...schedules import at_epochs, step_value
 from . import adaptive as ad
 from . import quasi_newton as qn
+from .newton import NewtonModel
 from .quasi_newton import LBFGSModel
 
 
 class ModelCache:
-    """The compact form of the state's quasi-Newton pairs, built once per set of pairs (the
-    solver, the rejection's tau and the fallback read it in the same round). A cache of a
-    value derived from the state, not memory: dropping it changes nothing but time."""
+    """The model of the Lagrangian's Hessian the state holds, built once per state array (the
+    solver, the rejection's tau and the fallback read it in the same round): the Newton model
+    of ``state.hess`` when it holds one, else the compact form of the quasi-Newton pairs. A
+    cache of a value derived from the state, not memory: dropping it changes nothing but
+    time."""
 
     def __init__(self):
         self._key, self._model = None, None
 
-    def __call__(self, state) -> LBFGSModel:
-        if self._model is None or self._key is not state.qn_s:
-            self.put(LBFGSModel(state.qn_s, state.qn_y))
+    def __call__(self, state):
+        source = state.hess if state.hess.size else state.qn_s
+        if self._model is None or self._key is not source:
+            self.put(NewtonModel(state.hess) if state.hess.size
+                     else LBFGSModel(state.qn_s, state.qn_y))
         return self._model
 
-    def put(self, model: LBFGSModel) -> None:
-        """Keep ``model``, the form of the pairs ``model.S`` (the array the state will hold)."""
+    def put(self, model) -> None:
+        """Keep ``model``, built from ``model.S`` (the array the state will hold)."""
         self._key, self._model = model.S, model
 
 
@@ -54,7 +59,9 @@ class Settings:
       sampled: the rounds' statistics are random (a fixed B, or K < I clients).
       sampled_clients: K < I clients per round, or proportional draws.
       unit_steps: rho = gamma = 1 on full batches (schedules not given).
-      metric_ok, model_ok: the diagonal metric / the quasi-Newton model may apply.
+      metric_ok, model_ok: the diagonal metric / a model of the Lagrangian's Hessian may
+        apply; newton: that model is the clients' curvature (:mod:`.newton`), else the
+        quasi-Newton one.
       qn_memory: the quasi-Newton pairs kept.
       rho, gamma: the resolved schedules; ``participation``: K / I.
       own_curvature: the builders with a curvature of their own (scaled by kappa).
@@ -83,6 +90,7 @@ class Settings:
     unit_steps: bool
     metric_ok: bool
     model_ok: bool
+    newton: bool
     qn_memory: int
     rho: Any
     gamma: Any
@@ -103,6 +111,9 @@ class Settings:
         adapt_tau = auto_tau and ad.adaptable(builders)
         unit_steps = bool(unit_steps)
         full_phase = auto_batch or batch_size is None
+        model_ok = (o.hessian in ("lbfgs", "newton") and unit_steps and adapt_tau
+                    and subproblem.supports_model and full_phase)
+        newton = model_ok and o.hessian == "newton"
         return cls(
             problem=problem, builders=builders, subproblem=subproblem, options=o,
             penalties=tuple(float(c) for c in o.penalty), M=problem.num_constraints,
@@ -117,12 +128,12 @@ class Settings:
             sampled_clients=bool(sampled_clients), unit_steps=unit_steps,
             # a diagonal curvature where the data's scales differ, on full batches only
             # (where the backtracking guards every step): on mini-batches it made networks
-            # diverge
-            metric_ok=unit_steps and adapt_tau and subproblem.supports_metric and full_phase,
-            # the quasi-Newton model in the backtracking regime, which keeps every accepted
-            # step monotone in the exact penalty
-            model_ok=(o.hessian == "lbfgs" and unit_steps and adapt_tau
-                      and subproblem.supports_model and full_phase),
+            # diverge; the Newton model's curvature scales every direction itself
+            metric_ok=(unit_steps and adapt_tau and subproblem.supports_metric and full_phase
+                       and not newton),
+            # a model of the Lagrangian's Hessian in the backtracking regime, which keeps
+            # every accepted step monotone in the exact penalty
+            model_ok=model_ok, newton=newton,
             qn_memory=qn.memory_for(problem.dim), rho=rho, gamma=gamma,
             participation=float(participation),
             own_curvature=tuple(m for m, b in enumerate(builders) if ad.own_curvature(b)),
@@ -156,12 +167,14 @@ class Settings:
                 and not (self.adapt_tau and self.unit_steps))
 
     def model_on(self, state) -> bool:
-        """The quasi-Newton model is in the round's surrogate: it applies (``model_ok``), it
-        holds a pair, and no diagonal metric is in force (which takes precedence)."""
-        return bool(self.model_ok and state.qn_s.size and not state.metric.size)
+        """The model of the Lagrangian's Hessian is in the round's surrogate: it applies
+        (``model_ok``), it holds a Hessian or a quasi-Newton pair, and no diagonal metric is
+        in force (which takes precedence)."""
+        return bool(self.model_ok and (state.hess.size or state.qn_s.size)
+                    and not state.metric.size)
 
-    def model(self, state) -> LBFGSModel:
-        """The compact form of the state's quasi-Newton pairs (:class:`ModelCache`)."""
+    def model(self, state):
+        """The state's model of the Lagrangian's Hessian (:class:`ModelCache`)."""
         return self.models(state)
 
     def steps_at(self, batch, t: int) -> tuple:

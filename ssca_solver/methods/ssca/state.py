@@ -81,6 +81,8 @@ class SSCAState(NamedTuple):
         direction (1: none).
       curvature: the probe's curvature along the gradient at x0 (NaN: not measured), from
         which round 1 sets ``kappa``.
+      hess: the Newton model's Hessian of the Lagrangian at the last accepted full-batch point
+        (d x d; empty: none, or the quasi-Newton or first-order surrogates; :mod:`.newton`).
       memory: the adaptive defaults' counters and evidence (:class:`Memory`).
     """
 
@@ -103,6 +105,7 @@ class SSCAState(NamedTuple):
     shrink: float = 1.0
     kappa: float = 1.0
     curvature: float = float("nan")
+    hess: np.ndarray = np.zeros((0, 0))
     memory: Memory = Memory()
 
 
@@ -117,7 +120,7 @@ _SCALARS = {"t": int, "penalty": float, "batch": int, "tau": float, "noise": flo
             "since": int, "merit": float, "rejects": int, "shrink": float, "kappa": float,
             "curvature": float}
 #: the state's arrays of floats
-_ARRAYS = ("w", "nu", "prev_w", "metric", "qn_s", "qn_y")
+_ARRAYS = ("w", "nu", "prev_w", "metric", "qn_s", "qn_y", "hess")
 #: the memory's scalar fields
 _MEMORY = {"tiny": int, "stall": int, "saturation": int, "c_too_small": bool,
            "corrected": bool, "nonfinite_trial": bool, "rejected_length": float,
