@@ -36,7 +36,7 @@ computation: SSCA's batches, the baselines' E x B per round; SSCA's probe not co
 Usage:  python benchmarks/constrained.py [--quick] [--problems a,b] [--seeds n] [--replot]
                                          [--out NAME]
 Writes benchmarks/results/NAME[_quick].json and NAME[_quick].png (NAME: constrained); progress
-on stderr. The results in docs/results.md: ``--problems neyman_pearson,fairness,qcqp`` and
+on stderr. The results on docs/benchmarks.md: ``--problems neyman_pearson,fairness,qcqp`` and
 ``--problems network --out constrained_network``. --quick: 2 reported seeds, 1 tuning seed, the grids cut to 2 settings per method,
 T / 4 rounds, no network.
 """

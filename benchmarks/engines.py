@@ -52,7 +52,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-# one BLAS thread everywhere (as docs/results.md's round times): on 2 shared cores OpenBLAS's
+# one BLAS thread everywhere (as section_v.py's round times): on 2 shared cores OpenBLAS's
 # spinning threads make every round several times slower and far noisier
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 

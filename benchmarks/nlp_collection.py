@@ -47,7 +47,7 @@ Usage:  python benchmarks/nlp_collection.py --s2mpj DIR [--quick] [--problems NA
 Writes benchmarks/results/NAME[_quick][_problems].json (rewritten after every problem) and .png
 (NAME: nlp_collection; _problems with --problems); progress on stderr. --quick: 10 problems of
 different kinds (a smoke test, about 30 s). The full run (404 problems) took 66 min on 2 shared
-cores; docs/results.md has its results and the formula of the independent KKT residual.
+cores; docs/benchmarks.md shows its results, kkt_residual below the independent KKT residual.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def violation(x, c, xl, xu, cl, cu) -> float:
 
 
 def kkt_residual(x, g, c, J, xl, xu, cl, cu) -> dict:
-    """The independent KKT residual at x (docs/results.md states it):
+    """The independent KKT residual at x:
 
         r(x) = |g + A mu|_inf / max(1, |g|_inf) + max_i mu_i |h_i| / max(1, |g|_inf) + viol(x)
 

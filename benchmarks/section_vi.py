@@ -240,7 +240,7 @@ def plots(runs, sweeps, suffix, title):
 
 def fig3_sweeps(tuned, B, T, base, jobs):
     """Figure 3: one run per lambda (Algorithm 1) and per U (Algorithm 2), both with the tuned
-    SSCA settings for batch B (the paper's B = 100 settings diverge here, see docs/results.md)."""
+    SSCA settings for batch B (the results: docs/benchmarks.md)."""
     a, tau = tuple(tuned["a"]), tuned["tau"]
     cfgs = [dict(method="ssca", B=B, a=a, tau=tau, lam=lam, seed=0, T=T, sweep="lambda",
                  **base) for lam in (1e-5, 1e-4, 1e-3, 1e-2, 3e-2)]

@@ -233,6 +233,15 @@ def test_the_marked_examples_are_found():
         assert wanted in names, sorted(names)
 
 
+def test_no_docs_example_is_left_to_the_slow_tests():
+    """CI runs ``python -m pytest -q``, which deselects the slow tests: a block marked slow
+    would never run there and could drift from the library unnoticed. Every example runs in
+    the default suite (a long one in a shorter form that still checks its claim)."""
+    slow = [f"{doc.relative_to(ROOT)}::{name}" for doc in DOCS
+            for name, (flags, _) in parse(doc).items() if "slow" in flags]
+    assert not slow, f"docs examples marked slow (they never run in CI): {slow}"
+
+
 def test_parse_reads_markers_flags_and_outputs(tmp_path):
     doc = tmp_path / "page.md"
     doc.write_text("text\n<!-- test: a -->\n```python\nx = 1\nprint(x)\n```\n```text\n1\n```\n"
@@ -303,5 +312,8 @@ def test_the_docs_site_builds_with_warnings_as_errors(tmp_path):
     missing = [name for name in ssca_solver.__all__
                if name not in documented and f"`ss.{name}`" not in api_text]
     assert not missing, f"the API reference has no entry for {missing}"
-    for page in ("getting-started", "modelling", "walkthrough", "results", "examples"):
+    for page in ("getting-started", "modelling", "statuses", "solver-settings", "running",
+                 "benchmarks", "examples"):
         assert (site / page / "index.html").exists(), page
+    assert not (site / "results").exists()          # kept for the source's pointers only
+    assert list((site / "benchmarks" / "results").glob("*.png"))   # mkdocs_hooks.py copied them

@@ -206,3 +206,23 @@ def test_the_fallback_finds_the_headings_markdown_finds():
     for page in PAGES:
         assert ([a for _, a in _headings_without_markdown(page.read_text())]
                 == [a for _, a in headings(page)]), page.name
+
+
+def test_the_benchmarks_page_is_written_from_the_results():
+    """docs/benchmarks.md is what ``python benchmarks/make_page.py`` writes from
+    benchmarks/results/*.json: a result published without regenerating the page, or a page
+    edited by hand, fails here. The table of commits and dates at the top is left out of the
+    comparison (it reads git, which a source tree without its history lacks)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_page", ROOT / "benchmarks" /
+                                                  "make_page.py")
+    make_page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_page)
+
+    def body(text: str) -> str:
+        head, _, rest = text.partition("## Where and when")
+        return head + rest.partition("\n## ")[2]
+
+    assert body((DOCS_DIR / "benchmarks.md").read_text()) == body(make_page.page()), (
+        "docs/benchmarks.md is out of date: run python benchmarks/make_page.py")
