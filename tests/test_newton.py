@@ -1,0 +1,146 @@
+"""The Newton model of the full-batch phase (methods/ssca/newton.py): the clients' Hessians,
+weighted like statistics, give the Hessian of the Lagrangian, and the rounds are Newton SQP
+steps whose count does not grow with the conditioning; against CVXPY + Clarabel on the pooled
+rows, under secure aggregation, across a checkpoint, and the option's rules."""
+
+from __future__ import annotations
+
+import cvxpy as cp
+import numpy as np
+import pytest
+
+import ssca_solver as ss
+from ssca_solver.methods.ssca import SSCA
+from ssca_solver.methods.ssca.newton import NewtonModel
+
+
+def ill_conditioned(cond: float, d: int = 20, n: int = 2000, clients: int = 8, seed: int = 0):
+    """Least squares with features of condition number ``cond`` over ``clients`` clients,
+    s.t. the mean prediction equals a target and |w|^2 <= r (both active or not, as they
+    come), every function with its Hessian; and the pooled optimum by CVXPY + Clarabel."""
+    rng = np.random.default_rng(seed)
+    U, _ = np.linalg.qr(rng.standard_normal((n, d)))
+    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    s = cond ** np.linspace(0.0, -1.0, d)
+    X = (U * s) @ V.T * np.sqrt(n)
+    wstar = rng.standard_normal(d)
+    y = X @ wstar + 0.1 * rng.standard_normal(n)
+    data = ss.FederatedData.split(X, y, num_clients=clients, seed=seed)
+    lsq = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                            lambda w, X, y: X.T @ (X @ w - y) / len(X), name="lsq",
+                            hess=lambda w, X, y: X.T @ X / len(X))
+    mean = ss.SampleFunction(lambda w, X, y: X @ w, lambda w, X, y: X.mean(0), name="mean",
+                             hess=lambda w, X, y: np.zeros((len(w), len(w))))
+    norm = ss.SampleFunction(lambda w, X, y: np.full(len(X), w @ w), lambda w, X, y: 2 * w,
+                             name="norm", hess=lambda w, X, y: 2 * np.eye(len(w)))
+    xbar, target, r = X.mean(0), float(X.mean(0) @ (0.5 * wstar)), 0.8 * float(wstar @ wstar)
+    prob = ss.Problem(lsq, [mean == target, norm <= r], dim=d, data=data)
+    w = cp.Variable(d)
+    ref = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(X @ w - y) / n),
+                     [xbar @ w == target, cp.sum_squares(w) <= r])
+    ref.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    return prob, w.value
+
+
+@pytest.mark.parametrize("cond", [1e2, 1e4])
+def test_ill_conditioned_least_squares_in_few_rounds(cond):
+    prob, x_ref = ill_conditioned(cond)
+    res = prob.solve(seed=0, batch_size="full")
+    assert res.status == "converged" and res.nit <= 30, (res.nit, res.message)
+    assert np.linalg.norm(res.x - x_ref) <= 1e-3 * np.linalg.norm(x_ref)
+    # the curvature is counted: three functions' packed Hessians per client per round
+    d = prob.dim
+    assert res.communication.up_per_client_round >= 3 * d * (d + 1) // 2
+    quasi = prob.solve(seed=0, batch_size="full", hessian="lbfgs")
+    assert quasi.nit > 2 * res.nit, (quasi.nit, res.nit)
+
+
+def test_the_newton_model_in_the_closed_form_matches_cvxpy():
+    """Problem 5 with the model (w - x)' B (w - x) / 2 of a NewtonModel (an indefinite H
+    made positive definite): the closed form's solution equals the CVXPY path's."""
+    from ssca_solver.model.deterministic import DeterministicPart
+    from ssca_solver.subproblems import ClosedFormSubproblem, CvxpySubproblem
+
+    rng = np.random.default_rng(3)
+    d, M, c = 6, 2, 50.0
+    A = rng.standard_normal((d, d))
+    model = NewtonModel(A + A.T)                      # indefinite: floored eigenvalues
+    assert np.all(np.linalg.eigvalsh(model.B) > 0)
+    builders = [ss.ProximalLinear()] * (1 + M)
+    x = rng.standard_normal(d)
+    stats = []
+    for m in range(1 + M):
+        a, g, f = 0.3, rng.standard_normal(d), rng.normal() + (0.5 if m else 0.0)
+        stats.append({"const": np.asarray(f - g @ x + a * x @ x), "lin": g - 2 * a * x,
+                      "quad": np.asarray(a)})
+    U = np.zeros(M)
+    closed = ClosedFormSubproblem(d, builders, True, U, 0.0)
+    det = DeterministicPart([], [], d)
+    cvx = CvxpySubproblem(d, builders, True, U, det,
+                          solver_options={"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11,
+                                          "tol_feas": 1e-11})
+    a = closed.with_model(model, x).solve(stats, c, 1)
+    b = cvx.with_model(model, x).solve(stats, c, 1)
+    # an independent reference: the problem written out in CVXPY, solved tightly
+    w, s = cp.Variable(d), cp.Variable(M, nonneg=True)
+
+    def p(m):
+        st = stats[m]
+        return float(st["quad"]) * cp.sum_squares(w) + st["lin"] @ w + float(st["const"])
+
+    ref = cp.Problem(cp.Minimize(p(0) + 0.5 * cp.quad_form(w - x, cp.psd_wrap(model.B))
+                                 + c * cp.sum(s)), [p(m) - U[m - 1] <= s[m - 1]
+                                                    for m in range(1, M + 1)])
+    ref.solve(solver="CLARABEL", tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
+    np.testing.assert_allclose(a.w, w.value, atol=1e-7)
+    assert a.value == pytest.approx(ref.value, rel=1e-9)
+    # the library's CVXPY path, to its solver's accuracy (two eigenvalues near 0: the
+    # proximal term alone makes the problem strongly convex along them)
+    np.testing.assert_allclose(b.w, w.value, atol=2e-5)
+    np.testing.assert_allclose(a.multipliers, b.multipliers, atol=1e-4 * c)
+    assert b.value == pytest.approx(ref.value, rel=1e-8)
+
+
+def test_under_secure_aggregation_the_newton_model_works_as_in_the_clear():
+    """The clients' Hessians go through the masked sums (fixed-point words) like every
+    statistic: the secure run certifies the same point in as few rounds (its start differs a
+    little: under secure aggregation the probe sees no client's gradient norm)."""
+    prob, x_ref = ill_conditioned(1e3, d=6, n=400, clients=4)
+    plain = prob.solve(seed=0, batch_size="full")
+    secure = prob.solve(seed=0, batch_size="full", secure_aggregation=True)
+    assert plain.status == secure.status == "converged"
+    assert secure.nit <= plain.nit + 5 and secure.nit <= 30, (secure.nit, plain.nit)
+    np.testing.assert_allclose(secure.x, x_ref, rtol=0, atol=1e-4 * np.linalg.norm(x_ref))
+    assert secure.communication.up_per_client_round > plain.communication.up_per_client_round
+
+
+def test_a_resumed_run_takes_the_uninterrupted_runs_steps(tmp_path):
+    prob, _ = ill_conditioned(1e3, d=8, n=400, clients=4)
+    whole = prob.solve(seed=0, batch_size="full")
+    path = str(tmp_path / "run.npz")
+    first = prob.solve(seed=0, batch_size="full", checkpoint=path,
+                       callback=lambda it: it.t == 5)
+    assert first.status == "stopped"
+    rest = prob.solve(seed=0, batch_size="full", resume=path)
+    assert rest.nit == whole.nit and rest.status == whole.status
+    np.testing.assert_array_equal(rest.x, whole.x)
+
+
+def test_the_option_picks_newton_only_where_every_function_has_a_hess():
+    prob, _ = ill_conditioned(10.0, d=5, n=100, clients=2)
+    assert SSCA.parse(prob, {}).hessian == "newton"
+    assert SSCA.parse(prob, {"hessian": "lbfgs"}).hessian == "lbfgs"
+    data = prob.data
+    plain = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                              lambda w, X, y: X.T @ (X @ w - y) / len(X), name="plain")
+    without = ss.Problem(plain, dim=5, data=data)
+    assert SSCA.parse(without, {}).hessian == "lbfgs"
+    with pytest.raises(ValueError, match="plain has none"):
+        SSCA.parse(without, {"hessian": "newton"})
+    # above 256 variables "auto" keeps the quasi-Newton model (the floats of a Hessian)
+    rng = np.random.default_rng(0)
+    wide = ss.FederatedData([(rng.normal(size=(3, 300)), rng.normal(size=3))])
+    big = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                            lambda w, X, y: X.T @ (X @ w - y) / len(X),
+                            hess=lambda w, X, y: X.T @ X / len(X))
+    assert SSCA.parse(ss.Problem(big, dim=300, data=wide), {}).hessian == "lbfgs"
