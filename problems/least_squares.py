@@ -51,8 +51,11 @@ def squared_loss(exact: bool = False) -> ss.SampleFunction:
     def grad(w, X, y):
         return X.T @ (X @ w - y) / len(y)
 
+    def hess(w, X, y):
+        return X.T @ X / len(y)
+
     return ss.SampleFunction(value, grad, name="squared loss",
-                             surrogate=ExactQuadratic() if exact else None)
+                             surrogate=ExactQuadratic() if exact else None, hess=hess)
 
 
 def diabetes_regression():

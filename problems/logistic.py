@@ -60,9 +60,15 @@ def logistic_loss(only_label: Optional[int] = None, class_fraction: float = 1.0,
         p = expit(m)
         return (X * X).T @ (weights(y) * p * (1 - p)) / X.shape[0]
 
+    def hess(w, X, y):
+        # the logistic loss's Hessian is its Gauss-Newton form X' diag(p (1 - p)) X / n
+        _, m = _margins(w, X, y)
+        p = expit(m)
+        return (X * (weights(y) * p * (1 - p))[:, None]).T @ X / X.shape[0]
+
     label = name or ("logistic" if only_label is None else f"logistic[y={only_label}]")
     sur = ss.DiagonalCurvature(hess_diag) if curvature else None
     fn = ss.SampleFunction(value, grad, name=label, surrogate=sur,
-                           value_and_grad=value_and_grad)
+                           value_and_grad=value_and_grad, hess=hess)
     fn.hess_diag = hess_diag
     return fn

@@ -227,5 +227,6 @@ def test_a_failed_force_fit_is_no_evidence_and_loses_no_run(cancer_data, monkeyp
 
     monkeypatch.setattr(continuation, "kkt_forces", fails)
     res = neyman_pearson(cancer_data, alpha=0.1).solve(
-        batch_size="full", penalty=[0.01, 0.1, 1.0, 10.0], max_iter=900, seed=0)
+        batch_size="full", penalty=[0.01, 0.1, 1.0, 10.0], max_iter=900, seed=0,
+        hessian="lbfgs")
     assert res.status == "converged" and res.stages[0].rounds == 58

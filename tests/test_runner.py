@@ -359,7 +359,8 @@ def force_run(cancer_data):
     stages end by the penalty's saturation test (counted over rounds) at rounds 14 and 20,
     and the run is certified at round 48."""
     prob = neyman_pearson(cancer_data, alpha=0.1)
-    opts = dict(batch_size="full", penalty=[0.01, 0.1, 1.0, 10.0], max_iter=300, seed=0)
+    opts = dict(batch_size="full", penalty=[0.01, 0.1, 1.0, 10.0], max_iter=300, seed=0,
+                hessian="lbfgs")
     return prob, opts, prob.solve(**opts)
 
 

@@ -150,7 +150,8 @@ def test_full_batch_runs_compile_one_subproblem(cancer_data, compiles, monkeypat
     from ssca_solver.subproblems import cvxpy_backend as cb
 
     prob = neyman_pearson(cancer_data, alpha=0.2)
-    opts = dict(batch_size="full", max_iter=12, seed=0, subproblem="cvxpy", eval_every=None)
+    opts = dict(batch_size="full", max_iter=12, seed=0, subproblem="cvxpy", eval_every=None,
+                hessian="lbfgs")
     one = prob.solve(**opts)
     n_one = len(compiles)
     monkeypatch.setattr(cb.CvxpySubproblem, "with_zero_model",

@@ -141,6 +141,10 @@ ADVICE = {
         "below the number of clients, or proportional draws) the round's statistics stay "
         "random even on full batches, the steps diminish and the point converges only in the "
         "limit; with every client in every round the default options can certify it"),
+    "full_newton": (
+        "more rounds (max_iter); the batches are already full and the steps are Newton SQP "
+        "steps from the clients' Hessians, whose progress the rounds limit; a penalty far "
+        "below the multipliers, or a start far from a KKT point, makes them slow"),
     "full_lbfgs": (
         "more rounds (max_iter); the batches are already full and the steps are "
         "quasi-Newton (L-BFGS) SQP steps, whose progress the rounds limit; a nearly flat "
@@ -336,6 +340,8 @@ def _advice(cfg, state, history, feasibility: bool, ever_feasible: bool) -> str:
         return "feasibility_was_feasible" if ever_feasible else "feasibility"
     if cfg.sampled_clients and o.batch_size in ("auto", None):
         return "sampled_clients"
+    if o.batch_size == "auto" and full_at_end and o.hessian == "newton" and state.hess.size:
+        return "full_newton"
     if o.batch_size == "auto" and full_at_end and o.hessian == "lbfgs" and state.qn_s.size:
         return "full_lbfgs"
     if o.batch_size == "auto" and full_at_end:
