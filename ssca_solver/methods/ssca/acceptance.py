@@ -82,7 +82,40 @@ def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
     if not curvature or len(curvature) != len(cfg.builders) or state.metric.size:
         return state
     H = newton.lagrangian_hessian(curvature, state.nu, cfg.first, state.w.size)
-    return state._replace(hess=H)
+    top = np.array([max(0.0, float(np.linalg.eigvalsh(curvature[cfg.first + j])[-1]))
+                    for j in range(cfg.M)])
+    return state._replace(hess=H, curv_top=top)
+
+
+#: a constraint whose multiplier is below this share of the largest counts as inactive for
+#: :func:`constraint_curvature`
+INACTIVE_SHARE = 1e-3
+
+
+def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tuple:
+    """Under the Newton model, each inequality that the last subproblem left inactive (a
+    multiplier below INACTIVE_SHARE of the largest) gets a surrogate with a curvature of at least half the largest eigenvalue of
+    its Hessian at the accepted point (``state.curv_top``; the same value and gradient at
+    ``center``, :func:`.adaptive.rescale_tau`): a local majoriser of a convex constraint, so
+    that the step stays inside it to second order. An active constraint's curvature is in the
+    model already (its multiplier times its Hessian, as SQP has it); an inactive one's is not,
+    and with its linearisation alone (tau small) a step that ends near it leaves it by its
+    second-order term: the exact penalty rises, and the step is rejected and corrected round
+    after round."""
+    if not (cfg.newton and state.curv_top.size == cfg.M and cfg.M):
+        return stats
+    out = list(stats)
+    nu = np.abs(np.asarray(state.nu, dtype=float))
+    active = (nu > INACTIVE_SHARE * float(np.max(nu)) if nu.size == cfg.M and np.any(nu > 0)
+              else np.zeros(cfg.M, dtype=bool))
+    for j, top in enumerate(state.curv_top):
+        m = cfg.first + j
+        if cfg.equality[j] or active[j] or not top > 0.0 or "quad" not in out[m]:
+            continue
+        q = float(np.max(np.asarray(out[m]["quad"], dtype=float)))
+        if 0.0 < q < 0.5 * top:
+            out[m] = ad.rescale_tau(out[m], center, 0.5 * top / q)
+    return tuple(out)
 
 
 def guarded_step(cfg: Settings, state: SSCAState, fresh, r: float, g: float, nonfinite: bool):
@@ -310,7 +343,8 @@ def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse):
     scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
     start = state._replace(w=base_w)
     try:
-        new, info = ssca_step.move(start, scaled, 1.0, 1.0, solver(cfg, state, base_w))
+        new, info = ssca_step.move(start, constraint_curvature(cfg, state, scaled, base_w),
+                                   1.0, 1.0, solver(cfg, state, base_w))
     except SubproblemError:
         if not cfg.model_on(state):
             raise
@@ -322,7 +356,7 @@ def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse):
         k = max(k, delta / max(cfg.tau_of(state), 1e-300))
         scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
         start = start._replace(qn_s=np.zeros((0, 0)), qn_y=np.zeros((0, 0)),
-                               hess=np.zeros((0, 0)))
+                               hess=np.zeros((0, 0)), curv_top=np.zeros(0))
         new, info = ssca_step.move(start, scaled, 1.0, 1.0, cfg.subproblem)
         warnings.warn(f"round {state.t + 1}: the subproblem with the quasi-Newton model "
                       "failed; the round's step was taken without it and the model was "

@@ -83,6 +83,8 @@ class SSCAState(NamedTuple):
         which round 1 sets ``kappa``.
       hess: the Newton model's Hessian of the Lagrangian at the last accepted full-batch point
         (d x d; empty: none, or the quasi-Newton or first-order surrogates; :mod:`.newton`).
+      curv_top: under the Newton model, each constraint's largest Hessian eigenvalue (>= 0)
+        there (M,; empty: none), the least curvature of its surrogate (:mod:`.acceptance`).
       memory: the adaptive defaults' counters and evidence (:class:`Memory`).
     """
 
@@ -106,6 +108,7 @@ class SSCAState(NamedTuple):
     kappa: float = 1.0
     curvature: float = float("nan")
     hess: np.ndarray = np.zeros((0, 0))
+    curv_top: np.ndarray = np.zeros(0)
     memory: Memory = Memory()
 
 
@@ -120,7 +123,7 @@ _SCALARS = {"t": int, "penalty": float, "batch": int, "tau": float, "noise": flo
             "since": int, "merit": float, "rejects": int, "shrink": float, "kappa": float,
             "curvature": float}
 #: the state's arrays of floats
-_ARRAYS = ("w", "nu", "prev_w", "metric", "qn_s", "qn_y", "hess")
+_ARRAYS = ("w", "nu", "prev_w", "metric", "qn_s", "qn_y", "hess", "curv_top")
 #: the memory's scalar fields
 _MEMORY = {"tiny": int, "stall": int, "saturation": int, "c_too_small": bool,
            "corrected": bool, "nonfinite_trial": bool, "rejected_length": float,
