@@ -9,8 +9,10 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from . import flower_options
 from .client import Client
-from .transports import (AUTO_FIRST, DEFAULT_CLIENT_THREADS, InProcessTransport,
-                         ProcessTransport, Transport, check_client_threads)
+from .processes import ProcessTransport
+from .threads import DEFAULT_CLIENT_THREADS, check_client_threads
+from .timeouts import AUTO_FIRST
+from .transport import InProcessTransport, Transport
 
 #: ``client_threads`` of transport="flower": None, the Ray actors keep the thread count the
 #: simulation gives them (this process's, so that the iterates equal the in-process ones bit
