@@ -46,10 +46,7 @@ class DeterministicPart:
         self._terms = tuple(terms)
         self._domain = tuple(domain)
         self._w = cp.Variable(dim, name="w")
-        self._exprs = [self._term_expr(label, fn, self._w) for label, fn in self._terms]
-        self._cons = []
-        for i, fn in enumerate(self._domain):
-            self._cons.extend(self._domain_cons(term_label("domain", i, fn), fn, self._w))
+        self._exprs, self._cons = self._build(self._w)
         self._prox = None
         self._linearized: dict = {}
         self._linearized_uses: dict = {}
@@ -62,11 +59,16 @@ class DeterministicPart:
 
     # -- building on any variable -----------------------------------------------------------------
     @staticmethod
-    def _term_expr(label, fn, w):
+    def _call(label, fn, w):
+        """``fn(w)``; whatever it raises becomes a ModelError naming the term or domain."""
         try:
-            e = fn(w)
+            return fn(w)
         except Exception as exc:
             raise ModelError(f"{label}: calling it on a CVXPY variable failed: {exc!r}") from exc
+
+    @staticmethod
+    def _term_expr(label, fn, w):
+        e = DeterministicPart._call(label, fn, w)
         if isinstance(e, (int, float, np.number)):
             e = cp.Constant(float(e))
         if not isinstance(e, cp.Expression):
@@ -81,10 +83,7 @@ class DeterministicPart:
 
     @staticmethod
     def _domain_cons(label, fn, w):
-        try:
-            cons = fn(w)
-        except Exception as exc:
-            raise ModelError(f"{label}: calling it on a CVXPY variable failed: {exc!r}") from exc
+        cons = DeterministicPart._call(label, fn, w)
         if isinstance(cons, cp.constraints.constraint.Constraint):
             cons = [cons]
         cons = list(cons)
@@ -97,12 +96,17 @@ class DeterministicPart:
                                  "rules; a domain must be a convex set")
         return cons
 
-    def instantiate(self, w: cp.Variable):
-        """The terms' sum and the domain's constraints, built on variable ``w``."""
+    def _build(self, w) -> tuple[list, list]:
+        """(the terms' expressions, the domain's constraints), built on ``w`` and checked."""
         exprs = [self._term_expr(label, fn, w) for label, fn in self._terms]
         cons = []
         for i, fn in enumerate(self._domain):
             cons.extend(self._domain_cons(term_label("domain", i, fn), fn, w))
+        return exprs, cons
+
+    def instantiate(self, w: cp.Variable):
+        """The terms' sum and the domain's constraints, built on variable ``w``."""
+        exprs, cons = self._build(w)
         return (cp.sum(cp.hstack(exprs)) if exprs else None), cons
 
     # -- properties -----------------------------------------------------------------------------

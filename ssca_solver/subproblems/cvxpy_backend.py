@@ -36,7 +36,7 @@ import cvxpy as cp
 import numpy as np
 
 from ..errors import ModelError, SubproblemError
-from .base import SubproblemSolution
+from .base import BoundSolver, SubproblemSolution
 from .box_qp import BoxProblem5
 
 
@@ -511,16 +511,56 @@ class CvxpySubproblem:
             return False
         return prob.status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE)
 
-    def with_model(self, model, center: np.ndarray) -> "ModelCvxpy":
+    def with_model(self, model, center: np.ndarray) -> BoundSolver:
         """This solver with the quasi-Newton ``model`` added to the objective's surrogate about
-        ``center`` (:class:`ModelCvxpy`; issue 19), as the closed form's ``with_model``."""
-        return ModelCvxpy(self, model, center)
+        ``center``, the point the round's statistics were taken at (:meth:`solve_model`), as
+        the closed form's ``with_model``."""
+        return BoundSolver(self, center, lambda stats, penalty, round, nu0:
+                           self.solve_model(stats, penalty, round, nu0, model, center))
 
-    def with_zero_model(self, center: np.ndarray) -> "ZeroModelCvxpy":
+    def solve_model(self, stats, penalty: float, round: int, nu0, model,
+                    center: np.ndarray) -> SubproblemSolution:
+        """:meth:`solve` with the quasi-Newton ``model``'s term centred at the round's point
+        ``center`` (noted: after a model's round, the rounds before the next model's first
+        pair are the first-order problem's, :meth:`solve_zero_model`)."""
+        self._model_solved = True
+        return self.solve(stats, penalty, round, nu0, model=model, center=center)
+
+    def with_zero_model(self, center: np.ndarray) -> BoundSolver:
         """This solver for a round of the full-batch phase before its quasi-Newton model holds
-        a pair: the model's compiled problem with B = 0 (:class:`ZeroModelCvxpy`), so that a
+        a pair: the model's compiled problem with B = 0 (:meth:`solve_zero_model`), so that a
         run compiles one subproblem instead of two."""
-        return ZeroModelCvxpy(self, center)
+        return BoundSolver(self, center, lambda stats, penalty, round, nu0:
+                           self.solve_zero_model(stats, penalty, round, nu0, center))
+
+    def solve_zero_model(self, stats, penalty: float, round: int, nu0,
+                         center: np.ndarray) -> SubproblemSolution:
+        """A full-batch round before the quasi-Newton model holds a pair: the compiled problem
+        of :meth:`solve_model` with its term at B = 0 (the same subproblem as the first-order
+        one), so that a run compiles one problem, not two. Where the local form does not
+        apply, or the solver fails on it, the round is the first-order problem's."""
+        # (once the first-order problem was compiled, by the sampled rounds of batch_size=
+        # "auto", there is no compile to save: it serves, as Clarabel needed a retry with the
+        # zero term in a round its first attempt solves with the first-order problem)
+        # (and only before the run's first model: after a reset of the model, the rounds
+        # without it are the first-order problem's, as the run's statuses were measured with)
+        # (the direct form over a box compiles nothing: the first-order round is the same
+        # problem)
+        if (self._direct is None and self.parametrize and self._recentres
+                and not self._first_order_solved
+                and not self._model_solved and self._local_main(True) is not None):
+            try:
+                return self.solve(stats, penalty, round, nu0, qn=self._zero_model_values(),
+                                  center=center)
+            except EmptyDomainError:
+                raise
+            except SubproblemError:
+                # every attempt failed on the zero term: the first-order problem, the failed
+                # attempt counted as one retry
+                sol = self.solve(stats, penalty, round, nu0, center=center)
+                sol.retries += 1
+                return sol
+        return self.solve(stats, penalty, round, nu0, center=center)
 
     def _zero_model_values(self) -> dict:
         """The values of :meth:`_build`'s quasi-Newton term for B = 0 (every factor zero)."""
@@ -703,59 +743,3 @@ class CvxpySubproblem:
         w = self._deterministic.clip(np.array(w, dtype=float))
         return SubproblemSolution(w, slack, mult, value, retries=retries,
                                   inaccurate=inaccurate)
-
-
-class ModelCvxpy:
-    """A :class:`CvxpySubproblem` bound to a quasi-Newton model and the point the round's
-    statistics were taken at (the full-batch phase's second-order surrogate; same contract)."""
-
-    name = "cvxpy"
-
-    def __init__(self, base: CvxpySubproblem, model, center: np.ndarray):
-        self.base, self.model, self.center = base, model, center
-
-    def solve(self, stats, penalty: float, round: int, nu0=None,
-              center=None) -> SubproblemSolution:
-        # the model's centre is the round's point (``center``, when given, is the same)
-        self.base._model_solved = True
-        return self.base.solve(stats, penalty, round, nu0, model=self.model,
-                               center=self.center)
-
-
-class ZeroModelCvxpy:
-    """A :class:`CvxpySubproblem` for the full-batch rounds before the quasi-Newton model
-    holds a pair: the compiled problem of :class:`ModelCvxpy` with its term at B = 0 (the same
-    subproblem as the first-order one), so that a run compiles one problem, not two (a compile
-    took ~15 ms of a small S2MPJ problem's ~150 ms run). Where the local form does not apply,
-    or the solver fails on it, the round is the first-order problem's."""
-
-    name = "cvxpy"
-
-    def __init__(self, base: CvxpySubproblem, center: np.ndarray):
-        self.base, self.center = base, center
-
-    def solve(self, stats, penalty: float, round: int, nu0=None,
-              center=None) -> SubproblemSolution:
-        base = self.base
-        # (once the first-order problem was compiled, by the sampled rounds of batch_size=
-        # "auto", there is no compile to save: it serves, as Clarabel needed a retry with the
-        # zero term in a round its first attempt solves with the first-order problem)
-        # (and only before the run's first model: after a reset of the model, the rounds
-        # without it are the first-order problem's, as the run's statuses were measured with)
-        # (the direct form over a box compiles nothing: the first-order round is the same
-        # problem)
-        if (base._direct is None and base.parametrize and base._recentres
-                and not base._first_order_solved
-                and not base._model_solved and base._local_main(True) is not None):
-            try:
-                return base.solve(stats, penalty, round, nu0, qn=base._zero_model_values(),
-                                  center=self.center)
-            except EmptyDomainError:
-                raise
-            except SubproblemError:
-                # every attempt failed on the zero term: the first-order problem, the failed
-                # attempt counted as one retry
-                sol = base.solve(stats, penalty, round, nu0, center=self.center)
-                sol.retries += 1
-                return sol
-        return base.solve(stats, penalty, round, nu0, center=self.center)
