@@ -204,7 +204,7 @@ class ProcessTransport(TimedTransport):
                 return ready, deadline, now - start, grace
             if now >= start + most:
                 return ready, deadline, now - start, "over"
-            used = _cpu_seconds(proc.pid)       # None where unreadable: extend, as before
+            used = _cpu_seconds(proc.pid)       # None where unreadable: keep extending
             if not (used is None or cpu is None
                     or used - cpu >= AUTO_COMPUTING * (now - looked)):
                 return ready, deadline, now - start, grace

@@ -165,7 +165,7 @@ def make_transport(name: str, clients: Sequence[Client], timeout: Optional[float
                          f"{name!r}") from None
     extra = dict(opts.transport_options) if opts is not None else {}
     if name not in _BUILTIN and isinstance(timeout, str) and timeout == "auto":
-        # a registered transport receives seconds or None, as before "auto" existed: the
-        # first-request allowance of the built-in ones (only they adapt the limit)
+        # a registered transport receives seconds or None (only the built-in ones adapt
+        # the limit): the first-request allowance of the built-in ones
         timeout = AUTO_FIRST
     return factory(clients, timeout, **extra)

@@ -160,8 +160,8 @@ class DeterministicPart:
 
     def grad(self, w) -> np.ndarray:
         """Gradient (a subgradient at kinks, as CVXPY gives it) of the terms' sum at ``w``;
-        2 lambda w without CVXPY when they are lambda |w|^2 (:meth:`_ridge`; CVXPY's
-        gradient took ~1.7 ms, a fifth of a small problem's KKT tests)."""
+        2 lambda w without CVXPY when they are lambda |w|^2 (:meth:`_ridge`: CVXPY's
+        gradient costs a sizeable share of a small problem's KKT test)."""
         g = np.zeros(self.dim)
         if not self._exprs:
             return g
@@ -286,18 +286,18 @@ class DeterministicPart:
         """The coordinates the domain fixes by simple bounds (:meth:`simple_bounds`: equal
         lower and upper bounds, or an equality), as indices; empty without a domain. The
         probe's direction leaves them out: a function need not be smooth along a coordinate
-        the domain never lets move (S2MPJ's EQC and QCNEW: x log x at variables fixed at 0 gave
-        a curvature of 9e15 along the gradient, tau 9e15 and statistics that carried nothing
-        below the units digit; round 1 failed)."""
+        the domain never lets move (x log x at a variable fixed at 0 has an unbounded
+        curvature there, which would make tau so large that the statistics lose every digit
+        of the step)."""
         lo, hi = self.simple_bounds()
         return np.flatnonzero(np.isfinite(lo) & (lo == hi))
 
     def free(self, g: np.ndarray) -> np.ndarray:
         """``g`` with the coordinates the domain's simple bounds fix (:meth:`bound_fixed`) set
         to 0 (``g`` itself when there are none). A gradient along a coordinate that cannot
-        move is no force to balance: in the KKT test's scale, a component of 1e8 along a
-        variable fixed at 0 made |g| 1e8 and certified a point 4e-4 from the minimum in the
-        free variable."""
+        move is no force to balance: counted in the KKT test's scale |g|, a large component
+        along a fixed variable would loosen the relative test enough to certify a point far
+        from the minimum in the free variables."""
         fixed = self.bound_fixed(None)
         if not fixed.size:
             return g
@@ -307,8 +307,8 @@ class DeterministicPart:
 
     def clip(self, w: np.ndarray) -> np.ndarray:
         """``w`` moved into the domain's simple bounds (:meth:`simple_bounds`): an interior
-        point solver's answer can sit 1e-12 outside them, where a function such as x log x at
-        a variable fixed at 0 is not defined (S2MPJ's QCNEW: NaN in the next evaluation)."""
+        point solver's answer can sit a rounding error outside them, where a function such as
+        x log x at a variable fixed at 0 is not defined (NaN in the next evaluation)."""
         lo, hi = self.simple_bounds()
         return np.clip(w, lo, hi) if self._domain else w
 
@@ -317,7 +317,7 @@ class DeterministicPart:
         """The coordinates the domain fixes (min w_i = max w_i over D, to 1e-12 max(1, |w_i|)),
         as indices; empty without a domain, above ``max_dim`` variables (2 d small solves) or
         when a solve fails. For the gradient check: a function need not be differentiable off
-        the domain along a fixed coordinate (S2MPJ's QCNEW: x log x at a variable fixed at 0)."""
+        the domain along a fixed coordinate (e.g. x log x at a variable fixed at 0)."""
         if not self._domain or self.dim > max_dim:
             return np.zeros(0, dtype=int)
         u = cp.Variable(self.dim)
@@ -364,8 +364,7 @@ class DeterministicPart:
             try:
                 # warm_start=False: on a second solve of the same problem CVXPY's warm start
                 # hands Clarabel the data through update(), which keeps the first attempt's
-                # settings, so the fallback to the defaults was the tight attempt again
-                # (S2MPJ's TENBARS1: x0 = 0 outside x >= 0.645 was never projected)
+                # settings, so the fallback to the defaults would be the tight attempt again
                 prob.solve(solver=solver, warm_start=False, **options)
             except cp.error.SolverError as exc:
                 statuses.append(f"solver error ({exc})")
@@ -419,22 +418,21 @@ class DeterministicPart:
             raise ValueError(f"linearized_step: step = {step!r} must be positive")
         # each linearised constraint divided by its gradient's norm: the same step and the
         # same geometry, with forces mu_m |G_m| for duals (divided back below); with the rows
-        # as given, constraint gradients of 5e4 made the elastic weight 5e10 and Clarabel
-        # called the problem unbounded at every attempt (S2MPJ's LAUNCH)
+        # as given, large constraint gradients make the elastic weight huge, and Clarabel
+        # then calls the problem unbounded
         # (a gradient that vanishes at w is not blown up: each row is divided by at least 1e-3
-        # of the largest row's norm; dividing by 1e-13 made HS108's problem a "solver_error")
+        # of the largest row's norm; a division by a near-zero norm makes the solver fail)
         norms = np.linalg.norm(G, axis=0) if M else np.zeros(0)
         row = np.maximum(norms, 1e-3 * float(np.max(norms, initial=0.0)))
         row = np.where(row > 0, row, 1.0)
         G = G / row
         cons = cons / row
-        # and the objective divided by sigma = |g_0| (duals multiplied back below): gradients
-        # of 1e6 with a proximal weight 1/(2t) of the same size left Clarabel "unbounded" at
-        # every attempt (S2MPJ's HS84)
-        # ... and at least by max(1, |w|) / t, the gradient scale the step length stands for:
-        # with |g_0| = 6e-86 (an exponentially flat objective, S2MPJ's HS54) and t = 3e16 the
-        # proximal weight 1 / (2 t |g_0|) was 2.5e68 and Clarabel answered 'solver_error' at
-        # every attempt; so the proximal weight is at most 1 / (2 max(1, |w|))
+        # and the objective divided by sigma = |g_0| (duals multiplied back below): a large
+        # gradient with a proximal weight 1/(2t) of the same size leaves Clarabel "unbounded";
+        # and by at least max(1, |w|) / t, the gradient scale the step length stands for: with
+        # a vanishing |g_0| (an exponentially flat objective) and a long step t, the proximal
+        # weight 1 / (2 t |g_0|) would be astronomically large and the solver fail; so the
+        # proximal weight is at most 1 / (2 max(1, |w|))
         sigma = max(float(np.linalg.norm(g0)), max(1.0, float(np.linalg.norm(w))) / t)
         if not (np.isfinite(sigma) and sigma > 0):
             sigma = 1.0
@@ -465,10 +463,10 @@ class DeterministicPart:
                 return (u, *unscaled(mu, self.box_duals(z_lo, z_hi)), elastic)
         statuses, found = [], False
         # far from the origin the form in the step v = u - w goes first: in u the objective
-        # carries constants of |w|^2 / (2 t) whose rounding left a step of 6e5 where 0 was
-        # the answer at |w| = 5e7 (S2MPJ's HS54). Each form is tried first as the problem
+        # carries constants of |w|^2 / (2 t) whose rounding can exceed the step itself (a
+        # large step where 0 is the answer). Each form is tried first as the problem
         # compiled once for this structure with the data as CVXPY parameters (DPP), then,
-        # should that fail, built afresh with the data as constants (as before the cache)
+        # should that fail, built afresh with the data as constants
         order = (True, False) if float(np.linalg.norm(w)) > RECENTRE_FIRST else (False, True)
         data = (w, g0, G, cons, t, sigma, P)
         for recentred in order:
@@ -524,9 +522,9 @@ class DeterministicPart:
         equalities) compiled at its first use with the data as parameters (CVXPY's DPP: a
         later solve only refills the numbers), while d (M + 1) <= ``LINEARIZED_CACHE_SIZE``
         (a parameter matrix G of d M numbers); None when that does not apply or the domain
-        is not DPP with the point as a parameter. A compile with constants at every test took
-        47 ms of a 2-variable problem's 60 ms run (S2MPJ's HS21); the parametrised compile
-        takes 25-40 ms once, each later test 3-10 ms. Not cached: the same problem with the
+        is not DPP with the point as a parameter. A compile with constants at every test
+        would be most of a small problem's run; the parametrised problem is compiled once
+        and each later test only refills its numbers. Not cached: the same problem with the
         data as constants."""
         w, g0, G, cons, t, sigma, P = data
         M = cons.size
@@ -562,7 +560,8 @@ class DeterministicPart:
 
         In the step s (u = w + s): g0.s + |s|^2 / (2 t) + R(w + s) / sigma; in u, |u - w|^2
         through z = u - w (a parameter times a function of a parameter is not DPP, and
-        expanding it cancels digits: a step of 2e-5 where 1e-11 is right at |w| = 3.4e3).
+        expanding it cancels digits: far from the origin the rounding exceeds a step that
+        should be nearly 0).
         A term in the form in the step holds the point inside it: not DPP (then built afresh
         each time)."""
         d = self.dim

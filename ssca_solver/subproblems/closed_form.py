@@ -362,7 +362,7 @@ def solve_closed_form_model(a0: float, b0: np.ndarray | None, c0: float, a: np.n
                             cs: np.ndarray, U: np.ndarray, penalty: float, model,
                             center: np.ndarray, nu0: np.ndarray | None = None,
                             max_iter: int = 200, equality=None) -> SubproblemSolution:
-    """Problem 5 with a quasi-Newton model added to the objective's surrogate (issue 19):
+    """Problem 5 with a quasi-Newton model added to the objective's surrogate:
 
         p_0(w) = a_0 |w|^2 + b_0.w + c_0 + (w - x)' B (w - x) / 2,   x = ``center``,
 

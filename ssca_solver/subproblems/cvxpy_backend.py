@@ -41,21 +41,20 @@ from .box_qp import BoxProblem5
 
 
 #: Above this size the subproblem is rebuilt with constants each round instead of compiled once
-#: with Parameters: CVXPY 1.9's DPP compilation grows like d^2 (measured: 0.06 s and 190 MB at
-#: d = 1000, 1.6 s and 730 MB at d = 6000, an attempted 77 GiB allocation at d = 101,632),
-#: while a plain build and solve of the network's Problem 5 takes ~1 s at d = 101,632.
+#: with Parameters: CVXPY's DPP compilation grows like d^2 in time and memory (beyond the
+#: memory of a machine at a network's hundred thousand weights), while a plain build and solve
+#: stays affordable there.
 DPP_MAX_DIM = 4096
 
 _CLARABEL_FALLBACKS = [{"static_regularization_enable": False}, {"equilibrate_enable": False}]
 
 #: Clarabel's tolerances for Problem 5 unless the user's ``solver_options`` set them. Clarabel's
-#: defaults (1e-8 gap, 1e-8 feasibility, relative to its scaled data) left the subproblem of the
-#: box-domain Neyman-Pearson example accurate to ~1e-5 in w: the full-batch backtracking then
-#: rejected most steps and the run stalled at relative stationarity 1.7e-4 > 1e-4 (issue 10).
-#: At 1e-9 the same run is certified (tests/test_examples.py).
+#: defaults (1e-8 gap, 1e-8 feasibility, relative to its scaled data) can leave w accurate to
+#: only ~1e-5: the full-batch backtracking then rejects most steps and the run stalls above
+#: the stationarity the KKT test asks for (tests/test_examples.py).
 #: Where Clarabel cannot reach them (noisy mini-batch statistics, a large c: it then reports
 #: "AlmostSolved"), the round is retried at Clarabel's own defaults before being called
-#: inaccurate: 16 of 50 rounds of a B = 10 Neyman-Pearson run needed that retry.
+#: inaccurate.
 CLARABEL_TOLERANCES = {"tol_gap_abs": 1e-9, "tol_gap_rel": 1e-9, "tol_feas": 1e-9}
 _CLARABEL_DEFAULTS = {"tol_gap_abs": 1e-8, "tol_gap_rel": 1e-8, "tol_feas": 1e-8}
 
@@ -65,7 +64,8 @@ _CLARABEL_DEFAULTS = {"tol_gap_abs": 1e-8, "tol_gap_rel": 1e-8, "tol_feas": 1e-8
 MODEL_RANK = 16
 
 #: up to this d the term has d columns from the start (the model's rank reaches min(d, 128)
-#: at d <= 512: from 16 columns a d = 31 problem compiled twice, d = 64 three times)
+#: at d <= 512: starting from MODEL_RANK columns, a small problem would compile the term again
+#: at each doubling)
 FULL_RANK_DIM = 64
 
 #: The other solvers tried, at these settings, when every attempt of the chosen solver failed
@@ -178,7 +178,7 @@ class CvxpySubproblem:
             self._params = [{s.name: _parameter(s, m) for s in b.statistic_specs(dim)}
                             for m, b in enumerate(builders)]
             self._c = cp.Parameter(nonneg=True, name="penalty")
-        # the local form (issue 18): every builder can recentre its statistics
+        # the local form: every builder can recentre its statistics
         zero = np.zeros(dim)
         self._recentres = all(b.recentre({s.name: _placeholder(s)
                                           for s in b.statistic_specs(dim)}, zero) is not None
@@ -360,10 +360,10 @@ class CvxpySubproblem:
            ("InsufficientProgress", "AlmostSolved") after it has converged, when either interacts
            badly with the degenerate optimum of an unsatisfiable constraint surrogate; turning
            it off solves those instances to full accuracy. If none is "optimal", the first
-           "optimal_inaccurate" answer is kept (flagged inaccurate), as before;
+           "optimal_inaccurate" answer is kept (flagged inaccurate);
         3. only when no attempt left an answer: the same problem rebuilt around a centre
            (:meth:`_center`), w = centre + v, then w = centre + D v with D = max(1, |centre|):
-           a badly scaled subproblem (|w_t| ~ 1e4 with bounds: constants ~ 1e9 that cancel)
+           a badly scaled subproblem (a large |w_t| with bounds: large constants that cancel)
            that Clarabel called "solver_error" or "unbounded" is solved to full accuracy so;
         4. the other installed solvers of ``OTHER_SOLVERS`` (SCS; OSQP when the problem is a
            QP; Clarabel when another solver was chosen), on the recentred problem when there
@@ -521,8 +521,8 @@ class CvxpySubproblem:
     def solve_model(self, stats, penalty: float, round: int, nu0, model,
                     center: np.ndarray) -> SubproblemSolution:
         """:meth:`solve` with the quasi-Newton ``model``'s term centred at the round's point
-        ``center`` (noted: after a model's round, the rounds before the next model's first
-        pair are the first-order problem's, :meth:`solve_zero_model`)."""
+        ``center``; once a model's round was solved, the later rounds without a pair are the
+        first-order problem's (:meth:`solve_zero_model`)."""
         self._model_solved = True
         return self.solve(stats, penalty, round, nu0, model=model, center=center)
 
@@ -543,7 +543,7 @@ class CvxpySubproblem:
         # "auto", there is no compile to save: it serves, as Clarabel needed a retry with the
         # zero term in a round its first attempt solves with the first-order problem)
         # (and only before the run's first model: after a reset of the model, the rounds
-        # without it are the first-order problem's, as the run's statuses were measured with)
+        # without it are the first-order problem's)
         # (the direct form over a box compiles nothing: the first-order round is the same
         # problem)
         if (self._direct is None and self.parametrize and self._recentres

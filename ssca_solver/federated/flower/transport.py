@@ -145,7 +145,7 @@ class FlowerTransport(TimedTransport):
 
     def close(self, wait: bool = False) -> None:
         """Stop the clients and the engine. Simulation: clients still busy are ended at once;
-        the Simulation Runtime's and Ray's shutdown (2-3 s) finish in the background unless
+        the Simulation Runtime's and Ray's shutdown (a few seconds) finish in the background unless
         ``wait`` (a new simulation, and the interpreter at exit, wait for it), so that a
         solve ending on a client past ``client_timeout`` raises without that delay."""
         if not self._closed:
