@@ -156,7 +156,8 @@ CLASSICAL: dict[str, Classical] = {
                                   "==", "w1 - w2"),
                                  (lambda w: w[2] - 0.5, lambda w: np.array([0.0, 0.0, 1.0]),
                                   "<=", "w3 - 0.5")], source="textbook"),
-    # an equality written as two inequalities (the pattern that fooled the KKT test):
+    # an equality written as two inequalities (both active at the optimum with opposed
+    # gradients, so only the difference of their multipliers is determined):
     # min w1 + w2 s.t. |w|^2 - 2 <= 0 and 2 - |w|^2 <= 0: w* = (-1, -1), f* = -2
     "equality_as_two_inequalities": Classical(
         2, lambda w: w[0] + w[1], lambda w: np.ones(2), np.array([0.5, -1.5]), -2.0,

@@ -1,6 +1,6 @@
 """A small network with layer normalisation under a demographic-parity constraint, in JAX.
 
-A model that would be painful to differentiate by hand (issue 22): one hidden layer with
+A model that would be painful to differentiate by hand: one hidden layer with
 layer normalisation (Ba, Kiros & Hinton 2016) and tanh, a scalar score, the logistic loss,
 and a two-sided bound on the demographic-parity gap of the predicted probabilities:
 

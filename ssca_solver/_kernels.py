@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 _SMALL = 64  # below this many entries NumPy's own loops are as fast as a kernel call
-FOLD_WIDTH = 5  # arrays per pass of `fold` (measured best of 3, 4, 5, 8 at d = 101,632)
+FOLD_WIDTH = 5  # arrays per pass of `fold`: the width of its kernel, `_fold5`
 
 
 @njit(cache=True)
@@ -113,8 +113,8 @@ def convex_step(w: np.ndarray, gamma: float, target) -> tuple[np.ndarray, float]
     ``target`` is an array or a linear combination ((coef, vector), ...) of at most FOLD_WIDTH
     vectors, as :attr:`SubproblemSolution.terms` gives it: then w-bar itself is never formed.
     New arrays rather than recycled buffers: the allocator hands back memory the clients just
-    freed, still in cache, and writing there measured faster than into buffers kept from two
-    rounds back (server 0.74-0.86 ms against 0.9-1.3 ms per round at d = 101,632).
+    freed, still in cache, and writing there is faster than into buffers kept from earlier
+    rounds, which are not.
     """
     terms = [(1.0, target)] if isinstance(target, np.ndarray) else list(target)
     if not 1 <= len(terms) <= FOLD_WIDTH:

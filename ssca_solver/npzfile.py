@@ -1,7 +1,8 @@
 """The library's .npz files (checkpoints, saved Results): written atomically, read one
 ``.npy`` member at a time without unpickling and without allocating more than a member
 declares. Errors are the caller's class (a :class:`~ssca_solver.errors.FileFieldError`),
-raised with the member's name as ``field``.
+raised with the member's name as ``field``; :func:`read` turns whatever else a malformed,
+truncated or corrupted file raises into that class too, naming the file and the member.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import math
 import os
 import tempfile
 import zipfile
-from typing import Mapping, Optional
+import zlib
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 
@@ -76,3 +78,65 @@ def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, error,
         if f.read(1):                       # also makes zipfile check the CRC
             raise error("has data after its array", field=name)
     return a
+
+
+#: the member holding the file's metadata, a JSON string
+META = "__meta__"
+#: what reading a malformed, truncated or corrupted archive can raise (zipfile, zlib, NumPy's
+#: .npy reader, json: JSONDecodeError is a ValueError, and the memory a member claims)
+READ_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError,
+               KeyError, TypeError, AttributeError, IndexError, OverflowError, MemoryError,
+               NotImplementedError, RuntimeError, zlib.error, UnicodeError)
+
+
+def read(path: str, error, member: Callable, parse_meta: Callable, not_array: str,
+         no_meta: str, refused: str, corrupt: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """(metadata, arrays) of the archive at ``path``: every member a ``.npy`` array of its own
+    name, :data:`META` a JSON string, read first.
+
+    Args:
+      path: the file (checked by the caller to exist and to be a non-empty regular file).
+      error: the caller's :class:`~ssca_solver.errors.FileFieldError` class.
+      member: ``member(zf, info, name, meta)``, the array of one member (:func:`read_member`
+        with the caller's bounds); ``meta`` is None for the metadata's own member.
+      parse_meta: the metadata from its JSON text, checked (raising ``error`` with the path).
+      not_array: the refusal of a member that is not a ``.npy`` array, or repeats a name
+        (followed by "(repeated)" or "(name)").
+      no_meta: the refusal of an archive without :data:`META`.
+      refused: the start of the message of a refusal raised without a path, which is raised
+        again as "{refused} member {field!r} {refusal}" with the path.
+      corrupt: the start of the message for anything else (:data:`READ_ERRORS`): "{corrupt},
+        or is truncated or corrupted (member {field!r}): {type}: {text}".
+    """
+    field = None
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = {}
+            for info in zf.infolist():
+                name = info.filename
+                if not name.endswith(".npy") or name[:-4] in infos:
+                    raise error(f"{not_array} ({'repeated' if name[:-4] in infos else 'name'})",
+                                field=name)
+                infos[name[:-4]] = info
+            field = META
+            if field not in infos:
+                raise error(no_meta, field=field)
+            raw = member(zf, infos[field], field, None)
+            if raw.dtype.kind != "U" or raw.shape != ():
+                raise error(f"is a {raw.dtype} array of shape {raw.shape}, not a JSON string",
+                            field=field)
+            meta = parse_meta(str(raw))
+            arrays = {}
+            for name, info in infos.items():
+                if name != META:
+                    field = name
+                    arrays[name] = member(zf, info, name, meta)
+    except error as exc:
+        if exc.path is not None:
+            raise
+        raise error(f"{refused} member {exc.field!r} {exc}", path, exc.field) from None
+    except READ_ERRORS as exc:
+        at = f" (member {field!r})" if field else ""
+        raise error(f"{corrupt}, or is truncated or corrupted{at}: {type(exc).__name__}: {exc}",
+                    path, field) from None
+    return meta, arrays

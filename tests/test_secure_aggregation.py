@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -323,3 +324,50 @@ def test_secrets_can_live_outside_the_client_object_between_messages():
             _clients(prob, True)[i].handle(req.read_only()) for i in range(len(SIZES)))
         list(Gatherer(t2, SIZES, secure=secagg.SecureAggregation(SIZES, 2.0 ** 20)).collect(
             round_request(2, np.full(D, 0.1), 5)))
+
+
+class CuriousServer(Transport):
+    """An in-process transport whose server, at the unmasking step, first asks two clients
+    not listed as survivors for their shares: the one listed as dropped, with the server's
+    request, and one survivor with a request whose survivors leave it out. What each answered
+    (its Reply, or the error it raised) is kept in ``answers``."""
+
+    def __init__(self, clients, dropped: int, left_out: int):
+        self.inner = InProcessTransport(clients)
+        self.clients = clients
+        self.num_clients = self.inner.num_clients
+        self.dropped, self.left_out = dropped, left_out
+        self.answers = {}
+
+    def stream(self, request, participants=None, tolerate_failures=False):
+        if request.task == secagg.UNMASK:
+            alive = np.asarray(request.arrays["survivors"])
+            assert self.dropped in np.asarray(request.arrays["dropped"])
+            assert self.left_out in alive
+            left_out = replace(request, arrays={**request.arrays,
+                                                "survivors": alive[alive != self.left_out]})
+            for i, req in ((self.dropped, request), (self.left_out, left_out)):
+                try:
+                    self.answers[i] = self.clients[i].handle(req.read_only())
+                except ss.SecureAggregationError as exc:
+                    self.answers[i] = exc
+        yield from self.inner.stream(request, participants, tolerate_failures)
+
+
+def test_a_client_not_listed_as_a_survivor_never_reveals_its_shares():
+    """Revealing the shares of a client's own self-mask seed b_u and mask key s_u would let
+    the server unmask that client's input. Client 3 fails in its task, after the keys and
+    shares went round, so the server lists it as dropped: asked to unmask, it refuses. Client
+    4, which survived, refuses too when the list of survivors leaves it out. Both are still
+    asked to unmask by the honest request afterwards (client 4 answers it), and the sum comes
+    out."""
+    prob = ss.Problem(_lsq(fail=lambda X: X[0, 1] == MARK), dim=D, data=_data(marker_client=3))
+    transport = CuriousServer(_clients(prob, True), dropped=3, left_out=4)
+    gatherer = Gatherer(transport, SIZES, secure=secagg.SecureAggregation(SIZES, 2.0 ** 20),
+                        drop=True)
+    (agg,) = gatherer.collect(round_request(3, np.array([0.2, -0.1, 0.4, 0.3]), 5))
+    for i in (3, 4):
+        assert isinstance(transport.answers[i], ss.SecureAggregationError), transport.answers
+        assert f"client {i}: refusing to unmask" in str(transport.answers[i])
+    assert [d.client for d in gatherer.take()] == [3]
+    assert np.all(np.isfinite(agg.arrays["0:lin"]))

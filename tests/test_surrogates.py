@@ -113,3 +113,30 @@ def test_recursive_statistics_equal_the_weighted_sum_of_surrogates(init):
         assert np.isclose(builder.evaluate(final, w), literal(w), rtol=1e-12, atol=1e-12)
     expected_quad = tau if init == "tau" else tau * (1 - np.prod(1 - rho))
     assert np.isclose(final["quad"], expected_quad, rtol=1e-12)
+
+
+@pytest.mark.parametrize("curvature", [0.0, -0.5])
+def test_the_exact_strong_convexity_check_refuses_statistics_without_curvature(curvature):
+    """Proximal-linear statistics whose curvature a of a |w|^2 + b.w + c is not positive (a
+    custom builder's, or corrupted ones) make Problem 2 unbounded: the exact check, which reads
+    a from the quadratic form, refuses them with its message."""
+    from ssca_solver.model.surrogates import check_strongly_convex
+
+    stats = {"const": np.asarray(1.0), "lin": np.ones(D), "quad": np.asarray(curvature)}
+    with pytest.raises(ss.ModelError, match=rf"the surrogate of f \(ProximalLinear\(tau=None\)\) "
+                                            rf"is not strongly convex: its curvature is "
+                                            rf"{curvature:g}\. Assumption 2 needs strong "
+                                            rf"convexity"):
+        check_strongly_convex(ss.ProximalLinear(), stats, D, "f")
+
+
+def test_the_exact_strong_convexity_check_accepts_a_small_curvature_far_from_the_origin():
+    """Statistics taken far from the origin carry const ~ a |w_t|^2, where a second
+    difference through the expression would lose a to rounding: the exact check reads a and
+    accepts them."""
+    from ssca_solver.model.surrogates import check_strongly_convex
+
+    tau, x = 1e-3, np.full(D, 1e9)
+    stats = {"const": np.asarray(tau * float(x @ x)), "lin": -2.0 * tau * x,
+             "quad": np.asarray(tau)}
+    check_strongly_convex(ss.ProximalLinear(), stats, D, "f")      # no error

@@ -42,7 +42,6 @@ import stat
 import sys
 import warnings
 import zipfile
-import zlib
 from typing import Any, Mapping
 
 import numpy as np
@@ -311,9 +310,10 @@ def save(result: Result, path) -> str:
 
 # -- loading -------------------------------------------------------------------------------------
 
-def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> np.ndarray:
+def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, meta=None) -> np.ndarray:
     """One ``.npy`` member (:func:`ssca_solver.npzfile.read_member`): stored, its header
-    checked against its size before its data is read."""
+    checked against its size before its data is read (every member alike: ``meta``, the
+    metadata read before it, is not needed)."""
     return npzfile.read_member(zf, info, name, ResultFileError, stored_only=True,
                                header_bytes=_HEADER_BYTES)
 
@@ -332,46 +332,18 @@ def _read(path: str) -> tuple[dict, dict]:
     if info.st_size == 0:
         raise ResultFileError(f"load_result: {path!r} is empty (0 bytes), not a saved Result",
                               path)
-    field = None
-    try:
-        with zipfile.ZipFile(path) as zf:
-            infos = {}
-            for member in zf.infolist():
-                name = member.filename
-                if not name.endswith(".npy") or name[:-4] in infos:
-                    raise ResultFileError(
-                        f"is not a .npy array ({'repeated' if name[:-4] in infos else 'name'})",
-                        field=name)
-                infos[name[:-4]] = member
-            field = "__meta__"
-            if field not in infos:
-                raise ResultFileError("is missing (no metadata: not a saved Result)",
-                                      field=field)
-            raw = _member(zf, infos[field], field)
-            if raw.dtype.kind != "U" or raw.shape != ():
-                raise ResultFileError(f"is a {raw.dtype} array of shape {raw.shape}, not a "
-                                      "JSON string", field=field)
-            meta = json.loads(str(raw), parse_constant=_no_constant)
-            _check_format(meta, path)
-            arrays = {}
-            for name, member in infos.items():
-                if name != "__meta__":
-                    field = name
-                    arrays[name] = _member(zf, member, name)
-    except ResultFileError as exc:
-        if exc.path is not None:
-            raise
-        raise ResultFileError(f"load_result: {path!r} is refused: member {exc.field!r} {exc}",
-                              path, exc.field) from None
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError,
-            KeyError, TypeError, AttributeError, IndexError, OverflowError, MemoryError,
-            NotImplementedError, RuntimeError, zlib.error, UnicodeError) as exc:
-        # JSONDecodeError is a ValueError
-        at = f" (member {field!r})" if field else ""
-        raise ResultFileError(f"load_result: {path!r} is not a Result saved by this library, "
-                              f"or is truncated or corrupted{at}: {type(exc).__name__}: {exc}",
-                              path, field) from None
-    return meta, arrays
+    return npzfile.read(path, ResultFileError, _member, lambda text: _parsed(text, path),
+                        not_array="is not a .npy array",
+                        no_meta="is missing (no metadata: not a saved Result)",
+                        refused=f"load_result: {path!r} is refused:",
+                        corrupt=f"load_result: {path!r} is not a Result saved by this library")
+
+
+def _parsed(text: str, path: str) -> dict:
+    """The metadata from its JSON text (no NaN tokens), checked for the format and version."""
+    meta = json.loads(text, parse_constant=_no_constant)
+    _check_format(meta, path)
+    return meta
 
 
 def _no_constant(name):

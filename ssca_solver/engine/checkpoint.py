@@ -31,7 +31,6 @@ import shutil
 import stat
 import warnings
 import zipfile
-import zlib
 from typing import Mapping, Optional
 
 import numpy as np
@@ -161,17 +160,22 @@ class Layout:
             raise CheckpointError(f"resume: the checkpoint {path!r} is inconsistent: {field} "
                                   f"{what}", path, field)
 
+        def numbers(key) -> np.ndarray:
+            # a member the solve needs, of numbers
+            if key not in arrays:
+                bad(key, "is missing")
+            a = arrays[key]
+            if a.dtype.kind not in "biuf":
+                bad(key, f"has dtype {a.dtype}, not a number")
+            return a
+
         stage, rounds = meta["stage"], meta["round"]
         if stage >= self.num_stages:
             bad("stage", f"= {stage}, but the method has {self.num_stages} stage"
                          f"{'s' if self.num_stages != 1 else ''} (0 to {self.num_stages - 1})")
         for name, (shape, dtype) in self.state.items():
             key = f"state/{name}"
-            if key not in arrays:
-                bad(key, "is missing")
-            a = arrays[key]
-            if a.dtype.kind not in "biuf":
-                bad(key, f"has dtype {a.dtype}, not a number")
+            a = numbers(key)
             if math.prod(shape) == 0:       # filled in later (a metric, a previous point)
                 ok = a.ndim == len(shape) and all(n <= self.wide for n in a.shape)
             else:
@@ -188,11 +192,7 @@ class Layout:
             n = None
             for col, shape in group.items():
                 key = f"history/{col}"
-                if key not in arrays:
-                    bad(key, "is missing")
-                a = arrays[key]
-                if a.dtype.kind not in "biuf":
-                    bad(key, f"has dtype {a.dtype}, not a number")
+                a = numbers(key)
                 if a.ndim == 0 or a.shape[1:] != shape:
                     bad(key, f"has shape {a.shape}; rows of shape {shape} were expected")
                 if n is None:
@@ -412,55 +412,34 @@ def load(path: str, layout: Optional[Layout] = None,
         raise CheckpointError(f"resume: {path!r} is a directory, not a checkpoint file", path)
     if st.st_size == 0:
         raise CheckpointError(f"resume: {path!r} is empty (0 bytes), not a checkpoint", path)
-    field = None
-    try:
-        with zipfile.ZipFile(path) as zf:
-            infos = {}
-            for info in zf.infolist():
-                name = info.filename
-                if not name.endswith(".npy") or name[:-4] in infos:
-                    raise CheckpointError(f"is not an array of this library "
-                                          f"({'repeated' if name[:-4] in infos else 'name'})",
-                                          field=name)
-                infos[name[:-4]] = info
-            field = "__meta__"
-            if field not in infos:
-                raise CheckpointError("is missing (no metadata)", field=field)
-            limit = (layout.limit(field, 0) if layout is not None else st.st_size)
-            raw = _member_array(zf, infos[field], field, limit)
-            if raw.dtype.kind != "U" or raw.shape != ():
-                raise CheckpointError(f"is a {raw.dtype} array of shape {raw.shape}, not a "
-                                      "JSON string", field=field)
-            meta = _meta_fields(json.loads(str(raw)), path)
-            if expected is not None:
-                check_matches(meta, expected, path)
-            arrays = {}
-            for name, info in infos.items():
-                if name == "__meta__":
-                    continue
-                field = name
-                limit = (layout.limit(name, meta["round"]) if layout is not None
-                         else st.st_size)
-                if limit == 0:
-                    raise CheckpointError("is not a member this library writes", field=name)
-                if name in _DROPOUT_STRINGS and info.compress_type == zipfile.ZIP_STORED:
-                    # clients' error texts have no length limit; a stored member is no
-                    # larger than the file, so it cannot be a decompression bomb
-                    limit = max(limit, st.st_size)
-                arrays[name] = _member_array(zf, info, name, limit)
-    except CheckpointError as exc:
-        if exc.path is not None:
-            raise
-        raise CheckpointError(f"resume: the checkpoint {path!r} is refused: member "
-                              f"{exc.field!r} {exc}", path, exc.field) from None
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError,
-            KeyError, TypeError, AttributeError, IndexError, OverflowError, MemoryError,
-            NotImplementedError, RuntimeError, zlib.error, UnicodeError) as exc:
-        # JSONDecodeError is a ValueError
-        at = f" (member {field!r})" if field else ""
-        raise CheckpointError(f"resume: {path!r} is not a checkpoint of this library, or is "
-                              f"truncated or corrupted{at}: {type(exc).__name__}: {exc}",
-                              path, field) from None
+
+    def member(zf, info, name, meta):
+        # the metadata first (meta None), then each array, bounded by what this solve's state
+        # can take after the metadata's round (without a layout: by the file's size)
+        if layout is None:
+            return _member_array(zf, info, name, st.st_size)
+        if meta is None:
+            return _member_array(zf, info, name, layout.limit(name, 0))
+        limit = layout.limit(name, meta["round"])
+        if limit == 0:
+            raise CheckpointError("is not a member this library writes", field=name)
+        if name in _DROPOUT_STRINGS and info.compress_type == zipfile.ZIP_STORED:
+            # clients' error texts have no length limit; a stored member is no
+            # larger than the file, so it cannot be a decompression bomb
+            limit = max(limit, st.st_size)
+        return _member_array(zf, info, name, limit)
+
+    def parse(text):
+        meta = _meta_fields(json.loads(text), path)
+        if expected is not None:
+            check_matches(meta, expected, path)
+        return meta
+
+    meta, arrays = npzfile.read(
+        path, CheckpointError, member, parse, not_array="is not an array of this library",
+        no_meta="is missing (no metadata)",
+        refused=f"resume: the checkpoint {path!r} is refused:",
+        corrupt=f"resume: {path!r} is not a checkpoint of this library")
     if layout is not None:
         layout.check(arrays, meta, path)
     _check_sums(arrays, meta, path)

@@ -8,8 +8,9 @@ registered (:mod:`ssca_solver.methods`) and brings the replies back; it knows no
 from .client import Client, TaskHandler, build_clients
 from .messages import AGGREGATE, Dropout, Reply, Request, aggregation_weight, array
 from .registry import make_transport, register_transport, transport_names
-from .transports import (DEFAULT_CLIENT_TIMEOUT, ClientTimeout, InProcessTransport,
-                         ProcessTransport, Transport)
+from .processes import ProcessTransport
+from .timeouts import DEFAULT_CLIENT_TIMEOUT, ClientTimeout
+from .transport import InProcessTransport, Transport
 
 __all__ = ["Client", "TaskHandler", "build_clients", "AGGREGATE", "Dropout", "Reply", "Request",
            "aggregation_weight", "array",

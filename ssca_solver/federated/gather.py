@@ -140,9 +140,8 @@ class Gatherer:
         and the weights of those asked are scaled so that the data of the clients left out
         still add up (the same renormalisation as for a failure). A client stuck in its
         function then costs ``client_timeout`` about log2(rounds) times plus once every
-        SKIP_MAX rounds, not at every round (20 rounds at client_timeout=3 took 72 s
-        before). Other failures (a raise, a dead process, a malformed reply) cost no wait:
-        such a client is asked again at the next request."""
+        SKIP_MAX rounds, not at every round. Other failures (a raise, a dead process, a
+        malformed reply) cost no wait: such a client is asked again at the next request."""
         if not self.drop:
             yield from self._collect(request, participants, factors, kind)
             return

@@ -11,6 +11,7 @@ sums and recovery shares are ordinary requests and replies, :mod:`ssca_solver.fe
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Union
 
@@ -158,6 +159,18 @@ def describe_error(exc: BaseException) -> str:
     except Exception:
         text = "<str() failed>"
     return f"{type(exc).__name__}: {text}"
+
+
+def exception_parts(exc: BaseException) -> tuple[str, str, str]:
+    """(qualified type name, message, traceback text) of the exception being handled, as a
+    client sends its own failure to the server (a message whose ``str()`` raises is named as
+    such rather than lost)."""
+    name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    try:
+        text = str(exc)
+    except Exception:
+        text = f"<str() of the {type(exc).__name__} failed>"
+    return name, text, traceback.format_exc()
 
 
 def array(reply: Reply, name: str) -> np.ndarray:

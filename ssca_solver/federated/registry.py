@@ -9,8 +9,10 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from . import flower_options
 from .client import Client
-from .transports import (AUTO_FIRST, DEFAULT_CLIENT_THREADS, InProcessTransport,
-                         ProcessTransport, Transport, check_client_threads)
+from .processes import ProcessTransport
+from .threads import DEFAULT_CLIENT_THREADS, check_client_threads
+from .timeouts import AUTO_FIRST
+from .transport import InProcessTransport, Transport
 
 #: ``client_threads`` of transport="flower": None, the Ray actors keep the thread count the
 #: simulation gives them (this process's, so that the iterates equal the in-process ones bit
@@ -163,7 +165,7 @@ def make_transport(name: str, clients: Sequence[Client], timeout: Optional[float
                          f"{name!r}") from None
     extra = dict(opts.transport_options) if opts is not None else {}
     if name not in _BUILTIN and isinstance(timeout, str) and timeout == "auto":
-        # a registered transport receives seconds or None, as before "auto" existed: the
-        # first-request allowance of the built-in ones (only they adapt the limit)
+        # a registered transport receives seconds or None (only the built-in ones adapt
+        # the limit): the first-request allowance of the built-in ones
         timeout = AUTO_FIRST
     return factory(clients, timeout, **extra)

@@ -48,8 +48,8 @@ if hasattr(os, "register_at_fork"):
 
 def _single_thread_after_fork(torch) -> None:
     """In a process forked after torch was imported, run torch on one thread (once): a team
-    of one never waits for the parent's OpenMP threads, which do not exist here (measured:
-    a 4000 x 400 product hangs in the child without it, and runs with it). The clients of
+    of one never waits for the parent's OpenMP threads, which do not exist here (with more
+    than one, a large matrix product can hang in the child). The clients of
     ``transport="process"`` are such processes; their ``client_threads`` is 1 per client on
     a machine with fewer cores than clients anyway."""
     global _FORKED_AFTER_TORCH
@@ -163,8 +163,7 @@ class TorchSampleFunction(AutodiffSampleFunction):
                     v = self._per_sample(torch, w, X, y)
             else:
                 # reverse mode through the vmapped values: the numbers of
-                # torch.func.grad_and_value (equal to the bit on the paper's network), at
-                # half its per-call cost there (1.9 against 4.0 ms, 128 rows, one thread)
+                # torch.func.grad_and_value, at a lower cost per call
                 w = w.requires_grad_(True)
                 v = self._per_sample(torch, w, X, y)
                 g = (torch.autograd.grad(v.mean(), w, allow_unused=True)[0]

@@ -19,10 +19,9 @@ except ImportError:                     # pragma: no cover
     clarabel = None
 
 #: the direct form is used up to this many variables: P holds the quasi-Newton matrix dense,
-#: which beyond ~128 variables costs more than CVXPY's factored term saves (per round's solve,
-#: logistic regression over a box with a quadratic constraint, 5 clients, N = 3000, warm:
-#: direct / CVXPY 1.2 / 4.1 ms at d = 50, 2.6 / 4.7 at 100, 6.9 / 5.4 at 150, 11.7 / 7.0 at
-#: 200, 49 / 25 at 400; measured 2026-11-27 on 2 shared cores)
+#: whose factorisation grows like d^3 while CVXPY's factored term grows with d times its
+#: rank, so above this size the dense form costs more per solve than the CVXPY model it
+#: replaces
 DIRECT_MAX_DIM = 128
 
 
@@ -60,7 +59,7 @@ def solve_qp(P: np.ndarray, q, A_eq: np.ndarray, b_eq, A_in: np.ndarray, b_in,
              soc: Optional[tuple], tolerances: dict):
     """Clarabel on min z'Pz/2 + q'z s.t. A_eq z = b_eq, A_in z <= b_in and, with ``soc`` =
     (A_soc, b_soc), b_soc - A_soc z in the second-order cone (dense arrays, converted to CSC
-    once: building them sparse block by block took a quarter of a small problem's run).
+    once: building them sparse block by block costs more than the solve on small problems).
     Returns (x, z_eq, z_in, status)."""
     blocks, b, cones = [], [], []
     if A_eq.shape[0]:
@@ -98,9 +97,9 @@ def linearized_step_box(box: tuple, ridge: float, w, g0, G, cons, eq, t: float,
     M = cons.size
     n = d + M
     # the objective multiplied by t, so that the proximal term has unit curvature: at its
-    # own scale (curvature 1 / t = 3e-4 with bounds 1e4 away) a step error of 6e-5 cost less
-    # than Clarabel's gap tolerance and stayed in the answer (tests/test_kkt.py, LAUNCH's
-    # data); the duals are divided back
+    # own scale a long step (small curvature 1 / t) makes a sizeable step error cost less
+    # than Clarabel's gap tolerance, so the error stays in the answer (tests/test_kkt.py);
+    # the duals are divided back
     P = np.zeros((n, n))
     P[np.arange(d), np.arange(d)] = 1.0 + 2.0 * ridge * t / sigma
     q = t * np.concatenate([g0 + (2.0 * ridge / sigma) * w, np.full(M, P_elastic)])

@@ -12,8 +12,8 @@ from typing import Callable, Optional, Sequence
 import cvxpy as cp
 import numpy as np
 
-from ..errors import ModelError, SubproblemError
-from . import box as box_form
+from ..errors import ModelError
+from . import linearized
 
 
 def term_label(kind: str, i: int, fn) -> str:
@@ -21,8 +21,6 @@ def term_label(kind: str, i: int, fn) -> str:
     return f"{kind} #{i} ({name})" if name != "<lambda>" else f"{kind} #{i}"
 
 
-#: above this |w| the linearised KKT step is solved in the step v = u - w first
-RECENTRE_FIRST = 1e4
 #: the linearised KKT problem is compiled once with parameters while d (M + 1) is at most
 #: this (its parameter G holds d M numbers)
 LINEARIZED_CACHE_SIZE = 20_000
@@ -46,10 +44,7 @@ class DeterministicPart:
         self._terms = tuple(terms)
         self._domain = tuple(domain)
         self._w = cp.Variable(dim, name="w")
-        self._exprs = [self._term_expr(label, fn, self._w) for label, fn in self._terms]
-        self._cons = []
-        for i, fn in enumerate(self._domain):
-            self._cons.extend(self._domain_cons(term_label("domain", i, fn), fn, self._w))
+        self._exprs, self._cons = self._build(self._w)
         self._prox = None
         self._linearized: dict = {}
         self._linearized_uses: dict = {}
@@ -62,11 +57,16 @@ class DeterministicPart:
 
     # -- building on any variable -----------------------------------------------------------------
     @staticmethod
-    def _term_expr(label, fn, w):
+    def _call(label, fn, w):
+        """``fn(w)``; whatever it raises becomes a ModelError naming the term or domain."""
         try:
-            e = fn(w)
+            return fn(w)
         except Exception as exc:
             raise ModelError(f"{label}: calling it on a CVXPY variable failed: {exc!r}") from exc
+
+    @staticmethod
+    def _term_expr(label, fn, w):
+        e = DeterministicPart._call(label, fn, w)
         if isinstance(e, (int, float, np.number)):
             e = cp.Constant(float(e))
         if not isinstance(e, cp.Expression):
@@ -81,10 +81,7 @@ class DeterministicPart:
 
     @staticmethod
     def _domain_cons(label, fn, w):
-        try:
-            cons = fn(w)
-        except Exception as exc:
-            raise ModelError(f"{label}: calling it on a CVXPY variable failed: {exc!r}") from exc
+        cons = DeterministicPart._call(label, fn, w)
         if isinstance(cons, cp.constraints.constraint.Constraint):
             cons = [cons]
         cons = list(cons)
@@ -97,12 +94,17 @@ class DeterministicPart:
                                  "rules; a domain must be a convex set")
         return cons
 
-    def instantiate(self, w: cp.Variable):
-        """The terms' sum and the domain's constraints, built on variable ``w``."""
+    def _build(self, w) -> tuple[list, list]:
+        """(the terms' expressions, the domain's constraints), built on ``w`` and checked."""
         exprs = [self._term_expr(label, fn, w) for label, fn in self._terms]
         cons = []
         for i, fn in enumerate(self._domain):
             cons.extend(self._domain_cons(term_label("domain", i, fn), fn, w))
+        return exprs, cons
+
+    def instantiate(self, w: cp.Variable):
+        """The terms' sum and the domain's constraints, built on variable ``w``."""
+        exprs, cons = self._build(w)
         return (cp.sum(cp.hstack(exprs)) if exprs else None), cons
 
     # -- properties -----------------------------------------------------------------------------
@@ -156,8 +158,8 @@ class DeterministicPart:
 
     def grad(self, w) -> np.ndarray:
         """Gradient (a subgradient at kinks, as CVXPY gives it) of the terms' sum at ``w``;
-        2 lambda w without CVXPY when they are lambda |w|^2 (:meth:`_ridge`; CVXPY's
-        gradient took ~1.7 ms, a fifth of a small problem's KKT tests)."""
+        2 lambda w without CVXPY when they are lambda |w|^2 (:meth:`_ridge`: CVXPY's
+        gradient costs a sizeable share of a small problem's KKT test)."""
         g = np.zeros(self.dim)
         if not self._exprs:
             return g
@@ -282,18 +284,18 @@ class DeterministicPart:
         """The coordinates the domain fixes by simple bounds (:meth:`simple_bounds`: equal
         lower and upper bounds, or an equality), as indices; empty without a domain. The
         probe's direction leaves them out: a function need not be smooth along a coordinate
-        the domain never lets move (S2MPJ's EQC and QCNEW: x log x at variables fixed at 0 gave
-        a curvature of 9e15 along the gradient, tau 9e15 and statistics that carried nothing
-        below the units digit; round 1 failed)."""
+        the domain never lets move (x log x at a variable fixed at 0 has an unbounded
+        curvature there, which would make tau so large that the statistics lose every digit
+        of the step)."""
         lo, hi = self.simple_bounds()
         return np.flatnonzero(np.isfinite(lo) & (lo == hi))
 
     def free(self, g: np.ndarray) -> np.ndarray:
         """``g`` with the coordinates the domain's simple bounds fix (:meth:`bound_fixed`) set
         to 0 (``g`` itself when there are none). A gradient along a coordinate that cannot
-        move is no force to balance: in the KKT test's scale, a component of 1e8 along a
-        variable fixed at 0 made |g| 1e8 and certified a point 4e-4 from the minimum in the
-        free variable."""
+        move is no force to balance: counted in the KKT test's scale |g|, a large component
+        along a fixed variable would loosen the relative test enough to certify a point far
+        from the minimum in the free variables."""
         fixed = self.bound_fixed(None)
         if not fixed.size:
             return g
@@ -303,8 +305,8 @@ class DeterministicPart:
 
     def clip(self, w: np.ndarray) -> np.ndarray:
         """``w`` moved into the domain's simple bounds (:meth:`simple_bounds`): an interior
-        point solver's answer can sit 1e-12 outside them, where a function such as x log x at
-        a variable fixed at 0 is not defined (S2MPJ's QCNEW: NaN in the next evaluation)."""
+        point solver's answer can sit a rounding error outside them, where a function such as
+        x log x at a variable fixed at 0 is not defined (NaN in the next evaluation)."""
         lo, hi = self.simple_bounds()
         return np.clip(w, lo, hi) if self._domain else w
 
@@ -313,7 +315,7 @@ class DeterministicPart:
         """The coordinates the domain fixes (min w_i = max w_i over D, to 1e-12 max(1, |w_i|)),
         as indices; empty without a domain, above ``max_dim`` variables (2 d small solves) or
         when a solve fails. For the gradient check: a function need not be differentiable off
-        the domain along a fixed coordinate (S2MPJ's QCNEW: x log x at a variable fixed at 0)."""
+        the domain along a fixed coordinate (e.g. x log x at a variable fixed at 0)."""
         if not self._domain or self.dim > max_dim:
             return np.zeros(0, dtype=int)
         u = cp.Variable(self.dim)
@@ -360,8 +362,7 @@ class DeterministicPart:
             try:
                 # warm_start=False: on a second solve of the same problem CVXPY's warm start
                 # hands Clarabel the data through update(), which keeps the first attempt's
-                # settings, so the fallback to the defaults was the tight attempt again
-                # (S2MPJ's TENBARS1: x0 = 0 outside x >= 0.645 was never projected)
+                # settings, so the fallback to the defaults would be the tight attempt again
                 prob.solve(solver=solver, warm_start=False, **options)
             except cp.error.SolverError as exc:
                 statuses.append(f"solver error ({exc})")
@@ -378,130 +379,9 @@ class DeterministicPart:
 
     def linearized_step(self, w, g0, G, cons, solver: str = "CLARABEL", equality=None,
                         step: float = 1.0):
-        """The KKT step of Problem 3 linearised at ``w``, with its multipliers.
-
-        Solves the convex problem (a step of an SQP method with identity Hessian)
-
-            minimise    g_0.(u - w) + R(u) + |u - w|^2 / (2 t) + P sum_m e_m
-            subject to  F_m(w) - U_m + G_m.(u - w) <= e_m,  e_m >= 0,   u in D,
-                        (an equality: |F_m(w) - U_m + G_m.(u - w)| <= e_m, free-sign mu_m)
-
-        with g_0 the full-data gradient of F_0, G_m those of F_m and R, D the deterministic
-        terms and domain (exact). At a KKT point of Problem 3, u = w and the duals are its
-        multipliers: ``mu`` for the stochastic constraints and one array per domain constraint.
-        |u - w| / t is the KKT residual (it reduces to |grad L| without domain and
-        constraints); t is ``step`` (1: an identity Hessian).
-        The elastic variables e (weight P, far above any sensible multiplier) keep the problem
-        feasible where the linearised constraints are not; ``elastic`` is their sum.
-
-        Returns (u, mu, domain duals (list of arrays), elastic).
-
-        Attempts: Clarabel at tight tolerances, then at its defaults; if neither leaves a
-        point, the same problem in the step v = u - w (u = w + v: no large constants when |w|
-        is large, the cause of the "unbounded" answers met on badly scaled problems with
-        bounds), at tight tolerances and at the defaults. A first-order solver is not tried:
-        its answer could pass a KKT test it should fail. When every attempt fails:
-        :class:`~ssca_solver.errors.SubproblemError` naming the statuses (the session then
-        marks the KKT report failed instead of losing the run).
-        """
-        M = int(np.size(cons))
-        eq = (np.zeros(M, dtype=bool) if equality is None
-              else np.asarray(equality, dtype=bool).reshape(M))
-        G = np.asarray(G, dtype=float).reshape(self.dim, M)
-        w = np.asarray(w, dtype=float)
-        cons = np.asarray(cons, dtype=float)
-        t = float(step)
-        if not (np.isfinite(t) and t > 0):
-            raise ValueError(f"linearized_step: step = {step!r} must be positive")
-        # each linearised constraint divided by its gradient's norm: the same step and the
-        # same geometry, with forces mu_m |G_m| for duals (divided back below); with the rows
-        # as given, constraint gradients of 5e4 made the elastic weight 5e10 and Clarabel
-        # called the problem unbounded at every attempt (S2MPJ's LAUNCH)
-        # (a gradient that vanishes at w is not blown up: each row is divided by at least 1e-3
-        # of the largest row's norm; dividing by 1e-13 made HS108's problem a "solver_error")
-        norms = np.linalg.norm(G, axis=0) if M else np.zeros(0)
-        row = np.maximum(norms, 1e-3 * float(np.max(norms, initial=0.0)))
-        row = np.where(row > 0, row, 1.0)
-        G = G / row
-        cons = cons / row
-        # and the objective divided by sigma = |g_0| (duals multiplied back below): gradients
-        # of 1e6 with a proximal weight 1/(2t) of the same size left Clarabel "unbounded" at
-        # every attempt (S2MPJ's HS84)
-        # ... and at least by max(1, |w|) / t, the gradient scale the step length stands for:
-        # with |g_0| = 6e-86 (an exponentially flat objective, S2MPJ's HS54) and t = 3e16 the
-        # proximal weight 1 / (2 t |g_0|) was 2.5e68 and Clarabel answered 'solver_error' at
-        # every attempt; so the proximal weight is at most 1 / (2 max(1, |w|))
-        sigma = max(float(np.linalg.norm(g0)), max(1.0, float(np.linalg.norm(w))) / t)
-        if not (np.isfinite(sigma) and sigma > 0):
-            sigma = 1.0
-        g0 = g0 / sigma
-        t = t * sigma
-        P = 1e6 * max(1.0, float(np.linalg.norm(g0)))
-        # the step |u - w| is the residual the stopping test reads at 1e-4 relative: solve
-        # it well below that (Clarabel's default tolerances leave ~1e-4 in u)
-        tight = ({"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11, "tol_feas": 1e-11}
-                 if solver.upper() == "CLARABEL" else {})
-
-        def unscaled(mu, duals):
-            # the multipliers in the user's units (rows and objective scaled back; an
-            # inequality's rounding below 0 clipped) and the domain's duals
-            if M:
-                mu = mu * sigma / row
-                mu = np.where(eq, mu, np.maximum(mu, 0.0))
-            return mu, [sigma * np.atleast_1d(np.asarray(x, dtype=float)) for x in duals]
-
-        # a box domain and no terms but lambda |w|^2: the same problem handed to Clarabel
-        # directly (no CVXPY compile; the CVXPY forms below when it is not "Solved")
-        direct = self.box_terms() if box_form.usable(solver, self.dim) else None
-        if direct is not None:
-            got = box_form.linearized_step_box(direct[0], direct[1], w, g0, G, cons, eq, t,
-                                               sigma, P, tight)
-            if got is not None:
-                u, mu, (z_lo, z_hi), elastic = got
-                return (u, *unscaled(mu, self.box_duals(z_lo, z_hi)), elastic)
-        statuses, found = [], False
-        # far from the origin the form in the step v = u - w goes first: in u the objective
-        # carries constants of |w|^2 / (2 t) whose rounding left a step of 6e5 where 0 was
-        # the answer at |w| = 5e7 (S2MPJ's HS54). Each form is tried first as the problem
-        # compiled once for this structure with the data as CVXPY parameters (DPP), then,
-        # should that fail, built afresh with the data as constants (as before the cache)
-        order = (True, False) if float(np.linalg.norm(w)) > RECENTRE_FIRST else (False, True)
-        data = (w, g0, G, cons, t, sigma, P)
-        for recentred in order:
-            for cached in (True, False):
-                built = self._linearized_problem(recentred, eq, data, cached)
-                if built is None:
-                    continue
-                prob, u, cons_lin, dom, e = built
-                for options in (tight, {}):
-                    try:
-                        # warm_start=False: the defaults must be a fresh solve (see project)
-                        prob.solve(solver=solver, warm_start=False, **options)
-                        statuses.append(prob.status)
-                    except cp.error.SolverError:
-                        statuses.append("solver_error")
-                        continue
-                    if u.value is not None and (prob.status in (cp.OPTIMAL,
-                                                                cp.OPTIMAL_INACCURATE)
-                                                or not options):
-                        found = True
-                        break
-                if found:
-                    break
-            if found:
-                break
-        if not found or not np.all(np.isfinite(u.value)):
-            raise SubproblemError(
-                "the linearised KKT problem (the KKT report's diagnostic) failed at w: solver "
-                f"{solver} returned {', '.join(repr(x) for x in statuses)} (tight tolerances, "
-                "defaults, then the same recentred at w)")
-        mu = np.asarray(cons_lin[0].dual_value, dtype=float) if M else np.zeros(0)
-        if M and eq.any():
-            mu = mu.copy()
-            mu[np.flatnonzero(eq)] -= np.asarray(cons_lin[1].dual_value, dtype=float)
-        mu, duals = unscaled(mu, [c.dual_value for c in dom])
-        elastic = float(np.sum(e.value)) if M else 0.0
-        return np.asarray(u.value, dtype=float), mu, duals, elastic
+        """The KKT step of Problem 3 linearised at ``w``, with its multipliers: (u, mu, domain
+        duals, elastic) of :func:`ssca_solver.model.linearized.linearized_step`."""
+        return linearized.linearized_step(self, w, g0, G, cons, solver, equality, step)
 
     def box_terms(self) -> Optional[tuple]:
         """(box, lambda) when the domain is a box (:meth:`box`) and the terms add up to
@@ -520,9 +400,9 @@ class DeterministicPart:
         equalities) compiled at its first use with the data as parameters (CVXPY's DPP: a
         later solve only refills the numbers), while d (M + 1) <= ``LINEARIZED_CACHE_SIZE``
         (a parameter matrix G of d M numbers); None when that does not apply or the domain
-        is not DPP with the point as a parameter. A compile with constants at every test took
-        47 ms of a 2-variable problem's 60 ms run (S2MPJ's HS21); the parametrised compile
-        takes 25-40 ms once, each later test 3-10 ms. Not cached: the same problem with the
+        is not DPP with the point as a parameter. A compile with constants at every test
+        would be most of a small problem's run; the parametrised problem is compiled once
+        and each later test only refills its numbers. Not cached: the same problem with the
         data as constants."""
         w, g0, G, cons, t, sigma, P = data
         M = cons.size
@@ -530,7 +410,7 @@ class DeterministicPart:
         if M:
             values.update(G=G, c=cons if recentred else cons - G.T @ w, P=P)
         if not cached:
-            return self._linearized_form(recentred, eq, M, values)[:5]
+            return linearized.form(self, recentred, eq, M, values)[:5]
         if self.dim * (M + 1) > LINEARIZED_CACHE_SIZE:
             return None
         key = (recentred, M, tuple(np.flatnonzero(eq)))
@@ -542,7 +422,7 @@ class DeterministicPart:
             if M:
                 params.update(G=cp.Parameter((self.dim, M)), c=cp.Parameter(M),
                               P=cp.Parameter(nonneg=True))
-            built = self._linearized_form(recentred, eq, M, params)
+            built = linearized.form(self, recentred, eq, M, params)
             self._linearized[key] = built if built[0].is_dpp() else False
         entry = self._linearized[key]
         if not entry:
@@ -550,42 +430,6 @@ class DeterministicPart:
         for name, value in values.items():
             entry[5][name].value = value
         return entry[:5]
-
-    def _linearized_form(self, recentred: bool, eq: np.ndarray, M: int, v: dict) -> tuple:
-        """The problem of :meth:`linearized_step` on the values ``v`` (w, g0, half_inv_t =
-        1 / (2 t), inv_sigma, and with constraints G, c, P; Parameters or numbers):
-        (problem, u, linearised constraints, domain constraints, e, v).
-
-        In the step s (u = w + s): g0.s + |s|^2 / (2 t) + R(w + s) / sigma; in u, |u - w|^2
-        through z = u - w (a parameter times a function of a parameter is not DPP, and
-        expanding it cancels digits: a step of 2e-5 where 1e-11 is right at |w| = 3.4e3).
-        A term in the form in the step holds the point inside it: not DPP (then built afresh
-        each time)."""
-        d = self.dim
-        extra = []
-        if recentred:
-            step = cp.Variable(d)
-            u = v["w"] + step
-            expr, dom = self.instantiate(u)
-            obj = v["g0"] @ step + v["half_inv_t"] * cp.sum_squares(step)
-        else:
-            u = cp.Variable(d)
-            z = cp.Variable(d)
-            expr, dom = self.instantiate(u)
-            obj = v["g0"] @ u + v["half_inv_t"] * cp.sum_squares(z)
-            extra = [z == u - v["w"]]
-        if expr is not None:
-            obj = obj + v["inv_sigma"] * expr
-        cons_lin, e = [], None
-        if M:
-            e = cp.Variable(M, nonneg=True)
-            obj = obj + v["P"] * cp.sum(e)
-            lin = v["c"] + v["G"].T @ (step if recentred else u)
-            cons_lin = [lin <= e]
-            if eq.any():                  # an equality: |linearisation| <= e
-                cons_lin.append(-lin[np.flatnonzero(eq)] <= e[np.flatnonzero(eq)])
-        prob = cp.Problem(cp.Minimize(obj), cons_lin + extra + dom)
-        return prob, u, cons_lin, dom, e, v
 
     def prox_residual(self, w, g, solver: str = "CLARABEL") -> float:
         """|w - prox_{R + I_D}(w - g)|, the prox-gradient stationarity residual.

@@ -106,8 +106,8 @@ class SurrogateBuilder:
 
         The CVXPY subproblem is then solved in the step v = w - center about the round's
         point: its data are the surrogate's value, gradient and curvature there instead of
-        the expanded constants (tau |w_t|^2 and more) that cancel, which left Clarabel's
-        answers "inaccurate" from round 1 at |w_t| ~ 1e2 (S2MPJ's HS83).
+        the expanded constants (tau |w_t|^2 and more), which cancel and, far from the origin,
+        leave the interior-point solver's answers "inaccurate".
         """
         return None
 
@@ -186,7 +186,7 @@ class ProximalLinear(SurrogateBuilder):
 
 
 class Linearization(ProximalLinear):
-    """The affine surrogate of an equality constraint ``f == b`` (issue 18): the linearisation
+    """The affine surrogate of an equality constraint ``f == b``: the linearisation
 
         fbar(w, w_t, x) = f(w_t, x) + grad f(w_t, x)^T (w - w_t),
 
@@ -284,8 +284,8 @@ def check_strongly_convex(builder: SurrogateBuilder, stats: Mapping[str, np.ndar
     form = builder.quadratic_form(stats) if builder.scalar_curvature else None
     if form is not None:
         # a |w|^2 + b.w + c: strongly convex iff a > 0, read exactly (a second difference
-        # through the expression loses a to rounding once const ~ a |w_t|^2 is large: every
-        # default surrogate was refused at |w_t| ~ 1e6)
+        # through the expression loses a to rounding once const ~ a |w_t|^2 is large, and
+        # would refuse the default surrogates far from the origin)
         if not form[0] > 0:
             raise ModelError(f"the surrogate of {name} ({builder!r}) is not strongly convex: its "
                              f"curvature is {form[0]:.3g}. Assumption 2 needs strong convexity "

@@ -8,7 +8,7 @@ w - w_t about it; the closed forms are exact and ignore it).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -99,3 +99,25 @@ class SubproblemSolution:
         return (f"SubproblemSolution(value={self.value!r}, slack={self.slack!r}, "
                 f"multipliers={self.multipliers!r}, residual={self.residual!r}, "
                 f"retries={self.retries}, inaccurate={self.inaccurate})")
+
+
+class BoundSolver(SubproblemSolver):
+    """A subproblem solver bound to what one round's solve takes besides the statistics (a
+    quasi-Newton model, a diagonal metric) and to the point x the round's statistics were
+    taken at: the solvers' ``with_model``, ``with_metric`` and ``with_zero_model`` give one.
+    Same contract as the solver's own ``solve``; the ``center`` passed to :meth:`solve` is the
+    round's point, the one bound here.
+
+    Args:
+      base: the solver (its ``name`` is this one's).
+      center: x, the point the round's statistics were taken at.
+      solve: ``solve(stats, penalty, round, nu0)``, the base's solve with the bound data.
+    """
+
+    def __init__(self, base, center: np.ndarray, solve: Callable[..., SubproblemSolution]):
+        self.base, self.center, self._solve = base, center, solve
+        self.name = base.name
+
+    def solve(self, stats, penalty: float, round: int, nu0=None,
+              center=None) -> SubproblemSolution:
+        return self._solve(stats, penalty, round, nu0)

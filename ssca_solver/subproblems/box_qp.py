@@ -3,10 +3,9 @@ the KKT test's linearised step).
 
 Where the subproblem is a quadratic program over a box (every surrogate proximal-linear or a
 linearisation, the deterministic terms lambda |w|^2 or absent, the domain only simple bounds
-on coordinates), CVXPY's modelling layer is most of its cost on small problems: a compile of
-15-25 ms per problem form (a run compiles two or three) and ~2.5 ms per solve around
-Clarabel's ~0.5 ms (measured on S2MPJ's HS21, d = 2: 80 ms of a 140 ms run in CVXPY). Here
-the same problem is written in Clarabel's own form
+on coordinates), CVXPY's modelling layer is most of its cost on small problems: a compile per
+problem form (a run compiles two or three) and, around each of Clarabel's solves, several
+times the solve's own time. Here the same problem is written in Clarabel's own form
 
     minimise  z' P z / 2 + q' z   subject to  A z + s = b,  s in K
 
@@ -92,11 +91,10 @@ class BoxProblem5:
         const = 0.0
         if k:
             # the objective's a_0 |v|^2 in P, also where the constraints share the epigraph r
-            # (the CVXPY form writes a_0 r there). On random instances (d = 10..80) Clarabel
-            # said "AlmostSolved" at 1e-9 more often so (3-5 of 10 against 0-2), but on the
-            # held-out HS family a_0 r lost HS75's certificate (stalled at round 94) and
-            # moved HS114 to a point 0.33 % above its optimum that the KKT test passed
-            # (106 certified and 1 false certificate of 114, against 108 and 0 with a_0 in P)
+            # (the CVXPY form writes a_0 r there): the same minimiser, but with a_0 r some
+            # runs stalled before their certificate or ended at a point the KKT test wrongly
+            # passed, while with a_0 in P Clarabel only says "AlmostSolved" a little more
+            # often, which the fallback attempts absorb
             P[:d, :d] += 2.0 * float(local[0]["quad"]) * np.eye(d)
             q[:d] += np.asarray(local[0]["lin"], dtype=float)
             const += float(local[0]["const"])

@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit
 
 from .._kernels import combination
-from .base import SubproblemSolution, SubproblemSolver
+from .base import BoundSolver, SubproblemSolution, SubproblemSolver
 
 
 @njit(cache=True)
@@ -362,7 +362,7 @@ def solve_closed_form_model(a0: float, b0: np.ndarray | None, c0: float, a: np.n
                             cs: np.ndarray, U: np.ndarray, penalty: float, model,
                             center: np.ndarray, nu0: np.ndarray | None = None,
                             max_iter: int = 200, equality=None) -> SubproblemSolution:
-    """Problem 5 with a quasi-Newton model added to the objective's surrogate (issue 19):
+    """Problem 5 with a quasi-Newton model added to the objective's surrogate:
 
         p_0(w) = a_0 |w|^2 + b_0.w + c_0 + (w - x)' B (w - x) / 2,   x = ``center``,
 
@@ -446,45 +446,50 @@ class ClosedFormSubproblem(SubproblemSolver):
     def solve(self, stats, penalty: float, round: int, nu0=None,
               center=None) -> SubproblemSolution:
         """Problem 5 (Problem 2 when M = 0) at the averaged statistics, in closed form."""
-        forms = [b.quadratic_form(s) for b, s in zip(self.builders, stats)]
-        if self.k:
-            a0, b0, c0 = forms[0]
-        else:
-            a0, b0, c0 = 0.0, None, 0.0
+        a0, b0, c0, a, bs, c = self._forms(self._quadratic_forms(stats), (0.0, None, 0.0))
+        sol = solve_closed_form(a0, b0, c0, a, bs, c, self.bounds, penalty, nu0=nu0,
+                                max_iter=self.newton_max_iter, equality=self.equality)
+        return self._flagged(sol, penalty)
+
+    def _quadratic_forms(self, stats) -> list:
+        """Each surrogate's (a_m, b_m, c_m) at the averaged statistics."""
+        return [b.quadratic_form(s) for b, s in zip(self.builders, stats)]
+
+    def _forms(self, forms: list, no_objective: tuple) -> tuple:
+        """(a_0 + lambda, b_0, c_0) of the objective's form (``no_objective`` in its place
+        without a stochastic objective), then the constraints' (a_m), [b_m] and (c_m)."""
+        a0, b0, c0 = forms[0] if self.k else no_objective
         cons = forms[self.k:]
-        sol = solve_closed_form(a0 + self.ridge, b0, c0, np.array([f[0] for f in cons]),
-                                [f[1] for f in cons], np.array([f[2] for f in cons]),
-                                self.bounds, penalty, nu0=nu0, max_iter=self.newton_max_iter,
-                                equality=self.equality)
+        return (a0 + self.ridge, b0, c0, np.array([f[0] for f in cons]), [f[1] for f in cons],
+                np.array([f[2] for f in cons]))
+
+    def _flagged(self, sol: SubproblemSolution, penalty: float) -> SubproblemSolution:
         # the dual residual is p_m(w) - U_m in the constraints' units: a stop far above
         # rounding (iteration limit, stalled line search) is reported as an inaccurate solve
         sol.inaccurate = sol.residual > self.INACCURATE * (1.0 + penalty)
         return sol
 
-    def with_model(self, model, center: np.ndarray) -> "ModelClosedForm":
+    def with_model(self, model, center: np.ndarray) -> BoundSolver:
         """This solver with the quasi-Newton ``model`` added to the objective's surrogate about
-        ``center``, the point the round's statistics were taken at (:class:`ModelClosedForm`,
-        :func:`solve_closed_form_model`)."""
-        return ModelClosedForm(self, model, center)
+        ``center``, the point the round's statistics were taken at (:meth:`solve_model`)."""
+        return BoundSolver(self, center, lambda stats, penalty, round, nu0:
+                           self.solve_model(stats, penalty, model, center, nu0))
 
     def solve_model(self, stats, penalty: float, model, center: np.ndarray,
                     nu0=None) -> SubproblemSolution:
         """Problem 5 at the averaged statistics with (w - x)' B (w - x) / 2 added to the
         objective's surrogate, x = ``center`` (:func:`solve_closed_form_model`)."""
-        forms = [b.quadratic_form(s) for b, s in zip(self.builders, stats)]
-        a0, b0, c0 = forms[0] if self.k else (0.0, None, 0.0)
-        cons = forms[self.k:]
-        sol = solve_closed_form_model(a0 + self.ridge, b0, c0, np.array([f[0] for f in cons]),
-                                      [f[1] for f in cons], np.array([f[2] for f in cons]),
-                                      self.bounds, penalty, model, center, nu0=nu0,
-                                      max_iter=self.newton_max_iter, equality=self.equality)
-        sol.inaccurate = sol.residual > self.INACCURATE * (1.0 + penalty)
-        return sol
+        a0, b0, c0, a, bs, c = self._forms(self._quadratic_forms(stats), (0.0, None, 0.0))
+        sol = solve_closed_form_model(a0, b0, c0, a, bs, c, self.bounds, penalty, model, center,
+                                      nu0=nu0, max_iter=self.newton_max_iter,
+                                      equality=self.equality)
+        return self._flagged(sol, penalty)
 
-    def with_metric(self, metric: np.ndarray, center: np.ndarray) -> "MetricClosedForm":
+    def with_metric(self, metric: np.ndarray, center: np.ndarray) -> BoundSolver:
         """This solver for statistics whose proximal term tau |w - x|^2 is to be replaced by
-        tau (w - x)' diag(metric_m) (w - x), x = ``center`` (see :class:`MetricClosedForm`)."""
-        return MetricClosedForm(self, metric, center)
+        tau (w - x)' diag(metric_m) (w - x), x = ``center`` (:meth:`solve_metric`)."""
+        return BoundSolver(self, center, lambda stats, penalty, round, nu0:
+                           self.solve_metric(stats, penalty, metric, center, nu0))
 
     def solve_metric(self, stats, penalty: float, metric: np.ndarray, center: np.ndarray,
                      nu0=None) -> SubproblemSolution:
@@ -496,48 +501,12 @@ class ClosedFormSubproblem(SubproblemSolver):
         a D_m, b + 2 a (1 - D_m) x, c + a x'((D_m - 1) x): solved by
         :func:`solve_closed_form_diag`."""
         forms = []
-        for b, s, D in zip(self.builders, stats, metric):
-            a, lin, const = b.quadratic_form(s)
+        for (a, lin, const), D in zip(self._quadratic_forms(stats), metric):
             Dx = D * center
             forms.append((a * D, lin + 2.0 * a * (center - Dx),
                           const + a * float(center @ Dx - center @ center)))
-        if self.k:
-            a0, b0, c0 = forms[0]
-            a0 = a0 + self.ridge
-        else:
-            a0, b0, c0 = np.full(self.dim, self.ridge), None, 0.0
-        cons = forms[self.k:]
-        sol = solve_closed_form_diag(a0, b0, c0, np.array([f[0] for f in cons]).reshape(
-            len(cons), self.dim), [f[1] for f in cons], np.array([f[2] for f in cons]),
-            self.bounds, penalty, nu0=nu0, max_iter=self.newton_max_iter,
-            equality=self.equality)
-        sol.inaccurate = sol.residual > self.INACCURATE * (1.0 + penalty)
-        return sol
-
-
-class MetricClosedForm(SubproblemSolver):
-    """A :class:`ClosedFormSubproblem` bound to a diagonal metric and the point the round's
-    statistics were taken at (the adaptive defaults' diagonal curvature; same contract)."""
-
-    name = "closed_form"
-
-    def __init__(self, base: ClosedFormSubproblem, metric: np.ndarray, center: np.ndarray):
-        self.base, self.metric, self.center = base, metric, center
-
-    def solve(self, stats, penalty: float, round: int, nu0=None,
-              center=None) -> SubproblemSolution:
-        return self.base.solve_metric(stats, penalty, self.metric, self.center, nu0)
-
-
-class ModelClosedForm(SubproblemSolver):
-    """A :class:`ClosedFormSubproblem` bound to a quasi-Newton model and the point the round's
-    statistics were taken at (the full-batch phase's second-order surrogate; same contract)."""
-
-    name = "closed_form"
-
-    def __init__(self, base: ClosedFormSubproblem, model, center: np.ndarray):
-        self.base, self.model, self.center = base, model, center
-
-    def solve(self, stats, penalty: float, round: int, nu0=None,
-              center=None) -> SubproblemSolution:
-        return self.base.solve_model(stats, penalty, self.model, self.center, nu0)
+        a0, b0, c0, a, bs, c = self._forms(forms, (np.zeros(self.dim), None, 0.0))
+        sol = solve_closed_form_diag(a0, b0, c0, a.reshape(len(bs), self.dim), bs, c,
+                                     self.bounds, penalty, nu0=nu0,
+                                     max_iter=self.newton_max_iter, equality=self.equality)
+        return self._flagged(sol, penalty)

@@ -36,26 +36,25 @@ import cvxpy as cp
 import numpy as np
 
 from ..errors import ModelError, SubproblemError
-from .base import SubproblemSolution, SubproblemSolver
+from .base import BoundSolver, SubproblemSolution, SubproblemSolver
 from .box_qp import BoxProblem5
 
 
 #: Above this size the subproblem is rebuilt with constants each round instead of compiled once
-#: with Parameters: CVXPY 1.9's DPP compilation grows like d^2 (measured: 0.06 s and 190 MB at
-#: d = 1000, 1.6 s and 730 MB at d = 6000, an attempted 77 GiB allocation at d = 101,632),
-#: while a plain build and solve of the network's Problem 5 takes ~1 s at d = 101,632.
+#: with Parameters: CVXPY's DPP compilation grows like d^2 in time and memory (beyond the
+#: memory of a machine at a network's hundred thousand weights), while a plain build and solve
+#: stays affordable there.
 DPP_MAX_DIM = 4096
 
 _CLARABEL_FALLBACKS = [{"static_regularization_enable": False}, {"equilibrate_enable": False}]
 
 #: Clarabel's tolerances for Problem 5 unless the user's ``solver_options`` set them. Clarabel's
-#: defaults (1e-8 gap, 1e-8 feasibility, relative to its scaled data) left the subproblem of the
-#: box-domain Neyman-Pearson example accurate to ~1e-5 in w: the full-batch backtracking then
-#: rejected most steps and the run stalled at relative stationarity 1.7e-4 > 1e-4 (issue 10).
-#: At 1e-9 the same run is certified (tests/test_examples.py).
+#: defaults (1e-8 gap, 1e-8 feasibility, relative to its scaled data) can leave w accurate to
+#: only ~1e-5: the full-batch backtracking then rejects most steps and the run stalls above
+#: the stationarity the KKT test asks for (tests/test_examples.py).
 #: Where Clarabel cannot reach them (noisy mini-batch statistics, a large c: it then reports
 #: "AlmostSolved"), the round is retried at Clarabel's own defaults before being called
-#: inaccurate: 16 of 50 rounds of a B = 10 Neyman-Pearson run needed that retry.
+#: inaccurate.
 CLARABEL_TOLERANCES = {"tol_gap_abs": 1e-9, "tol_gap_rel": 1e-9, "tol_feas": 1e-9}
 _CLARABEL_DEFAULTS = {"tol_gap_abs": 1e-8, "tol_gap_rel": 1e-8, "tol_feas": 1e-8}
 
@@ -65,7 +64,8 @@ _CLARABEL_DEFAULTS = {"tol_gap_abs": 1e-8, "tol_gap_rel": 1e-8, "tol_feas": 1e-8
 MODEL_RANK = 16
 
 #: up to this d the term has d columns from the start (the model's rank reaches min(d, 128)
-#: at d <= 512: from 16 columns a d = 31 problem compiled twice, d = 64 three times)
+#: at d <= 512: starting from MODEL_RANK columns, a small problem would compile the term again
+#: at each doubling)
 FULL_RANK_DIM = 64
 
 #: The other solvers tried, at these settings, when every attempt of the chosen solver failed
@@ -180,7 +180,7 @@ class CvxpySubproblem(SubproblemSolver):
             self._params = [{s.name: _parameter(s, m) for s in b.statistic_specs(dim)}
                             for m, b in enumerate(builders)]
             self._c = cp.Parameter(nonneg=True, name="penalty")
-        # the local form (issue 18): every builder can recentre its statistics
+        # the local form: every builder can recentre its statistics
         zero = np.zeros(dim)
         self._recentres = all(b.recentre({s.name: _placeholder(s)
                                           for s in b.statistic_specs(dim)}, zero) is not None
@@ -362,10 +362,10 @@ class CvxpySubproblem(SubproblemSolver):
            ("InsufficientProgress", "AlmostSolved") after it has converged, when either interacts
            badly with the degenerate optimum of an unsatisfiable constraint surrogate; turning
            it off solves those instances to full accuracy. If none is "optimal", the first
-           "optimal_inaccurate" answer is kept (flagged inaccurate), as before;
+           "optimal_inaccurate" answer is kept (flagged inaccurate);
         3. only when no attempt left an answer: the same problem rebuilt around a centre
            (:meth:`_center`), w = centre + v, then w = centre + D v with D = max(1, |centre|):
-           a badly scaled subproblem (|w_t| ~ 1e4 with bounds: constants ~ 1e9 that cancel)
+           a badly scaled subproblem (a large |w_t| with bounds: large constants that cancel)
            that Clarabel called "solver_error" or "unbounded" is solved to full accuracy so;
         4. the other installed solvers of ``OTHER_SOLVERS`` (SCS; OSQP when the problem is a
            QP; Clarabel when another solver was chosen), on the recentred problem when there
@@ -513,16 +513,56 @@ class CvxpySubproblem(SubproblemSolver):
             return False
         return prob.status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE)
 
-    def with_model(self, model, center: np.ndarray) -> "ModelCvxpy":
+    def with_model(self, model, center: np.ndarray) -> BoundSolver:
         """This solver with the quasi-Newton ``model`` added to the objective's surrogate about
-        ``center`` (:class:`ModelCvxpy`; issue 19), as the closed form's ``with_model``."""
-        return ModelCvxpy(self, model, center)
+        ``center``, the point the round's statistics were taken at (:meth:`solve_model`), as
+        the closed form's ``with_model``."""
+        return BoundSolver(self, center, lambda stats, penalty, round, nu0:
+                           self.solve_model(stats, penalty, round, nu0, model, center))
 
-    def with_zero_model(self, center: np.ndarray) -> "ZeroModelCvxpy":
+    def solve_model(self, stats, penalty: float, round: int, nu0, model,
+                    center: np.ndarray) -> SubproblemSolution:
+        """:meth:`solve` with the quasi-Newton ``model``'s term centred at the round's point
+        ``center``; once a model's round was solved, the later rounds without a pair are the
+        first-order problem's (:meth:`solve_zero_model`)."""
+        self._model_solved = True
+        return self.solve(stats, penalty, round, nu0, model=model, center=center)
+
+    def with_zero_model(self, center: np.ndarray) -> BoundSolver:
         """This solver for a round of the full-batch phase before its quasi-Newton model holds
-        a pair: the model's compiled problem with B = 0 (:class:`ZeroModelCvxpy`), so that a
+        a pair: the model's compiled problem with B = 0 (:meth:`solve_zero_model`), so that a
         run compiles one subproblem instead of two."""
-        return ZeroModelCvxpy(self, center)
+        return BoundSolver(self, center, lambda stats, penalty, round, nu0:
+                           self.solve_zero_model(stats, penalty, round, nu0, center))
+
+    def solve_zero_model(self, stats, penalty: float, round: int, nu0,
+                         center: np.ndarray) -> SubproblemSolution:
+        """A full-batch round before the quasi-Newton model holds a pair: the compiled problem
+        of :meth:`solve_model` with its term at B = 0 (the same subproblem as the first-order
+        one), so that a run compiles one problem, not two. Where the local form does not
+        apply, or the solver fails on it, the round is the first-order problem's."""
+        # (once the first-order problem was compiled, by the sampled rounds of batch_size=
+        # "auto", there is no compile to save: it serves, as Clarabel needed a retry with the
+        # zero term in a round its first attempt solves with the first-order problem)
+        # (and only before the run's first model: after a reset of the model, the rounds
+        # without it are the first-order problem's)
+        # (the direct form over a box compiles nothing: the first-order round is the same
+        # problem)
+        if (self._direct is None and self.parametrize and self._recentres
+                and not self._first_order_solved
+                and not self._model_solved and self._local_main(True) is not None):
+            try:
+                return self.solve(stats, penalty, round, nu0, qn=self._zero_model_values(),
+                                  center=center)
+            except EmptyDomainError:
+                raise
+            except SubproblemError:
+                # every attempt failed on the zero term: the first-order problem, the failed
+                # attempt counted as one retry
+                sol = self.solve(stats, penalty, round, nu0, center=center)
+                sol.retries += 1
+                return sol
+        return self.solve(stats, penalty, round, nu0, center=center)
 
     def _zero_model_values(self) -> dict:
         """The values of :meth:`_build`'s quasi-Newton term for B = 0 (every factor zero)."""
@@ -705,59 +745,3 @@ class CvxpySubproblem(SubproblemSolver):
         w = self._deterministic.clip(np.array(w, dtype=float))
         return SubproblemSolution(w, slack, mult, value, retries=retries,
                                   inaccurate=inaccurate)
-
-
-class ModelCvxpy(SubproblemSolver):
-    """A :class:`CvxpySubproblem` bound to a quasi-Newton model and the point the round's
-    statistics were taken at (the full-batch phase's second-order surrogate; same contract)."""
-
-    name = "cvxpy"
-
-    def __init__(self, base: CvxpySubproblem, model, center: np.ndarray):
-        self.base, self.model, self.center = base, model, center
-
-    def solve(self, stats, penalty: float, round: int, nu0=None,
-              center=None) -> SubproblemSolution:
-        # the model's centre is the round's point (``center``, when given, is the same)
-        self.base._model_solved = True
-        return self.base.solve(stats, penalty, round, nu0, model=self.model,
-                               center=self.center)
-
-
-class ZeroModelCvxpy(SubproblemSolver):
-    """A :class:`CvxpySubproblem` for the full-batch rounds before the quasi-Newton model
-    holds a pair: the compiled problem of :class:`ModelCvxpy` with its term at B = 0 (the same
-    subproblem as the first-order one), so that a run compiles one problem, not two (a compile
-    took ~15 ms of a small S2MPJ problem's ~150 ms run). Where the local form does not apply,
-    or the solver fails on it, the round is the first-order problem's."""
-
-    name = "cvxpy"
-
-    def __init__(self, base: CvxpySubproblem, center: np.ndarray):
-        self.base, self.center = base, center
-
-    def solve(self, stats, penalty: float, round: int, nu0=None,
-              center=None) -> SubproblemSolution:
-        base = self.base
-        # (once the first-order problem was compiled, by the sampled rounds of batch_size=
-        # "auto", there is no compile to save: it serves, as Clarabel needed a retry with the
-        # zero term in a round its first attempt solves with the first-order problem)
-        # (and only before the run's first model: after a reset of the model, the rounds
-        # without it are the first-order problem's, as the run's statuses were measured with)
-        # (the direct form over a box compiles nothing: the first-order round is the same
-        # problem)
-        if (base._direct is None and base.parametrize and base._recentres
-                and not base._first_order_solved
-                and not base._model_solved and base._local_main(True) is not None):
-            try:
-                return base.solve(stats, penalty, round, nu0, qn=base._zero_model_values(),
-                                  center=self.center)
-            except EmptyDomainError:
-                raise
-            except SubproblemError:
-                # every attempt failed on the zero term: the first-order problem, the failed
-                # attempt counted as one retry
-                sol = base.solve(stats, penalty, round, nu0, center=self.center)
-                sol.retries += 1
-                return sol
-        return base.solve(stats, penalty, round, nu0, center=self.center)

@@ -21,7 +21,7 @@ from flwr.clientapp import ClientApp
 from ...model.data import ClientData
 from ..client import Client
 from ..messages import Request
-from ..transports import available_cpus, client_thread_count, limit_threads
+from ..threads import available_cpus, client_thread_count, limit_threads
 from .codec import _META, _error_record, pack, unpack
 
 

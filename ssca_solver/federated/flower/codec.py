@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import traceback
 from typing import Any, Mapping, Optional
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
-from ..messages import Dropout, Reply, Request
+from ..messages import Dropout, Reply, Request, exception_parts
 
 #: The Flower message type of every request (Flower allows train/evaluate/query[.action]).
 MESSAGE_TYPE = "query.ssca"
@@ -83,12 +82,8 @@ def unpack(content: RecordDict):
 
 def _error_record(exc: BaseException, client: int) -> RecordDict:
     """What a client sends when its code raised: type, text and traceback (no pickle)."""
-    try:
-        text = str(exc)
-    except Exception:
-        text = f"<str() of the {type(exc).__name__} failed>"
-    info = {"client": client, "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-            "message": text, "traceback": traceback.format_exc()}
+    name, text, tb = exception_parts(exc)
+    info = {"client": client, "type": name, "message": text, "traceback": tb}
     return RecordDict({_META: ConfigRecord({"error": json.dumps(info)})})
 
 

@@ -62,8 +62,8 @@ CLOSE_WAIT = 15.0
 #: Runtime's worker threads (concurrent.futures does at exit, and would wait for them forever)
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()
 #: the threads that finish the stop of simulations closed with ``wait=False`` (the Runtime's
-#: and Ray's shutdown, 2-3 s): a new simulation waits for them before it starts (Ray is one
-#: per process), and so does the interpreter at exit
+#: and Ray's shutdown, a few seconds): a new simulation waits for them before it starts (Ray
+#: is one per process), and so does the interpreter at exit
 _STOPPING: list = []
 _STOPPING_LOCK = threading.Lock()
 
@@ -162,9 +162,9 @@ class _Simulation:
         not be written), shut Ray down under it.
 
         ``wait=False``: return once the busy clients are ended and the stop is asked for; the
-        Runtime's and Ray's shutdown (2-3 s) finish in a thread that the next simulation, and
-        the interpreter at exit, wait for (:func:`wait_stopped`). A solve that failed (a client
-        past ``client_timeout``) then raises without waiting for it."""
+        Runtime's and Ray's shutdown (a few seconds) finish in a thread that the next
+        simulation, and the interpreter at exit, wait for (:func:`wait_stopped`). A solve that
+        failed (a client past ``client_timeout``) then raises without waiting for it."""
         if self not in _LIVE:             # closed already
             if wait:
                 wait_stopped()

@@ -12,7 +12,8 @@ from ... import errors
 from ...errors import ClientError
 from ..client import Client
 from ..messages import Dropout, Reply, Request
-from ..transports import DEFAULT_CLIENT_TIMEOUT, ClientTimeout, Transport, participant_order
+from ..timeouts import DEFAULT_CLIENT_TIMEOUT
+from ..transport import TimedTransport, participant_order
 from .clientapp import kill_time
 from .codec import _Failure
 from .engines import ENGINES, _Deployment, _Simulation
@@ -37,7 +38,7 @@ def _raise_failure(i: int, request: Request, failure: _Failure):
     raise ClientError(i, where, failure.cause, failure.tb)
 
 
-class FlowerTransport(Transport):
+class FlowerTransport(TimedTransport):
     """Requests as Flower messages to a ``ClientApp`` hosting the clients (see the module).
 
     Args:
@@ -80,15 +81,6 @@ class FlowerTransport(Transport):
                                  "(the SuperLink's --host:--port, e.g. 127.0.0.1:9093)")
             self._engine = _Deployment(clients, superlink, bridge, start_timeout, timeout)
         self._session = self._engine.session
-
-    @property
-    def timeout(self):
-        """``client_timeout``: seconds, None or "auto" (:class:`ClientTimeout`); settable."""
-        return self._timeout.value
-
-    @timeout.setter
-    def timeout(self, value) -> None:
-        self._timeout = ClientTimeout(value)
 
     def stream(self, request: Request, participants=None,
                tolerate_failures: bool = False) -> Iterator:
@@ -153,7 +145,7 @@ class FlowerTransport(Transport):
 
     def close(self, wait: bool = False) -> None:
         """Stop the clients and the engine. Simulation: clients still busy are ended at once;
-        the Simulation Runtime's and Ray's shutdown (2-3 s) finish in the background unless
+        the Simulation Runtime's and Ray's shutdown (a few seconds) finish in the background unless
         ``wait`` (a new simulation, and the interpreter at exit, wait for it), so that a
         solve ending on a client past ``client_timeout`` raises without that delay."""
         if not self._closed:
