@@ -372,7 +372,7 @@ def test_the_first_request_answered_by_one_client_without_an_array_is_a_reply_er
     assert "has no array '0:lin'" in str(err), str(err)
 
 
-# -- option values no other test tried (benchmarks/fault_probe.py, category "options") -----------
+# -- option values no other test tried (tests/fault_probe.py, category "options") ----------------
 
 @pytest.mark.parametrize("opts, match", [
     ({"feas_tol": -1.0}, "feas_tol"),
@@ -396,7 +396,7 @@ def test_option_values_the_probe_tried_are_refused_naming_the_option(opts, match
 
 @pytest.mark.slow
 def test_the_probe_program_classifies_and_writes_its_results(tmp_path):
-    """benchmarks/fault_probe.py end to end on three cases (a refusal, a correct run, one
+    """tests/fault_probe.py end to end on three cases (a refusal, a correct run, one
     whose error must arrive within client_timeout; the latter's secure variant comes along):
     each in its own process group, the JSON and the PNG written to --results-dir. About 15 s
     (one process imports the library)."""
@@ -406,7 +406,7 @@ def test_the_probe_program_classifies_and_writes_its_results(tmp_path):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run = subprocess.run(
-        [sys.executable, os.path.join(root, "benchmarks", "fault_probe.py"), "--results-dir",
+        [sys.executable, os.path.join(root, "tests", "fault_probe.py"), "--results-dir",
          str(tmp_path), "--only",
          "ckpt_path_missing_directory,resume_same_everything,client_process_sleeps_past_timeout"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path)

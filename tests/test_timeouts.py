@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import ssca_solver as ss
-from conftest import HOOK_MARK, hooked_least_squares
+from conftest import HOOK_MARK, hooked_least_squares, slack
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="forks, and reads process states from /proc")
@@ -140,7 +140,7 @@ def test_a_frozen_process_client_is_found_after_the_auto_limit(monkeypatch, on_f
             assert "client_timeout='auto'" in res.dropouts[0].error
             assert res.dropouts[1].error.startswith("not asked")
         if took is not None:
-            assert 0.9 < took < 4.0, took
+            assert 0.9 < took < slack(4.0), took
         assert len(pids) >= 3
 
 
@@ -184,7 +184,7 @@ def test_a_process_client_spinning_in_a_user_function_is_cut_at_the_timeout(tmp_
             took = time.monotonic() - armed["at"]
             assert (info.value.client, info.value.round) == (1, 3)
             assert "no answer within client_timeout=1.5 s" in str(info.value)
-            assert 1.5 <= took < 1.5 + 2.0, took
+            assert 1.5 <= took < 1.5 + slack(2.0), took
         else:
             res = _spinning_problem(flag).solve(**{**opts, "max_iter": 3})
             took = time.monotonic() - armed["at"]
@@ -194,7 +194,7 @@ def test_a_process_client_spinning_in_a_user_function_is_cut_at_the_timeout(tmp_
             assert [(d.client, d.task, d.round) for d in res.dropouts] == [
                 (1, "ssca.round", 3), (1, "evaluate", 3)]
             assert res.dropouts[1].error.startswith("not asked")
-            assert 1.5 <= took < 1.5 + 2.0, took
+            assert 1.5 <= took < 1.5 + slack(2.0), took
         assert len(pids) >= 3
 
 
@@ -252,14 +252,14 @@ def test_the_first_request_has_the_floor_and_a_grace_only_while_computing(monkey
     assert err.client == 1
     if mode == "sleep":
         # the floor, or a step or two more when the process computed in its first moments
-        assert 1.0 <= took < 1.0 + 3.0, took
-        assert re.search(r"no answer within 1(\.[2-9])? s \(client_timeout='auto': the first "
+        assert 1.0 <= took < 1.0 + slack(3.0), took
+        assert re.search(r"no answer within 1(\.\d+)? s \(client_timeout='auto': the first "
                          r"request of task '[a-z.]+': 1 s, (not extended for compiling: the "
                          r"client's process was not computing|extended by 0.2 s at a time "
                          r"while the client's process computed, until it stopped) \(under "
                          r"0.5 % of a CPU( over the last step)?\)", str(err)), str(err)
     else:
-        assert 3.0 <= took < 3.0 + 3.0, took
+        assert 3.0 <= took < 3.0 + slack(3.0), took
         assert ("no answer within 3 s (client_timeout='auto': the first request of task "
                 in str(err)), str(err)
         assert "extended while the client computed up to the grace's end, 3 s in all" \
@@ -348,7 +348,7 @@ def test_a_client_past_its_deadline_has_its_process_ended(in_thread, signal_):
         took = time.monotonic() - t0
         quick.join(timeout=20)
         assert stuck.exitcode == -signal_, stuck.exitcode
-        assert took < 0.2 + 2.0, took
+        assert took < 0.2 + slack(2.0), took
         assert quick.exitcode == 0
 
 
@@ -458,8 +458,8 @@ def test_flower_a_user_function_that_never_returns_holds_neither_solve_nor_inter
     assert "ERROR" in lines, lines
     _, took, text = lines["ERROR"].split(" ", 2)
     assert text.startswith("client 1, round 3: no answer within client_timeout=3 s"), text
-    assert 3 <= float(took) < 3 + 2, took
-    assert exit_lag < 15, exit_lag
+    assert 3 <= float(took) < 3 + slack(2), took
+    assert exit_lag < slack(15), exit_lag
 
 
 @pytest.mark.slow

@@ -22,9 +22,9 @@ A case also says which outcomes are acceptable (``accept``): ``met`` in the JSON
 the outcome was one of them (e.g. an honest "max_iter" where the case expects convergence is
 ``correct`` but not met).
 
-    python benchmarks/fault_probe.py                      # the whole set (about 10 minutes)
-    python benchmarks/fault_probe.py --quick              # one case in four, no slow ones
-    python benchmarks/fault_probe.py --only checkpoint    # the cases whose name has it
+    python tests/fault_probe.py                      # the whole set (about 10 minutes)
+    python tests/fault_probe.py --quick              # one case in four, no slow ones
+    python tests/fault_probe.py --only checkpoint    # the cases whose name has it
 
 Writes ``fault_probe.json`` and ``fault_probe.png`` to ``--results-dir`` (default
 benchmarks/results) and prints a table of outcomes per category. Nothing binds other than
@@ -2021,7 +2021,7 @@ def _cpu() -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--results-dir", default=str(HERE / "results"))
+    ap.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--quick", action="store_true", help="one case in four, no slow ones")
     ap.add_argument("--only", default=None, metavar="SUBSTRING",
                     help="the cases whose name contains SUBSTRING (several: comma-separated)")
@@ -2060,7 +2060,7 @@ def main(argv=None):
     suffix = "_quick" if a.quick else ""
     if a.only:
         suffix += "_only"
-    doc = {"command": "python benchmarks/fault_probe.py" + (" --quick" if a.quick else "")
+    doc = {"command": "python tests/fault_probe.py" + (" --quick" if a.quick else "")
            + (f" --only {a.only}" if a.only else ""),
            "commit": _commit(), "python": platform.python_version(), "machine": _cpu(),
            "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()[0],
