@@ -36,43 +36,21 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import RESULTS, log, machine, write_json  # noqa: E402
+from problems import least_squares  # noqa: E402
 
 KAPPAS = (1e2, 1e3, 1e4, 1e5, 1e6)
 TARGET_ROUNDS, TARGET_DISTANCE, TARGET_TIGHT_ROUNDS = 30, 1e-3, 50
 
 
-def family(kappa: float, d: int = 20, n: int = 2000, clients: int = 8, seed: int = 0):
-    """(problem, pooled X, y, target, r): see the module docstring."""
-    import ssca_solver as ss
-
-    rng = np.random.default_rng(seed)
-    U, _ = np.linalg.qr(rng.standard_normal((n, d)))
-    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
-    X = (U * kappa ** np.linspace(0.0, -1.0, d)) @ V.T * np.sqrt(n)
-    wstar = rng.standard_normal(d)
-    y = X @ wstar + 0.1 * rng.standard_normal(n)
-    data = ss.FederatedData.split(X, y, num_clients=clients, seed=seed)
-    lsq = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
-                            lambda w, X, y: X.T @ (X @ w - y) / len(X), name="lsq",
-                            hess=lambda w, X, y: X.T @ X / len(X))
-    mean = ss.SampleFunction(lambda w, X, y: X @ w, lambda w, X, y: X.mean(0), name="mean",
-                             hess=lambda w, X, y: np.zeros((len(w), len(w))))
-    norm = ss.SampleFunction(lambda w, X, y: np.full(len(X), w @ w), lambda w, X, y: 2 * w,
-                             name="norm", hess=lambda w, X, y: 2 * np.eye(len(w)))
-    target, r = float(X.mean(0) @ (0.5 * wstar)), 0.8 * float(wstar @ wstar)
-    prob = ss.Problem(lsq, [mean == target, norm <= r], dim=d, data=data)
-    return prob, X, y, target, r
+def family(kappa: float):
+    """(problem, pooled X, y, target, r): problems.least_squares.ill_conditioned."""
+    return least_squares.ill_conditioned(kappa)
 
 
 def clarabel(X, y, target, r):
-    import cvxpy as cp
-
-    w = cp.Variable(X.shape[1])
-    p = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(X @ w - y) / len(y)),
-                   [X.mean(0) @ w == target, cp.sum_squares(w) <= r])
     t0 = time.perf_counter()
-    p.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
-    return np.asarray(w.value), time.perf_counter() - t0
+    x = least_squares.ill_conditioned_reference(X, y, target, r)
+    return x, time.perf_counter() - t0
 
 
 def scipy_run(method: str, X, y, target, r, x_ref):

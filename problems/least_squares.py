@@ -80,3 +80,36 @@ def pooled_reference(X, y, box: float):
                    [cp.norm(w, "inf") <= box])
     p.solve(solver="CLARABEL")
     return w.value, p.value
+
+
+def ill_conditioned(cond: float, d: int = 20, n: int = 2000, clients: int = 8, seed: int = 0):
+    """Least squares whose features have condition number ``cond`` (singular values
+    cond^(-k/(d-1)) times sqrt(n)), over ``clients`` clients, subject to the mean prediction
+    equal to a target and |w|^2 <= r, every function with its Hessian (the Newton model's
+    test family). Returns (problem, X, y, target, r): the pooled rows for a reference."""
+    rng = np.random.default_rng(seed)
+    U, _ = np.linalg.qr(rng.standard_normal((n, d)))
+    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    X = (U * cond ** np.linspace(0.0, -1.0, d)) @ V.T * np.sqrt(n)
+    wstar = rng.standard_normal(d)
+    y = X @ wstar + 0.1 * rng.standard_normal(n)
+    data = ss.FederatedData.split(X, y, num_clients=clients, seed=seed)
+    lsq = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                            lambda w, X, y: X.T @ (X @ w - y) / len(X), name="lsq",
+                            hess=lambda w, X, y: X.T @ X / len(X))
+    mean = ss.SampleFunction(lambda w, X, y: X @ w, lambda w, X, y: X.mean(0), name="mean",
+                             hess=lambda w, X, y: np.zeros((len(w), len(w))))
+    norm = ss.SampleFunction(lambda w, X, y: np.full(len(X), w @ w), lambda w, X, y: 2 * w,
+                             name="norm", hess=lambda w, X, y: 2 * np.eye(len(w)))
+    target, r = float(X.mean(0) @ (0.5 * wstar)), 0.8 * float(wstar @ wstar)
+    prob = ss.Problem(lsq, [mean == target, norm <= r], dim=d, data=data)
+    return prob, X, y, target, r
+
+
+def ill_conditioned_reference(X, y, target: float, r: float) -> np.ndarray:
+    """The pooled optimum of :func:`ill_conditioned` by CVXPY + Clarabel (tolerances 1e-10)."""
+    w = cp.Variable(X.shape[1])
+    p = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(X @ w - y) / len(y)),
+                   [X.mean(0) @ w == target, cp.sum_squares(w) <= r])
+    p.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    return np.asarray(w.value)

@@ -12,34 +12,14 @@ import pytest
 import ssca_solver as ss
 from ssca_solver.methods.ssca import SSCA
 from ssca_solver.methods.ssca.newton import NewtonModel
+from problems import least_squares
 
 
-def ill_conditioned(cond: float, d: int = 20, n: int = 2000, clients: int = 8, seed: int = 0):
-    """Least squares with features of condition number ``cond`` over ``clients`` clients,
-    s.t. the mean prediction equals a target and |w|^2 <= r (both active or not, as they
-    come), every function with its Hessian; and the pooled optimum by CVXPY + Clarabel."""
-    rng = np.random.default_rng(seed)
-    U, _ = np.linalg.qr(rng.standard_normal((n, d)))
-    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
-    s = cond ** np.linspace(0.0, -1.0, d)
-    X = (U * s) @ V.T * np.sqrt(n)
-    wstar = rng.standard_normal(d)
-    y = X @ wstar + 0.1 * rng.standard_normal(n)
-    data = ss.FederatedData.split(X, y, num_clients=clients, seed=seed)
-    lsq = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
-                            lambda w, X, y: X.T @ (X @ w - y) / len(X), name="lsq",
-                            hess=lambda w, X, y: X.T @ X / len(X))
-    mean = ss.SampleFunction(lambda w, X, y: X @ w, lambda w, X, y: X.mean(0), name="mean",
-                             hess=lambda w, X, y: np.zeros((len(w), len(w))))
-    norm = ss.SampleFunction(lambda w, X, y: np.full(len(X), w @ w), lambda w, X, y: 2 * w,
-                             name="norm", hess=lambda w, X, y: 2 * np.eye(len(w)))
-    xbar, target, r = X.mean(0), float(X.mean(0) @ (0.5 * wstar)), 0.8 * float(wstar @ wstar)
-    prob = ss.Problem(lsq, [mean == target, norm <= r], dim=d, data=data)
-    w = cp.Variable(d)
-    ref = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(X @ w - y) / n),
-                     [xbar @ w == target, cp.sum_squares(w) <= r])
-    ref.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
-    return prob, w.value
+def ill_conditioned(cond: float, **sizes):
+    """The ill-conditioned family of problems/least_squares.py and its pooled optimum by
+    CVXPY + Clarabel."""
+    prob, X, y, target, r = least_squares.ill_conditioned(cond, **sizes)
+    return prob, least_squares.ill_conditioned_reference(X, y, target, r)
 
 
 @pytest.mark.parametrize("cond", [1e2, 1e4])
