@@ -337,10 +337,6 @@ class SSCA(Method):
     def next_stage(self, state, stage: int, recorder):
         return continuation.next_stage(self.config, state, stage, recorder)
 
-    def with_penalty(self, state: SSCAState, penalty: float) -> SSCAState:
-        """The state with penalty c (:func:`.continuation.with_penalty`)."""
-        return continuation.with_penalty(self.config, state, penalty)
-
     def returned_state(self, state: SSCAState) -> SSCAState:
         return continuation.returned_state(self.config, state)
 
