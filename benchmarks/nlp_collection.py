@@ -203,6 +203,17 @@ class Evaluator:
         H = self.P.fgHx(np.array(x, float).ravel())[2]
         return H.toarray() if hasattr(H, "toarray") else np.asarray(H, float)
 
+    def cons_hessians(self, x) -> list:
+        """Every constraint's Hessian at x (dense), evaluated once per point."""
+        x = np.array(x, dtype=float).ravel()
+        key = x.tobytes()
+        if key != getattr(self, "_hkey", None):
+            Hs = self.P.cJHx(x.copy())[2]
+            self._H = [H.toarray() if hasattr(H, "toarray") else np.asarray(H, float)
+                       for H in Hs]
+            self._hkey = key
+        return self._H
+
     def cons_hess(self, x, v):
         Hs = self.P.cJHx(np.array(x, float).ravel())[2]
         out = np.zeros((self.n, self.n))
@@ -301,7 +312,9 @@ def assess(ev, x, xl, xu, cl, cu) -> dict:
 
 # --------------------------------------------------------------------------- the runs (children)
 
-def run_library(s2mpj: Path, name: str, time_limit: float) -> dict:
+def run_library(s2mpj: Path, name: str, time_limit: float, hessians: bool = False) -> dict:
+    """SSCA with default options on one problem (``hessians``: every function carries
+    S2MPJ's exact Hessian, so hessian="auto" runs the Newton model where d <= 256)."""
     import ssca_solver as ss
 
     P = _load(s2mpj, name)
@@ -316,14 +329,17 @@ def run_library(s2mpj: Path, name: str, time_limit: float) -> dict:
     def obj_grad(w, X, y):
         return ev.obj(w)[1]
 
-    objective = ss.SampleFunction(obj_value, obj_grad, name="f" if ev.has_obj else "0")
+    objective = ss.SampleFunction(obj_value, obj_grad, name="f" if ev.has_obj else "0",
+                                  hess=(lambda w, X, y: ev.obj_hess(w)) if hessians else None)
     cnames = [str(s) for s in getattr(P, "cnames", [])] or [f"c{i}" for i in range(m)]
     constraints, kinds = [], []
     for i in range(m):
         fn = ss.SampleFunction((lambda i: lambda w, X, y: np.full(X.shape[0],
                                                                    ev.cons(w)[0][i]))(i),
                                (lambda i: lambda w, X, y: ev.cons(w)[1][i])(i),
-                               name=cnames[i] if i < len(cnames) else f"c{i}")
+                               name=cnames[i] if i < len(cnames) else f"c{i}",
+                               hess=((lambda i: lambda w, X, y: ev.cons_hessians(w)[i])(i)
+                                     if hessians else None))
         if cl[i] == cu[i]:
             constraints.append(fn == float(cl[i])); kinds.append("eq")
             continue
@@ -637,6 +653,8 @@ def main() -> None:
     ap.add_argument("--list", action="store_true", help="print the selection and stop")
     ap.add_argument("--held-out", action="store_true",
                     help="run the held-out HS family instead (output NAME_held_out)")
+    ap.add_argument("--hessians", action="store_true",
+                    help="give every function S2MPJ's exact Hessian (the Newton model)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the problems already in the JSON (same options), run the rest")
     args = ap.parse_args()
@@ -707,7 +725,8 @@ def main() -> None:
                 r = {"error": r["exception"], "f": float("nan"), "violation": float("inf"),
                      "kkt": float("inf"), "wall": None}
             rec["references"][method] = r
-        rec["library"] = in_child(run_library, (s2mpj, p["name"], args.time_limit),
+        rec["library"] = in_child(run_library, (s2mpj, p["name"], args.time_limit,
+                                                args.hessians),
                                   args.time_limit + GRACE)
         rec = strip(finish(rec))
         lib = rec["library"]

@@ -144,7 +144,10 @@ class AutodiffSampleFunction(SampleFunction):
 
     @staticmethod
     def _empty(which: int, d: int):
-        """What a batch of no rows gives: no values, and a NaN gradient (the mean of nothing)."""
+        """What a batch of no rows gives: no values, and a NaN gradient (and Hessian, ``which``
+        2: the mean of nothing)."""
+        if which == 2:
+            return np.full((d, d), np.nan)
         return (np.zeros(0), np.full(d, np.nan)) if which else np.zeros(0)
 
     def _values(self, w, X, y):

@@ -118,7 +118,8 @@ class JaxSampleFunction(AutodiffSampleFunction):
     """
 
     builder, returns = "from_jax", "scalar"
-    _transient = AutodiffSampleFunction._transient + ("_programs", "_pid", "_lock", "traces")
+    _transient = AutodiffSampleFunction._transient + ("_programs", "_pid", "_lock", "traces",
+                                                      "hess")
 
     def __init__(self, loss: Callable, name: Optional[str] = None, *, batched: bool = False,
                  buckets: str = "pow2", dtype: str = "float64", surrogate=None):
@@ -127,9 +128,19 @@ class JaxSampleFunction(AutodiffSampleFunction):
             raise ValueError(f"buckets must be one of {BUCKETS}, got {buckets!r}")
         self.buckets = buckets
         super().__init__(loss, name, batched=batched, dtype=dtype, surrogate=surrogate)
+        self.hess = self._hess
         import_jax()
         if dtype == "float64":
             ensure_x64(self.name)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.hess = self._hess
+
+    def _hess(self, w, X, y):
+        """The Hessian of the mean of the per-sample values over the rows of X: (d, d), by
+        ``jax.hessian`` (forward over reverse), compiled once per bucket of batch sizes."""
+        return self._run(2, w, X, y)
 
     def _reset(self) -> None:
         self._programs = None
@@ -207,7 +218,10 @@ class JaxSampleFunction(AutodiffSampleFunction):
             (_, v), g = jax.value_and_grad(mean_and_values, has_aux=True)(w, X, y, n)
             return v, g
 
-        return jax.jit(per_sample), jax.jit(value_and_grad)
+        def hessian(w, X, y, n):
+            return jax.hessian(lambda u: mean_and_values(u, X, y, n)[0])(w)
+
+        return jax.jit(per_sample), jax.jit(value_and_grad), jax.jit(hessian)
 
     # -- what the library calls --------------------------------------------------------------
 
@@ -228,6 +242,8 @@ class JaxSampleFunction(AutodiffSampleFunction):
         import jax
 
         try:
+            if which == 2:
+                return np.array(programs[2](w, X, y, np.int32(n)), dtype=np.float64)
             if which == 0:
                 v = programs[0](w, X, y)
             else:

@@ -9,9 +9,10 @@ participation apply as to every statistic. The server's model of the Lagrangian'
 
     B = H_0 + sum_m nu_m H_m        (nu: the multipliers of the subproblem that gave w_t),
 
-made positive definite by raising its eigenvalues to at least EIGEN_FLOOR of the largest (the
-Lagrangian of a nonconvex problem need not be convex; Nocedal & Wright, sec. 18.1, modified
-Newton). It enters the objective's surrogate exactly where the quasi-Newton model does
+made positive definite: each eigenvalue replaced by its absolute value, and raised to at least
+EIGEN_FLOOR of the largest (the Lagrangian of a nonconvex problem need not be convex: a
+negative curvature kept by its size, not floored near zero, keeps the step from running far
+along it; the modified Newton methods of Nocedal & Wright, sec. 3.4). It enters the objective's surrogate exactly where the quasi-Newton model does
 (:mod:`.quasi_newton`: same interface), so every round is an SQP step (Nocedal & Wright,
 ch. 18) with the linearised constraints of Problem 5 and the same exact-penalty backtracking
 (:mod:`.acceptance`). With the exact Hessian the steps converge quadratically near a KKT
@@ -31,7 +32,7 @@ EIGEN_FLOOR = 1e-12
 
 class NewtonModel:
     """A positive definite model B of the Lagrangian's Hessian from its full-data Hessian
-    ``H`` (symmetric, d x d), with the interface of
+    ``H`` (symmetric, d x d; eigenvalues by their absolute values, floored), with the interface of
     :class:`~ssca_solver.methods.ssca.quasi_newton.LBFGSModel` that the subproblem solvers
     read: ``delta`` (the model's scale: the mean of its eigenvalues), ``directions()`` (its
     eigenvectors, rows), ``matvec``, ``matmat``."""
@@ -39,7 +40,8 @@ class NewtonModel:
     def __init__(self, H: np.ndarray):
         H = np.asarray(H, dtype=float)
         h, V = np.linalg.eigh(0.5 * (H + H.T))
-        top = float(np.max(np.abs(h), initial=0.0))
+        h = np.abs(h)                     # a negative curvature counts by its size
+        top = float(np.max(h, initial=0.0))
         h = np.maximum(h, EIGEN_FLOOR * top if top > 0.0 else 1e-300)
         self.S = H                       # the state's array this model was built from
         self.eigenvalues, self.V = h, V
