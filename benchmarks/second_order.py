@@ -1,8 +1,9 @@
 """The quasi-Newton model of the full-batch phase against the first-order surrogates, side by
 side in one run (issue 19), with SciPy's SLSQP as the yardstick.
 
-Three groups, default options throughout (only ``hessian`` differs: "lbfgs", the default,
-and "none", the paper's first-order surrogates):
+Three groups, default options throughout but ``hessian``: "lbfgs" (the L-BFGS model; what the
+default "auto" picks when a function has no Hessian) against "none" (the paper's first-order
+surrogates); the Newton model has its own benchmark, rounds.py:
 
 * ``classical``: the smooth programs of problems/classical.py (known optima; one client, one
   row, so every round is a full batch), max_iter 2000; SLSQP from the same start with exact
