@@ -117,8 +117,10 @@ PARTS = {
         "try batch_size='auto' with the default tau, or more rounds"),
     "not_minimiser_penalty": (
         "infeasibility: the largest c ({largest:g}) may be below what an exact penalty needs "
-        "here (the penalised problem's solution keeps this violation); give larger penalties "
-        "(penalty=[..., a larger c]){more}"),
+        "here (the penalised problem's solution keeps this violation), or the point may "
+        "minimise the sum of the violations, the penalty's measure, though not their squares "
+        "(no c leaves such a point: there the linearised constraints cannot all be reduced at "
+        "once); give larger penalties (penalty=[..., a larger c]){more}"),
     "how_settled_halves": ("(smallest {first:.4g} in the first half of the last stage's "
                            "evaluations, {second:.4g} in the second, and the iterates stopped "
                            "moving at round {t})"),
