@@ -130,6 +130,10 @@ def _recorded(record) -> list[int]:
 
 RUN = dict(method="ssca", batch_size=5, seed=0, eval_every=None)
 
+# The client_timeout of the tests that wait for one: rounds before the fault must stay within it
+# on a busy machine, so it grows with the suite's time scale.
+TIMEOUT = max(2, round(slack(1)))
+
 
 def _solve(prob, *, transport="process", **options):
     return prob.solve(**{**RUN, "transport": transport, **options})
@@ -161,12 +165,13 @@ def test_a_stopped_client_times_out_with_a_clear_error_and_is_removed():
 
     with _guard(pids):
         with pytest.raises(ss.ClientError) as info:
-            _solve(_problem(), max_iter=6, client_timeout=2, callback=_on_round(2, stop, pids))
+            _solve(_problem(), max_iter=6, client_timeout=TIMEOUT,
+                   callback=_on_round(2, stop, pids))
         took = time.monotonic() - stopped["at"]
         err = info.value
-        assert "client 1, round 3: no answer within client_timeout=2 s" in str(err)
+        assert f"client 1, round 3: no answer within client_timeout={TIMEOUT} s" in str(err)
         assert (err.client, err.round) == (1, 3)
-        assert 1.9 < took < slack(4.0), took        # about client_timeout, then cleaned up
+        assert TIMEOUT - 0.1 < took < TIMEOUT + slack(2.0), took   # the timeout, then cleanup
         assert err.state.t == 2 and err.checkpoint is None
         assert len(pids) == 3 and stopped["pid"] in pids
         assert _wait_gone(pids, within=0) == [] and _no_children_among(pids)
@@ -198,7 +203,7 @@ def test_a_user_function_that_sleeps_times_out_and_its_process_is_removed(tmp_pa
 
     def hook(X):                     # only client 0 holds MARK rows; sleeps once flag exists
         if X[0, 0] == MARK and flag.exists():
-            time.sleep(30)
+            time.sleep(TIMEOUT + 60)
 
     pids = []
     start = {}
@@ -209,12 +214,13 @@ def test_a_user_function_that_sleeps_times_out_and_its_process_is_removed(tmp_pa
 
     with _guard(pids, after=20):
         with pytest.raises(ss.ClientError) as info:
-            _solve(_problem(hook), max_iter=5, client_timeout=2, callback=_on_round(1, arm, pids))
+            _solve(_problem(hook), max_iter=5, client_timeout=TIMEOUT,
+                   callback=_on_round(1, arm, pids))
         took = time.monotonic() - start["at"]
         err = info.value
-        assert "client 0, round 2: no answer within client_timeout=2 s" in str(err)
+        assert f"client 0, round 2: no answer within client_timeout={TIMEOUT} s" in str(err)
         assert "is alive" in str(err)
-        assert 1.9 < took < slack(5.0), took
+        assert TIMEOUT - 0.1 < took < TIMEOUT + slack(3.0), took
         assert err.state.t == 1
         assert len(pids) == 3
         assert _wait_gone(pids, within=0) == [] and _no_children_among(pids)
@@ -354,7 +360,7 @@ def test_a_client_failure_leaves_a_checkpoint_that_resume_continues(tmp_path, fa
 
     with _guard(pids):
         with pytest.raises(ss.ClientError) as info:
-            _solve(_problem(), max_iter=7, client_timeout=2, checkpoint=ck,
+            _solve(_problem(), max_iter=7, client_timeout=TIMEOUT, checkpoint=ck,
                    callback=_on_round(3, hurt, pids))
         err = info.value
         assert err.round == 4
