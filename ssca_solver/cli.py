@@ -86,7 +86,7 @@ def _network(args) -> int:
 
 def _auto_or(kind):
     def parse(text):
-        return text if text in ("auto", "full") else kind(text)
+        return text if text in ("auto", "full", "grow") else kind(text)
     parse.__name__ = kind.__name__
     return parse
 
@@ -100,7 +100,8 @@ def main(argv=None) -> int:
     demo.add_argument("--lam", type=float, default=1e-2, help="ridge weight (exact term)")
     demo.add_argument("--clients", type=int, default=5)
     demo.add_argument("--batch-size", type=_auto_or(int), default=None,
-                      help="rows per client per round, 'full', or 'auto' (default: adaptive)")
+                      help="rows per client per round, 'full', 'grow' or 'auto' (default: "
+                      "full batches where a full pass is cheap, else growing)")
     demo.add_argument("--rounds", type=int, default=None,
                       help="max_iter: the rounds of the whole run (default 800: 200 per "
                       "penalty value of the default sequence)")

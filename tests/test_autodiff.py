@@ -144,7 +144,7 @@ def test_padding_is_exact_and_compiles_once_per_power_of_two(batch):
 
 
 def test_auto_batch_sizes_do_not_recompile_every_round(cancer, cancer_data):
-    """batch_size="auto" grows the clients' batches over the run (and the probe, the full-data
+    """batch_size="grow" grows the clients' batches over the run (and the probe, the full-data
     evaluations and the full batches at the end are other sizes): at most one compilation per
     power of two and program, fewer than the rounds."""
     X, y = cancer
@@ -158,7 +158,7 @@ def test_auto_batch_sizes_do_not_recompile_every_round(cancer, cancer_data):
     f._inputs = spy
     res = ss.Problem(f, dim=X.shape[1], data=cancer_data,
                      regularizer=lambda w: 1e-3 * __import__("cvxpy").sum_squares(w)).solve(
-        seed=0, max_iter=300)
+        seed=0, max_iter=300, batch_size="grow")
     assert len(seen) >= 4, seen                      # measured: 1, 16, 32, 113, 114 rows
     buckets = {autodiff.bucket_size(n) for n in seen}
     assert len(buckets) < len(seen)

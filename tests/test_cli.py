@@ -13,6 +13,14 @@ def test_demo_prints_the_report(capsys):
     assert "[ssca] round" in err  # progress goes to stderr
 
 
+def test_demo_batch_size_names(capsys):
+    """--batch-size grow: the growing schedule; the default: full batches on the demo's data."""
+    assert main(["demo", "--batch-size", "grow"]) == 0
+    assert "B = 32 (rounds 1-10)" in capsys.readouterr().out
+    assert main(["demo"]) == 0
+    assert "B = full (rounds 1-" in capsys.readouterr().out
+
+
 def test_module_entry_point_help():
     out = subprocess.run([sys.executable, "-m", "ssca_solver", "demo", "--help"],
                          capture_output=True, text=True, check=True).stdout

@@ -130,9 +130,10 @@ def mistake(kind, value, grad, d):
 
 def prepare(fn, d, X, y, x0, **options):
     """The probe before round 1 exactly as ``Problem.solve(method="ssca")`` runs it (with the
-    default options: check_gradients=True): ``SSCA.prepare`` in a Session over 3 clients."""
+    default options: check_gradients=True, but batch_size="grow": the probe reads 32 rows a
+    client): ``SSCA.prepare`` in a Session over 3 clients."""
     prob = ss.Problem(fn, dim=d, data=ss.FederatedData.split(X, y, num_clients=3, seed=0))
-    options = {"x0": x0, "seed": 0, **options}
+    options = {"x0": x0, "seed": 0, "batch_size": "grow", **options}
     opts = SSCA.parse(prob, options)
     method = SSCA.build(prob, opts, options)
     with Session(prob, method, opts) as session:

@@ -235,7 +235,7 @@ def _numpy_noise_ratio(prob, seed, K, t, w, batch, multipliers, stats, failing=N
 @pytest.mark.parametrize("secure", [False, True], ids=["plain", "secure_aggregation"])
 @pytest.mark.parametrize("failing", [None, 2], ids=["all_answer", "client_2_drops"])
 def test_the_norm_test_variance_and_batch_growth_match_a_direct_computation(secure, failing):
-    """batch_size="auto", 3 of 4 clients per round (h = 4/3), a constraint whose multiplier is
+    """batch_size="grow", 3 of 4 clients per round (h = 4/3), a constraint whose multiplier is
     not 0 or 1, clients of 90 to 300 rows: every round's noise_ratio equals the NumPy
     computation (secure aggregation: to its fixed-point rounding; with client 2 failing on
     its mini-batches, on_client_failure="drop": the others' factors renormalised), and the
@@ -246,7 +246,7 @@ def test_the_norm_test_variance_and_batch_growth_match_a_direct_computation(secu
     prob = _norm_test_problem(failing)
     seed, K = 4, 3
     seen = []
-    res = prob.solve(batch_size="auto", clients_per_round=K, seed=seed, max_iter=45,
+    res = prob.solve(batch_size="grow", clients_per_round=K, seed=seed, max_iter=45,
                      penalty=100.0, eval_every=None, secure_aggregation=secure,
                      on_client_failure="raise" if failing is None else "drop",
                      callback=lambda it: seen.append((np.array(it.x), it.state.stats)))

@@ -403,7 +403,8 @@ def test_divergence_raises(cancer, cancer_data):
     sq = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
                            lambda w, X, y: X.T @ (X @ w - y) / len(y), name="squared error")
     with pytest.raises(ss.DivergenceError):
-        ss.Problem(sq, dim=cancer[0].shape[1], data=cancer_data).solve(tau=0.1, seed=0)
+        ss.Problem(sq, dim=cancer[0].shape[1], data=cancer_data).solve(tau=0.1, seed=0,
+                                                                         batch_size="grow")
 
 
 def test_a_client_error_with_on_client_failure_raise_raises(np_problem):

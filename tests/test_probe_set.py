@@ -181,7 +181,8 @@ def test_legitimate_differences_between_replies_are_not_refused():
     trial point answers with the one array "nonfinite": both runs go on."""
     rng = np.random.default_rng(1)
     data = ss.FederatedData([rng.standard_normal((n, 4)) for n in (3, 40, 40)])
-    res = ss.Problem(quadratic_function(), dim=4, data=data).solve(max_iter=8, seed=0)
+    res = ss.Problem(quadratic_function(), dim=4, data=data).solve(max_iter=8, seed=0,
+                                                                   batch_size="grow")
     assert res.nit == 8
 
     from ssca_solver.methods.ssca.client import NONFINITE

@@ -60,14 +60,14 @@ def test_sampled_rounds_keep_the_evaluations_within_budget(cancer_data):
 
 
 def test_by_default_only_the_growing_batches_evaluations_are_thinned(cancer_data):
-    """eval_budget="auto" (the default): with batch_size="auto" the sampled rounds' scheduled
+    """eval_budget="auto" (the default): with batch_size="grow" the sampled rounds' scheduled
     evaluations keep to 15 % of the rows read (B = 32 on 5 clients reads 160 rows a round, an
     evaluation 569: rounds 1-10 read too few for one at round 10), then the full-batch
     rounds are their own evaluations; the iterates are those of eval_budget=None. At a fixed
     B, with eval_every given, or when only some clients take part, every eval_every rounds."""
     prob = neyman_pearson(cancer_data, 0.2)
-    auto = prob.solve(seed=0)
-    none = prob.solve(seed=0, eval_budget=None)
+    auto = prob.solve(seed=0, batch_size="grow")
+    none = prob.solve(seed=0, eval_budget=None, batch_size="grow")
     assert auto.status == none.status == "converged"
     np.testing.assert_array_equal(auto.x, none.x)           # evaluations do not move iterates
     sampled = np.flatnonzero(auto.history.batch_size < 569 / 5)
@@ -79,7 +79,7 @@ def test_by_default_only_the_growing_batches_evaluations_are_thinned(cancer_data
     assert auto.communication.eval_up_total < none.communication.eval_up_total
     fixed = prob.solve(seed=0, batch_size=10, tau=0.5, max_iter=30)
     np.testing.assert_array_equal(fixed.history.eval_t, [0, 10, 20, 30])
-    asked = prob.solve(seed=0, eval_every=5, max_iter=20)
+    asked = prob.solve(seed=0, eval_every=5, max_iter=20, batch_size="grow")
     np.testing.assert_array_equal(asked.history.eval_t[1:5], [5, 10, 15, 20])
     some = prob.solve(seed=0, clients_per_round=3, max_iter=20)
     np.testing.assert_array_equal(some.history.eval_t[1:3], [10, 20])

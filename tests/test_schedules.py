@@ -115,12 +115,13 @@ def test_auto_schedules_follow_the_rounds_regime(cancer_data):
 
 
 def test_auto_is_resolved_once_from_the_options(cancer_data):
-    """batch_size="auto" with only rho given: gamma "auto" is the sampled default for the whole
+    """batch_size="grow" with only rho given: gamma "auto" is the sampled default for the whole
     run (the epoch clock at the batch in force), never switching to the round-counted one."""
     from problems.logistic import logistic_loss
     dim = cancer_data.clients[0].X.shape[1]
     prob = ss.Problem(logistic_loss(), dim=dim, data=cancer_data)
-    res = prob.solve(rho=ss.EpochStep(0.3, 0.4), max_iter=150, seed=0, eval_every=None)
+    res = prob.solve(rho=ss.EpochStep(0.3, 0.4), max_iter=150, seed=0, eval_every=None,
+                     batch_size="grow")
     full = np.isnan(res.history.batch_size)
     assert full.any() and not full.all()           # the batch reached every row in the run
     g = res.history.gamma
@@ -152,7 +153,7 @@ def test_ssca_with_the_tau_start_is_heavy_ball(cancer_data):
 
 def test_auto_tau_with_a_fixed_batch_is_the_heavy_ball_stability_bound(cancer):
     """tau="auto" with a fixed B: max(0.05, gamma_1 rho_1 L / (4 (1 + beta_1))) with L the
-    probe's curvature, which batch_size="auto" takes as its tau (both probe 32 rows a client):
+    probe's curvature, which batch_size="grow" takes as its tau (both probe 32 rows a client):
     0.05 on the unscaled data, the bound on features x10 and x100 (100x apart: L ~ scale^2)."""
     from problems.logistic import logistic_loss
     X, y = cancer
@@ -162,7 +163,8 @@ def test_auto_tau_with_a_fixed_batch_is_the_heavy_ball_stability_bound(cancer):
     for scale in (1, 10, 100):
         data = ss.FederatedData.split(X * scale, y, num_clients=5, seed=0)
         prob = ss.Problem(logistic_loss(), dim=X.shape[1], data=data)
-        L = prob.solve(max_iter=1, eval_every=None, seed=0).history.tau[0]
+        L = prob.solve(max_iter=1, eval_every=None, seed=0,
+                       batch_size="grow").history.tau[0]
         taus[scale] = prob.solve(batch_size=32, max_iter=1, eval_every=None,
                                  seed=0).history.tau[0]
         assert taus[scale] == pytest.approx(max(0.05, coef * L), rel=1e-12)
@@ -171,16 +173,74 @@ def test_auto_tau_with_a_fixed_batch_is_the_heavy_ball_stability_bound(cancer):
 
 
 def test_auto_tau_with_k_of_i_clients_is_the_stability_bound_too(cancer):
-    """K < I clients per round (batch "auto"): the rounds are sampled, the schedules run, and
+    """K < I clients per round (batch "grow"): the rounds are sampled, the schedules run, and
     tau="auto" is the same bound as with a fixed B, from the same probe (every client answers
     it); with every client the probe's curvature itself."""
     from problems.logistic import logistic_loss
     X, y = cancer
     data = ss.FederatedData.split(X * 10, y, num_clients=5, seed=0)
     prob = ss.Problem(logistic_loss(), dim=X.shape[1], data=data)
-    L = prob.solve(max_iter=1, eval_every=None, seed=0).history.tau[0]
-    res = prob.solve(max_iter=3, eval_every=None, seed=0, clients_per_round=2)
+    L = prob.solve(max_iter=1, eval_every=None, seed=0, batch_size="grow").history.tau[0]
+    res = prob.solve(max_iter=3, eval_every=None, seed=0, clients_per_round=2,
+                     batch_size="grow")
     r, g = 0.15, 0.3
     assert res.history.tau[0] == pytest.approx(g * r * L / (4 * (1 + (1 - r) * (1 - g))),
                                                rel=1e-12)
     assert np.all(res.history.tau == res.history.tau[0])     # not adapted: the steps decay
+
+
+# -- batch_size="auto": full batches where a full pass is cheap, else "grow" --------------------
+
+def test_auto_reads_every_row_where_a_full_pass_is_cheap_and_grows_above(cancer_data,
+                                                                          monkeypatch):
+    """Every client's rows times d at most FULL_PASS_WORK (the cancer data: 114 x 30): every
+    round of "auto" reads every row, in fewer rounds than "grow"; one row-parameter below
+    that (the threshold lowered), "auto" is "grow", iterate for iterate."""
+    from problems.logistic import logistic_loss
+    from ssca_solver.methods.ssca import adaptive
+
+    dim = cancer_data.clients[0].X.shape[1]
+    work = max(cancer_data.client_sizes) * dim
+    assert work <= adaptive.FULL_PASS_WORK
+    prob = ss.Problem(logistic_loss(), dim=dim, data=cancer_data,
+                      regularizer=lambda w: 1e-2 * __import__("cvxpy").sum_squares(w))
+
+    def run(**options):
+        xs = []
+        res = prob.solve(seed=0, max_iter=200, callback=lambda it: xs.append(it.x.copy()),
+                         **options)
+        return res, np.array(xs)
+
+    (auto, _), (grow, grow_xs) = run(), run(batch_size="grow")
+    assert auto.status == grow.status == "converged"
+    assert np.all(np.isnan(auto.history.batch_size))          # every row, from round 1
+    assert grow.history.batch_size[0] == 32
+    assert auto.nit < grow.nit, (auto.nit, grow.nit)
+    np.testing.assert_allclose(auto.x, grow.x, atol=1e-4 * max(1.0, np.abs(grow.x).max()))
+
+    monkeypatch.setattr(adaptive, "FULL_PASS_WORK", work)
+    assert np.all(np.isnan(run()[0].history.batch_size))
+    monkeypatch.setattr(adaptive, "FULL_PASS_WORK", work - 1)
+    above, above_xs = run()
+    assert above.nit == grow.nit and above.history.batch_size[0] == 32
+    np.testing.assert_array_equal(above_xs, grow_xs)
+
+
+def test_the_first_batch_of_the_adaptive_schedules():
+    from ssca_solver.methods.ssca import adaptive
+    from ssca_solver.methods.ssca.settings import first_batch
+
+    big = adaptive.FULL_PASS_WORK // 10
+    assert first_batch("auto", (3, 200), 10) == 200
+    assert first_batch("grow", (3, 200), 10) == adaptive.START_BATCH == 32
+    assert first_batch("grow", (3, 5), 10) == 5               # all of the largest client's
+    assert first_batch("auto", (big, 7), 10) == big           # exactly at the threshold
+    assert first_batch("auto", (big + 1, 7), 10) == 32
+
+
+def test_grow_is_an_option_and_a_wrong_batch_size_names_it(cancer_data):
+    from problems.logistic import logistic_loss
+
+    prob = ss.Problem(logistic_loss(), dim=cancer_data.clients[0].X.shape[1], data=cancer_data)
+    with pytest.raises(ValueError, match="'full', 'auto' or 'grow', got 'grown'"):
+        prob.solve(batch_size="grown")

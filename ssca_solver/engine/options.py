@@ -54,14 +54,14 @@ def seed_entropy(seed) -> int:
 
 
 def batch_size(value, data, allow_auto: bool = False):
-    """B as an int, None for the full batch ("full" or None), or "auto" (when allowed);
-    B <= every client's N_i."""
+    """B as an int, None for the full batch ("full" or None), or "auto" or "grow" (the
+    adaptive schedules, when allowed); B <= every client's N_i."""
     if value is None or (isinstance(value, str) and value == "full"):
         return None
-    if allow_auto and isinstance(value, str) and value == "auto":
-        return "auto"
+    if allow_auto and isinstance(value, str) and value in ("auto", "grow"):
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
-        kinds = ", 'full' or 'auto'" if allow_auto else " or 'full'"
+        kinds = ", 'full', 'auto' or 'grow'" if allow_auto else " or 'full'"
         raise ValueError(f"batch_size must be a positive integer{kinds}, got {value!r}")
     sizes = data.client_sizes
     i = int(np.argmin(sizes))

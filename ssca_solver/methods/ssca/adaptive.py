@@ -40,7 +40,13 @@ from ...model.functions import (DIFFERENCE_STEPS, central_difference, checked_gr
                                 step_scale)
 from ...model.surrogates import DiagonalCurvature, Linearization, ProximalLinear
 
-START_BATCH = 32        # rows per client in the first rounds of batch_size="auto"
+START_BATCH = 32        # rows per client in the first rounds of a growing schedule
+#: batch_size="auto" reads every row from round 1 when every client's full pass reads at most
+#: this many row-parameters (its rows N_i times d): such a pass costs about what a round's fixed
+#: part does (the messages, the server's subproblem, the dispatch), so sampled rounds save no
+#: time and only add rounds (benchmarks/batch_cost.py measures both per transport); above it
+#: the batches grow from START_BATCH (batch_size="grow")
+FULL_PASS_WORK = 2 ** 24
 SAMPLED_TAU_FLOOR = 0.05  # least tau="auto" on sampled rounds (.probe.sampled_tau)
 GROWTH = 2              # factor of each batch increase
 NOISE_RATIO = 0.25      # grow while the averaged (noise / |grad L|)^2 exceeds this

@@ -156,7 +156,7 @@ class SSCA(Method):
         penalty = cfg.penalties[0] if penalty is None else penalty
         tau = cfg.tau if tau is None else float(tau)
         state = ssca_step.init(x0, cfg.builders, tau, self.opts.surrogate_init, cfg.M, penalty)
-        batch = min(ad.START_BATCH, max(cfg.sizes)) if cfg.auto_batch else 0
+        batch = cfg.first_batch if cfg.auto_batch else 0
         state = state._replace(batch=batch, tau=tau, curvature=float(curvature))
         return state if metric is None else state._replace(metric=np.asarray(metric))
 

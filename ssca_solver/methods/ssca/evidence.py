@@ -340,17 +340,18 @@ def _advice(cfg, state, history, feasibility: bool, ever_feasible: bool) -> str:
     full_at_end = bool(len(history.t) and np.isnan(history.batch_size[-1]))
     if feasibility:
         return "feasibility_was_feasible" if ever_feasible else "feasibility"
-    if cfg.sampled_clients and o.batch_size in ("auto", None):
+    adaptive = o.batch_size in ("auto", "grow")
+    if cfg.sampled_clients and (adaptive or o.batch_size is None):
         return "sampled_clients"
-    if o.batch_size == "auto" and full_at_end and o.hessian == "newton" and state.hess.size:
+    if adaptive and full_at_end and o.hessian == "newton" and state.hess.size:
         return "full_newton"
-    if o.batch_size == "auto" and full_at_end and o.hessian == "lbfgs" and state.qn_s.size:
+    if adaptive and full_at_end and o.hessian == "lbfgs" and state.qn_s.size:
         return "full_lbfgs"
-    if o.batch_size == "auto" and full_at_end:
+    if adaptive and full_at_end:
         return "full_sca"
     if o.batch_size is None:
         return "full_fixed_tau" if o.tau != "auto" else "full"
-    if o.batch_size == "auto":
+    if adaptive:
         return "growing"
     return "fixed_batch"
 

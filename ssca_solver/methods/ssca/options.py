@@ -17,11 +17,13 @@ class SSCAOptions(opt.RunOptions):
     :class:`~ssca_solver.engine.options.RunOptions`).
 
     Attributes:
-      batch_size: "auto" (default: start at 32 rows per client and double every 10 rounds
-        (the norm test's noise ratio is recorded; it could ask sooner only with MIN_ROUNDS
-        below GROW_EVERY), up to every row, see
-        :mod:`ssca_solver.methods.ssca.adaptive`), B (rows each client draws per round; paper:
-        1, 10, 100), or "full" (or None: every row of every client, deterministic SCA).
+      batch_size: "auto" (default: chosen by a full pass's cost: every row from round 1 when
+        every client's rows times d is at most FULL_PASS_WORK = 2^24 row-parameters, where a
+        full local pass costs about a round's fixed part; else as "grow"), "grow" (start at
+        32 rows per client and double every 10 rounds (the norm test's noise ratio is
+        recorded; it could ask sooner only with MIN_ROUNDS below GROW_EVERY), up to every row,
+        see :mod:`ssca_solver.methods.ssca.adaptive`), B (rows each client draws per round;
+        paper: 1, 10, 100), or "full" (or None: every row of every client, deterministic SCA).
       tau: proximal weight of eqs. (fs0bar)/(fsmbar): "auto" (default: with batch_size
         "auto" or "full" and every client in every round, the curvature along the gradient
         measured before round 1, then adapted by backtracking on full batches; on sampled
@@ -82,7 +84,7 @@ class SSCAOptions(opt.RunOptions):
         read) the scheduled full-data evaluations may take, e.g. 0.15: one runs at a multiple
         of ``eval_every`` once the rounds since the last read N (1 - b) / b rows. None: one
         every ``eval_every`` rounds, whatever it costs. "auto": b = 0.15 while the batches
-        grow (``batch_size="auto"``, every client in every round, ``eval_every`` not given),
+        grow (``batch_size`` "auto" or "grow", every client in every round, ``eval_every`` not given),
         where a round of 32 rows per client costs a small fraction of an evaluation's N rows
         and the full-batch rounds that follow are free evaluations; None at a fixed B or
         with ``clients_per_round`` (there the evaluations are the status's only evidence: an
@@ -198,7 +200,7 @@ def _eval_budget(value, batch_size, given: dict, every_client: bool):
     problem needs 4 in a stage) and what the penalty continuation reads, and an
     ``eval_every`` given is a schedule asked for."""
     if isinstance(value, str) and value == "auto":
-        if batch_size == "auto" and every_client and "eval_every" not in given:
+        if batch_size in ("auto", "grow") and every_client and "eval_every" not in given:
             return AUTO_EVAL_BUDGET
         return None
     if value is None:

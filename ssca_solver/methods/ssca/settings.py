@@ -18,6 +18,16 @@ from .newton import NewtonModel
 from .quasi_newton import LBFGSModel
 
 
+def first_batch(batch_size, sizes, dim: int) -> int:
+    """Round 1's rows per client under an adaptive ``batch_size``: "auto" reads every row
+    (max_i N_i) when every client's full pass reads at most ``adaptive.FULL_PASS_WORK``
+    row-parameters (N_i d), else it grows as "grow" does, from ``adaptive.START_BATCH``."""
+    largest = max(int(n) for n in sizes)
+    if batch_size == "auto" and largest * int(dim) <= ad.FULL_PASS_WORK:
+        return largest
+    return min(ad.START_BATCH, largest)
+
+
 class ModelCache:
     """The model of the Lagrangian's Hessian the state holds, built once per state array (the
     solver, the rejection's tau and the fallback read it in the same round): the Newton model
@@ -53,7 +63,9 @@ class Settings:
       equality: which constraints are equalities; ``bound_scale``: max(1, |U_m|).
       ridge: lambda when the deterministic part is lambda |w|^2 (else None).
       sizes, num_samples: the clients' rows N_i and N.
-      auto_batch, batch_size: batch_size="auto", or the fixed B (None: full batches).
+      auto_batch, batch_size: batch_size "auto" or "grow", or the fixed B (None: full
+        batches).
+      first_batch: round 1's rows per client when ``auto_batch`` (:func:`first_batch`).
       auto_tau, tau: tau="auto", or the fixed tau (the fallback 0.1 under "auto").
       adapt_tau: tau="auto" and every builder's tau adaptable.
       sampled: the rounds' statistics are random (a fixed B, or K < I clients).
@@ -82,6 +94,7 @@ class Settings:
     num_samples: int
     auto_batch: bool
     batch_size: Optional[int]
+    first_batch: int
     auto_tau: bool
     tau: float
     adapt_tau: bool
@@ -105,7 +118,7 @@ class Settings:
         """The settings of a solve of ``problem`` with ``options`` (see :class:`Settings`)."""
         o = options
         builders = tuple(builders)
-        auto_batch = o.batch_size == "auto"
+        auto_batch = o.batch_size in ("auto", "grow")
         batch_size = None if auto_batch else o.batch_size
         auto_tau = o.tau == "auto"
         adapt_tau = auto_tau and ad.adaptable(builders)
@@ -121,7 +134,9 @@ class Settings:
             bound_scale=np.maximum(1.0, np.abs(problem.bounds)),
             ridge=problem.deterministic.norm2_coefficient(),
             sizes=tuple(problem.data.client_sizes), num_samples=problem.data.num_samples,
-            auto_batch=auto_batch, batch_size=batch_size, auto_tau=auto_tau,
+            auto_batch=auto_batch, batch_size=batch_size,
+            first_batch=first_batch(o.batch_size, problem.data.client_sizes, problem.dim),
+            auto_tau=auto_tau,
             tau=0.1 if auto_tau else float(o.tau), adapt_tau=adapt_tau,
             # sampled rounds: a fixed B, or a random set of clients (K < I, proportional)
             sampled=(not auto_batch and batch_size is not None) or bool(sampled_clients),
