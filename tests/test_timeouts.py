@@ -464,8 +464,10 @@ def test_flower_a_user_function_that_never_returns_holds_neither_solve_nor_inter
 
 @pytest.mark.slow
 def test_flower_a_stuck_client_is_dropped_and_the_run_goes_on(tmp_path):
-    """With on_client_failure="drop" the stuck client is a dropout of round 3 only: rounds 4
-    and 5 have every client (their messages go to the pool's other actors; the stuck one's
+    """With on_client_failure="drop" the stuck client is a dropout of round 3 (it timed out)
+    and of round 4 (a client that timed out once sits out the next round, not asked: see
+    ``federated.gather``); round 5 has every client (its messages go to the pool's other
+    actors; the stuck one's
     process is ended max(5 s, the limit) past its deadline, or when the transport closes, and
     Ray starts it again). The flag is removed by the stuck call itself. Today: the
     interpreter waits for the stuck function at exit."""
@@ -474,6 +476,6 @@ def test_flower_a_stuck_client_is_dropped_and_the_run_goes_on(tmp_path):
     lines, exit_lag = _run_flower_script(tmp_path, "drop", stuck)
     assert "RESULT" in lines, lines
     _, nit, rest = lines["RESULT"].split(" ", 2)
-    assert int(nit) == 5 and rest.startswith("[(1, 3)]"), rest
-    assert 3 <= float(rest.rsplit(" ", 1)[1]) < 3 + 2, rest    # rounds 3-5 and the close
+    assert int(nit) == 5 and rest.startswith("[(1, 3), (1, 4)]"), rest
+    assert 3 <= float(rest.rsplit(" ", 1)[1]) < 3 + slack(2), rest   # rounds 3-5, the close
     assert exit_lag < 15, exit_lag
