@@ -44,7 +44,7 @@ def logistic(name="logistic") -> ss.SampleFunction:
         sgn = 2 * Y[:, 0] - 1
         return X.T @ (-sgn * expit(-sgn * (X @ w))) / len(X)
 
-    return ss.SampleFunction(value, grad, name=name)
+    return ss.SampleFunction(value, grad, name=name, convexity="convex")
 
 
 def parity_gap(pi1: float, name="DP gap") -> ss.SampleFunction:

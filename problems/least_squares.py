@@ -55,7 +55,8 @@ def squared_loss(exact: bool = False) -> ss.SampleFunction:
         return X.T @ X / len(y)
 
     return ss.SampleFunction(value, grad, name="squared loss",
-                             surrogate=ExactQuadratic() if exact else None, hess=hess)
+                             surrogate=ExactQuadratic() if exact else None, hess=hess,
+                             convexity="convex")
 
 
 def diabetes_regression():
@@ -96,11 +97,12 @@ def ill_conditioned(cond: float, d: int = 20, n: int = 2000, clients: int = 8, s
     data = ss.FederatedData.split(X, y, num_clients=clients, seed=seed)
     lsq = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
                             lambda w, X, y: X.T @ (X @ w - y) / len(X), name="lsq",
-                            hess=lambda w, X, y: X.T @ X / len(X))
+                            hess=lambda w, X, y: X.T @ X / len(X), convexity="convex")
     mean = ss.SampleFunction(lambda w, X, y: X @ w, lambda w, X, y: X.mean(0), name="mean",
-                             hess=lambda w, X, y: np.zeros((len(w), len(w))))
+                             hess=lambda w, X, y: np.zeros((len(w), len(w))), convexity="affine")
     norm = ss.SampleFunction(lambda w, X, y: np.full(len(X), w @ w), lambda w, X, y: 2 * w,
-                             name="norm", hess=lambda w, X, y: 2 * np.eye(len(w)))
+                             name="norm", hess=lambda w, X, y: 2 * np.eye(len(w)),
+                             convexity="convex")
     target, r = float(X.mean(0) @ (0.5 * wstar)), 0.8 * float(wstar @ wstar)
     prob = ss.Problem(lsq, [mean == target, norm <= r], dim=d, data=data)
     return prob, X, y, target, r

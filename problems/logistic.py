@@ -69,6 +69,6 @@ def logistic_loss(only_label: Optional[int] = None, class_fraction: float = 1.0,
     label = name or ("logistic" if only_label is None else f"logistic[y={only_label}]")
     sur = ss.DiagonalCurvature(hess_diag) if curvature else None
     fn = ss.SampleFunction(value, grad, name=label, surrogate=sur,
-                           value_and_grad=value_and_grad, hess=hess)
+                           value_and_grad=value_and_grad, hess=hess, convexity="convex")
     fn.hess_diag = hess_diag
     return fn

@@ -149,6 +149,9 @@ def test_full_batch_runs_compile_one_subproblem(cancer_data, compiles, monkeypat
     retry)."""
     from ssca_solver.subproblems import cvxpy_backend as cb
 
+    # the end of the run's suboptimality bound (a convex problem) is a CVXPY problem of its own
+    monkeypatch.setattr("ssca_solver.engine.session.objective_gap",
+                        lambda *args: (float("nan"), "left out"))
     prob = neyman_pearson(cancer_data, alpha=0.2)
     opts = dict(batch_size="full", max_iter=12, seed=0, subproblem="cvxpy", eval_every=None,
                 hessian="lbfgs")

@@ -51,6 +51,10 @@ class KKTReport:
       scale: the gradient scale of the relative stationarity (see ``kkt_report``).
       stationarity_rel, feasibility_rel, complementarity_rel: the relative residuals the
         stopping test compares with ``kkt_tol`` and ``feas_tol``.
+      objective_gap: on a convex problem, an upper bound on (F_0 + R)(w) - p*, the returned
+        point's objective above the optimum p* (weak duality with these multipliers:
+        :func:`ssca_solver.diagnostics.kkt.objective_gap`); NaN: no bound.
+      objective_gap_note: how the bound was obtained, or why there is none.
     """
 
     multipliers: np.ndarray
@@ -65,6 +69,8 @@ class KKTReport:
     stationarity_rel: float = float("nan")
     feasibility_rel: np.ndarray = field(default_factory=lambda: np.zeros(0))
     complementarity_rel: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    objective_gap: float = float("nan")
+    objective_gap_note: str = ""
 
     @classmethod
     def failed_at(cls, why: str, num_constraints: int, constraints=None, bounds=None,

@@ -59,6 +59,7 @@ class ProblemTerms(NamedTuple):
     bounds: np.ndarray          # U_m
     deterministic: object       # DeterministicPart
     equality: Optional[np.ndarray] = None   # which constraints are equalities (None: none)
+    convex: bool = False        # Problem 3 is convex by its functions' declarations
 
     @property
     def first_constraint(self) -> int:
@@ -96,7 +97,7 @@ class Evaluator:
 
     def __init__(self, problem):
         self.terms = ProblemTerms(problem.objective is not None, problem.bounds,
-                                  problem.deterministic, problem.equality)
+                                  problem.deterministic, problem.equality, problem.convex)
         self.num_samples = problem.data.num_samples
         self.tasks = {EVALUATE: EvaluateTask(problem.functions)}
 

@@ -272,6 +272,61 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
                      complementarity_rel=comp_rel)
 
 
+def objective_gap(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, mu: np.ndarray,
+                  solver: str = "CLARABEL") -> tuple[float, str]:
+    """An upper bound on (F_0 + R)(w) - p* on a convex Problem 3 (``terms.convex``), by weak
+    duality: (the bound, how it was obtained), or (NaN, why there is none).
+
+    With F_0 and every inequality's F_m convex and every equality's affine, each is above its
+    linearisation at w, so for multipliers mu (>= 0 on the inequalities) and every feasible x
+    in the domain D
+
+        F_0(x) + R(x) >= F_0(x) + R(x) + sum_m mu_m (F_m(x) - U_m)
+                      >= F_0(w) + R(x) + sum_m mu_m (F_m(w) - U_m) + q.(x - w),
+        q = grad F_0(w) + sum_m mu_m grad F_m(w),
+
+    and p* is at least the minimum of the right side over x in D (one convex problem of
+    CVXPY, in the step v = x - w): the dual function of the Lagrangian's linearisation, the
+    bound of eq. (prob:KKT)'s multipliers. The gap F_0(w) + R(w) - that minimum is then at
+    least (F_0 + R)(w) - p*. It is finite when D is bounded or R strongly convex along q
+    (else the minimum is -infinity and there is no bound); at a KKT point it tends to 0 with
+    the residuals."""
+    if not terms.convex:
+        return float("nan"), "the problem is not declared convex"
+    mu = np.asarray(mu, dtype=float)
+    if not np.all(np.isfinite(mu)):
+        return float("nan"), "no multipliers"
+    det = terms.deterministic
+    k = terms.first_constraint
+    f0, cons = split_values(ev.values, terms)
+    g0 = ev.grads[0] if k else np.zeros(w.size)
+    G = ev.grads[k:].T if cons.size else np.zeros((w.size, 0))
+    q = g0 + G @ mu
+    base = float(f0) + float(mu @ cons) if cons.size else float(f0)
+    if det.empty:
+        if np.any(q):
+            return float("nan"), ("none: without a domain or a strongly convex deterministic "
+                                  "term the linearised Lagrangian has no minimum")
+        return float(f0) - base, "weak duality (the Lagrangian's gradient is zero)"
+    v = cp.Variable(w.size)
+    expr, dom = det.instantiate(w + v)
+    objective = q @ v + (expr if expr is not None else 0.0)
+    prob = cp.Problem(cp.Minimize(objective), dom)
+    try:
+        prob.solve(solver=solver, **({"tol_gap_abs": 1e-12, "tol_gap_rel": 1e-12,
+                                      "tol_feas": 1e-12} if solver.upper() == "CLARABEL"
+                                     else {}))
+    except cp.error.SolverError as exc:
+        return float("nan"), f"none: {solver} failed on the dual bound ({exc})"
+    if prob.status in ("unbounded", "unbounded_inaccurate"):
+        return float("nan"), ("none: the linearised Lagrangian is unbounded below on the "
+                              "domain (a bounded domain or a strongly convex term gives one)")
+    if prob.status not in ("optimal", "optimal_inaccurate") or prob.value is None:
+        return float("nan"), f"none: {solver} ended {prob.status} on the dual bound"
+    lower = base + float(prob.value)
+    return float(f0) + det.value(w) - lower, "weak duality with these multipliers"
+
+
 #: the near-active sets the multiplier fit also tries (:func:`_best_fit`): the inequalities
 #: with |F_m - U_m| / max(1, |U_m|) at most each of these
 ACTIVE_THRESHOLDS = (1e-10, 1e-8, 1e-6, 1e-4, 1e-2)

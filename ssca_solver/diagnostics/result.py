@@ -179,6 +179,8 @@ class Result:
                          "recentred, other solvers), "
                          f"{len(si.get('inaccurate_rounds', ()))} rounds flagged inaccurate")
         lines.extend(_kkt_lines(k, self.tolerances))
+        if k.objective_gap_note:
+            lines.append(_gap_line(k, self.fun))
         if self.dropouts:
             d = self.dropouts
             lines.append(f"dropouts      {len(d)} (client, round): "
@@ -244,6 +246,18 @@ def _block(head: str, text: str) -> str:
     """``text`` under a 14-character heading, its further lines indented to match."""
     first, *rest = str(text).split("\n")
     return "\n".join([f"{head:<14s}{first}"] + [" " * 14 + line for line in rest])
+
+
+def _gap_line(k: KKTReport, fun: float) -> str:
+    """The report's line on the objective's suboptimality (a convex problem)."""
+    gap = float(k.objective_gap)
+    if not np.isfinite(gap):
+        return f"optimality    no bound on the objective's gap: {k.objective_gap_note}"
+    if gap <= 0.0:
+        return (f"optimality    objective not above the optimum (bound {gap:.2g}: the "
+                f"constraints' violation lets it below; convex: {k.objective_gap_note})")
+    return (f"optimality    objective at most {gap:.3g} above the optimum "
+            f"({gap / max(1.0, abs(fun)):.2g} relative; convex: {k.objective_gap_note})")
 
 
 def _kkt_lines(k: KKTReport, tolerances: dict) -> list[str]:

@@ -280,7 +280,9 @@ def _layout(result: Result) -> tuple[dict, dict]:
                 **{name: _number(getattr(k, name)) for name in _KKT_FLOATS},
                 "domain_multipliers": enc.encode(tuple(k.domain_multipliers),
                                                  "kkt/domain_multipliers",
-                                                 "kkt.domain_multipliers")},
+                                                 "kkt.domain_multipliers"),
+                "objective_gap": _number(k.objective_gap),
+                "objective_gap_note": k.objective_gap_note},
         "communication": {**{name: int(getattr(c, name)) for name in _COMMUNICATION_INTS},
                           "clients_per_round": (None if c.clients_per_round is None
                                                 else int(c.clients_per_round))},
@@ -414,7 +416,12 @@ def _build(r: _Reader) -> Result:
         **{name: r.number(r.get(kmeta, name, f"kkt.{name}"), f"kkt.{name}")
            for name in _KKT_FLOATS},
         domain_multipliers=r.value(r.get(kmeta, "domain_multipliers",
-                                         "kkt.domain_multipliers"), "kkt.domain_multipliers"))
+                                         "kkt.domain_multipliers"), "kkt.domain_multipliers"),
+        # files written before the bound existed have none: NaN, no note
+        objective_gap=r.number(kmeta.get("objective_gap", float("nan")) if isinstance(
+            kmeta, dict) else None, "kkt.objective_gap"),
+        objective_gap_note=r.string(kmeta.get("objective_gap_note", "") if isinstance(
+            kmeta, dict) else None, "kkt.objective_gap_note"))
     if not isinstance(kkt.domain_multipliers, tuple):
         r.bad("kkt.domain_multipliers", "is not a tuple")
 

@@ -6,6 +6,7 @@ hooks of :class:`ssca_solver.engine.method.Method`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
@@ -18,7 +19,7 @@ import numpy as np
 from .. import status as st
 from ..errors import CheckpointError, ModelError, SSCAError, SubproblemError
 from ..diagnostics.evaluation import Evaluator
-from ..diagnostics.kkt import StationarityFloor, kkt_report
+from ..diagnostics.kkt import StationarityFloor, kkt_report, objective_gap
 from ..diagnostics.certificate import Certificate, KKTReport
 from ..diagnostics.result import Communication
 from ..federated import build_clients, make_transport
@@ -428,6 +429,10 @@ class Session:
         last = self.runner.last_test
         if kkt.failed and reason == st.CONVERGED and last is not None and not last.failed:
             kkt = last
+        if self.evaluator.terms.convex and not kkt.failed:
+            gap, note = objective_gap(state.w, final, self.evaluator.terms, kkt.multipliers,
+                                      self.solver)
+            kkt = dataclasses.replace(kkt, objective_gap=gap, objective_gap_note=note)
         self.final_evaluation = final
         return fun, cons, kkt, self.communication(state.t), self.runner.recorder.history()
 

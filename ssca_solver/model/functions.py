@@ -35,15 +35,24 @@ class SampleFunction:
         When every stochastic function has one and d is small enough, full-batch rounds carry
         it and the server's step is Newton's SQP step (``hessian="auto"``, see
         :class:`~ssca_solver.SSCAOptions`) instead of a quasi-Newton one.
+      convexity: optional declaration of how f(w, x) depends on w for every row x, in CVXPY's
+        words: "convex", "concave" or "affine" (None: unknown, the default). When the
+        objective is convex, every inequality's function convex and every equality's affine
+        (the deterministic terms and the domain are convex by construction), the problem is
+        convex and the result bounds the objective's suboptimality by weak duality
+        (:func:`ssca_solver.diagnostics.kkt.objective_gap`). The library does not check the
+        declaration; a wrong one makes that bound wrong.
 
     ``f <= U`` (or ``f >= L``) makes a stochastic constraint F(w) <= U of Problem 3, and
     ``f == b`` the equality F(w) = b.
     The ``w`` the callables receive is read-only (shared by the clients of a round).
     """
 
+    convexity: Optional[str] = None
+
     def __init__(self, value: Callable, grad: Callable, name: Optional[str] = None,
                  surrogate=None, value_and_grad: Optional[Callable] = None,
-                 hess: Optional[Callable] = None):
+                 hess: Optional[Callable] = None, convexity: Optional[str] = None):
         if not callable(value) or not callable(grad):
             raise TypeError("SampleFunction needs callables value(w, X, y) and grad(w, X, y)")
         self.value = value
@@ -56,6 +65,7 @@ class SampleFunction:
         if hess is not None and not callable(hess):
             raise TypeError("hess must be callable(w, X, y) -> (d, d) Hessian of the batch mean")
         self.hess = hess
+        self.convexity = checked_convexity(convexity)
 
     @classmethod
     def from_jax(cls, loss: Callable, name: Optional[str] = None, **options):
@@ -114,12 +124,24 @@ class SampleFunction:
                               name=f"-{self.name}", surrogate=self.surrogate,
                               value_and_grad=None if vg is None else neg_vg,
                               hess=None if hess is None else
-                              (lambda w, X, y: -np.asarray(hess(w, X, y), dtype=float)))
+                              (lambda w, X, y: -np.asarray(hess(w, X, y), dtype=float)),
+                              convexity=NEGATED[self.convexity])
 
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
         return f"SampleFunction(name={self.name!r})"
+
+
+#: the convexity of -f from that of f
+NEGATED = {None: None, "affine": "affine", "convex": "concave", "concave": "convex"}
+
+
+def checked_convexity(value) -> Optional[str]:
+    """``convexity`` of a SampleFunction: None, "convex", "concave" or "affine"."""
+    if value is None or (isinstance(value, str) and value in ("convex", "concave", "affine")):
+        return value
+    raise ValueError(f"convexity must be 'convex', 'concave', 'affine' or None, got {value!r}")
 
 
 def _is_number(value) -> bool:

@@ -137,6 +137,17 @@ class Problem:
     def num_constraints(self) -> int:
         return len(self.constraints)
 
+    @property
+    def convex(self) -> bool:
+        """Problem 3 is convex by its functions' declarations (``SampleFunction(convexity=)``):
+        the objective convex or affine (or deterministic only), every inequality's function
+        convex or affine, every equality's affine. The deterministic terms and the domain are
+        convex by construction (CVXPY's DCP rules)."""
+        if self.objective is not None and self.objective.convexity not in ("convex", "affine"):
+            return False
+        return all(c.function.convexity == "affine" if c.equality
+                   else c.function.convexity in ("convex", "affine") for c in self.constraints)
+
     def solve(self, method: str = "ssca", **options):
         """Solve with ``method`` (default "ssca": Algorithm 1, or Algorithm 2 with the penalty
         continuation when there are stochastic constraints). See
