@@ -109,9 +109,35 @@ def ill_conditioned(cond: float, d: int = 20, n: int = 2000, clients: int = 8, s
 
 
 def ill_conditioned_reference(X, y, target: float, r: float) -> np.ndarray:
-    """The pooled optimum of :func:`ill_conditioned` by CVXPY + Clarabel (tolerances 1e-10)."""
-    w = cp.Variable(X.shape[1])
-    p = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(X @ w - y) / len(y)),
-                   [X.mean(0) @ w == target, cp.sum_squares(w) <= r])
-    p.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
-    return np.asarray(w.value)
+    """The pooled optimum of :func:`ill_conditioned`, to the precision the rows allow: the
+    equality is eliminated (w = w0 + Z z, Z an orthonormal basis of a's null space, a the mean
+    row), and for the ball's multiplier lam >= 0 the rest is the least-squares problem
+    min |X Z z - (y - X w0)|^2 / (2 n) + lam |w0 + Z z|^2, solved by an SVD (no normal
+    equations, whose condition number is the square of X's); lam = 0 when that point is
+    inside the ball, else the root of |w(lam)|^2 = r (Brent's method; |w(lam)| falls with
+    lam). CVXPY + Clarabel's interior point stops at about 1e-3 relative error at condition
+    number 1e6 here."""
+    from scipy.linalg import null_space
+    from scipy.optimize import brentq
+
+    n = len(y)
+    a = X.mean(0)
+    w0 = a * (target / (a @ a))
+    Z = null_space(a[None, :])
+    A, b = X @ Z / np.sqrt(n), (y - X @ w0) / np.sqrt(n)
+
+    def point(lam: float) -> np.ndarray:
+        # min |A z - b|^2 / 2 + lam |w0 + Z z|^2 = ... + lam |z|^2 (Z' w0 = 0, |Z z| = |z|)
+        M = np.vstack([A, np.sqrt(2.0 * lam) * np.eye(Z.shape[1])])
+        rhs = np.concatenate([b, np.zeros(Z.shape[1])])
+        return w0 + Z @ np.linalg.lstsq(M, rhs, rcond=None)[0]
+
+    free = point(0.0)
+    if free @ free <= r:
+        return free
+    hi = 1.0
+    while point(hi) @ point(hi) > r:
+        hi *= 10.0
+    lam = brentq(lambda t: point(t) @ point(t) - r, 0.0, hi, xtol=1e-300,
+                 rtol=4 * np.finfo(float).eps, maxiter=500)
+    return point(lam)

@@ -16,10 +16,36 @@ from problems import least_squares
 
 
 def ill_conditioned(cond: float, **sizes):
-    """The ill-conditioned family of problems/least_squares.py and its pooled optimum by
-    CVXPY + Clarabel."""
+    """The ill-conditioned family of problems/least_squares.py and its pooled optimum
+    (:func:`problems.least_squares.ill_conditioned_reference`)."""
     prob, X, y, target, r = least_squares.ill_conditioned(cond, **sizes)
     return prob, least_squares.ill_conditioned_reference(X, y, target, r)
+
+
+@pytest.mark.parametrize("cond", [1e2, 1e6])
+def test_the_reference_is_the_pooled_optimum(cond):
+    """The elimination + SVD reference: feasible to rounding, its objective at most CVXPY +
+    Clarabel's (tolerances 1e-10), which it matches at cond 1e2, and a KKT point: the
+    gradient a multiple of the equality's row plus a nonnegative multiple of w."""
+    _, X, y, target, r = least_squares.ill_conditioned(cond)
+    x = least_squares.ill_conditioned_reference(X, y, target, r)
+    a, n = X.mean(0), len(y)
+    assert abs(a @ x - target) <= 1e-12 * max(1.0, abs(target)) and x @ x <= r * (1 + 1e-12)
+    w = cp.Variable(X.shape[1])
+    cp.Problem(cp.Minimize(0.5 * cp.sum_squares(X @ w - y) / n),
+               [a @ w == target, cp.sum_squares(w) <= r]).solve(
+        solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+
+    def f(v):
+        return 0.5 * np.sum((X @ v - y) ** 2) / n
+
+    assert f(x) <= f(w.value) + 1e-13
+    if cond == 1e2:
+        assert np.linalg.norm(x - w.value) <= 1e-4 * np.linalg.norm(x)
+    g = X.T @ (X @ x - y) / n
+    coef, *_ = np.linalg.lstsq(np.column_stack([a, x]), -g, rcond=None)
+    assert coef[1] >= -1e-12
+    assert np.linalg.norm(g + np.column_stack([a, x]) @ coef) <= 1e-8 * np.linalg.norm(g)
 
 
 @pytest.mark.parametrize("cond", [1e2, 1e4])
