@@ -218,9 +218,10 @@ def test_the_direct_form_applies_only_where_it_is_the_same_problem(cancer_data):
 def test_default_options_over_a_box_sampled_then_full_batches_reach_the_pooled_optimum(
         cancer, cancer_data):
     """Neyman-Pearson logistic regression (d = 31, 5 clients, U = 0.15) over the box
-    -0.6 <= w <= 0.6 (both active) with default options: the sampled rounds' noisy statistics and the full-batch rounds with
-    the quasi-Newton model all go to Clarabel directly, and the run is certified at CVXPY +
-    Clarabel's pooled optimum with its multiplier."""
+    -0.6 <= w <= 0.6 (both active) with default options but batch_size="grow": the sampled
+    rounds' noisy statistics and the full-batch rounds with the Newton model all go to
+    Clarabel directly, and the run is certified at CVXPY + Clarabel's pooled optimum with its
+    multiplier."""
     from problems.logistic import logistic_loss
 
     X, y = cancer
@@ -229,9 +230,10 @@ def test_default_options_over_a_box_sampled_then_full_batches_reach_the_pooled_o
     f0 = logistic_loss(only_label=0, class_fraction=pi0, name="loss0")
     prob = ss.Problem(f1, [f0 <= 0.15], dim=X.shape[1], data=cancer_data,
                       domain=lambda w: [w >= -0.6, w <= 0.6])
-    res = prob.solve(seed=0)
+    res = prob.solve(seed=0, batch_size="grow")
     assert res.status == "converged", res.message
     assert res.solver_info["direct_solves"] == res.nit
+    assert np.isnan(res.history.batch_size[-1]) and res.history.batch_size[0] == 32
     w = cp.Variable(X.shape[1])
     s = 2 * y - 1
 

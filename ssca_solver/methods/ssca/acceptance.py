@@ -225,7 +225,8 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
             state = with_pair(cfg, state, stats)
         # with a curvature model tau is the regularisation of a quasi-Newton step, not the
         # curvature: it falls faster while steps are accepted
-        k = ad.TAU_DOWN_MODEL if cfg.model_on(state) else ad.TAU_DOWN
+        k = ((ad.TAU_DOWN_NEWTON if cfg.newton else ad.TAU_DOWN_MODEL) if cfg.model_on(state)
+             else ad.TAU_DOWN)
         base_w, base, base_merit = state.w, stats, value
         state = remember(state, rejected_trial=float("nan"))
         step = (float(np.linalg.norm(state.w - state.prev_w))

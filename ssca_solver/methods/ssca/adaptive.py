@@ -63,6 +63,11 @@ TAU_UP, TAU_DOWN = 2.0, 0.9
 #: tau's factor after an accepted step once the quasi-Newton model holds a pair (tau is then a
 #: regularisation of the model's step, not the curvature itself)
 TAU_DOWN_MODEL = 0.25
+#: the same under the Newton model (the clients' exact Hessians): the model is the curvature,
+#: and tau only guards the step where the model is poor, so it falls as fast as steps are
+#: accepted; on an ill-conditioned quadratic a slower fall leaves the low-curvature
+#: directions damped for tens of rounds (log(condition number) / log(1 / factor))
+TAU_DOWN_NEWTON = 0.1
 #: after a rejected quasi-Newton step tau is at least this times the model's scale delta
 #: (the curvature of its initial matrix), so that the retried step is shorter
 MODEL_REJECT = 0.5
