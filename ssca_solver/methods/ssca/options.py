@@ -84,8 +84,8 @@ class SSCAOptions(opt.RunOptions):
         read) the scheduled full-data evaluations may take, e.g. 0.15: one runs at a multiple
         of ``eval_every`` once the rounds since the last read N (1 - b) / b rows. None: one
         every ``eval_every`` rounds, whatever it costs. "auto": b = 0.15 while the batches
-        grow (``batch_size`` "auto" or "grow", every client in every round, ``eval_every`` not given),
-        where a round of 32 rows per client costs a small fraction of an evaluation's N rows
+        grow (``batch_size`` "auto" or "grow", every client in every round, ``eval_every``
+        not given), where a round of 32 rows per client costs a small fraction of an evaluation's N rows
         and the full-batch rounds that follow are free evaluations; None at a fixed B or
         with ``clients_per_round`` (there the evaluations are the status's only evidence: an
         infeasible or stalled stage needs 4) or when ``eval_every`` is given. On full
