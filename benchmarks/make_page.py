@@ -467,7 +467,7 @@ def r_rounds(d: dict) -> str:
     return (head + table(["condition", "default", "batch full", "L-BFGS, full",
                           "kkt_tol 1e-8", "SLSQP", "trust-constr", "targets met"], rows)
             + "\n" + figure("rounds.png", "rounds and distance against the condition number")
-            + r_rounds_fair(d))
+            + r_rounds_fair(d) + r_rounds_np(d))
 
 
 def r_rounds_fair(d: dict) -> str:
@@ -481,6 +481,22 @@ def r_rounds_fair(d: dict) -> str:
             f"gap within {f['eps']}. The default's rounds over `batch_size=\"full\"`'s: "
             f"{num(f['default_over_full_rounds'])} (target: <= 1.5).\n\n"
             + table(["batch_size", "status", "rounds", "wall", "floats up"], rows))
+
+
+def r_rounds_np(d: dict) -> str:
+    rows = [[f"{r['Nd']:.0e}", r["ssca"]["status"], r["ssca"]["rounds"], sec(r["ssca"]["wall"]),
+             r["slsqp"]["nit"], sec(r["slsqp"]["wall"]), num(r["wall_over_slsqp"]),
+             f"{r['relative_objective_vs_slsqp']:.1e}", "yes" if r["target_met"] else "no"]
+            for r in d.get("neyman_pearson_pooled") or []]
+    if not rows:
+        return ""
+    return ("\nNeyman-Pearson logistic regression on synthetic rows (d = 20, 10 clients), "
+            "the default options against SciPy's SLSQP on the pooled rows. Targets: <= 30 "
+            "rounds and <= 2x SLSQP's wall time. The objective's difference is relative to "
+            "SLSQP's (negative: the certified point's violation, within feas_tol, lets it "
+            "below).\n\n"
+            + table(["N d", "status", "rounds", "wall", "SLSQP iterations", "SLSQP wall",
+                     "wall / SLSQP", "objective vs SLSQP", "targets met"], rows))
 
 
 def r_batch_cost(d: dict) -> str:
