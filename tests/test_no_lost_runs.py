@@ -498,3 +498,36 @@ def test_a_non_finite_value_still_raises_where_no_step_can_be_rejected():
     with pytest.raises(ss.UserFunctionError, match="non-finite"):
         _barrier_problem(rows=2).solve(seed=0, x0=np.array([0.0]), batch_size=1, tau=1e-3,
                                        max_iter=50)
+
+
+@pytest.mark.parametrize("hessian", ["auto", "lbfgs"])
+def test_a_penalised_problem_unbounded_below_is_named_as_such(hessian):
+    """min -w^3 s.t. w^2 <= 1 from w = 30 with c = 10: the exact penalty -w^3 + c (w^2 - 1)_+
+    falls without bound as w grows, every accepted step lowers it, and the iterates run away.
+    The DivergenceError says the penalised problem has no minimiser (and what to do), not
+    that the solver's steps were too long."""
+    data = ss.FederatedData([np.zeros((2, 1)), np.zeros((3, 1))])
+    cube = ss.SampleFunction(lambda w, X, y: np.full(len(X), -w[0] ** 3),
+                             lambda w, X, y: np.array([-3 * w[0] ** 2]), name="cube",
+                             hess=lambda w, X, y: np.array([[-6 * w[0]]]))
+    sq = ss.SampleFunction(lambda w, X, y: np.full(len(X), w[0] ** 2),
+                           lambda w, X, y: np.array([2 * w[0]]), name="square",
+                           hess=lambda w, X, y: np.array([[2.0]]))
+    prob = ss.Problem(cube, [sq <= 1.0], dim=1, data=data)
+    with pytest.raises(ss.DivergenceError) as info:
+        prob.solve(x0=[30.0], penalty=[10.0], seed=0, hessian=hessian)
+    msg = str(info.value)
+    assert "has no minimiser along this path" in msg and "domain=" in msg, msg
+    assert "penalty=[...]" in msg and "please report" not in msg, msg
+
+
+def test_sampled_rounds_keep_the_general_divergence_message(cancer, cancer_data):
+    """Outside the backtracking regime (sampled rounds with a fixed tau far too small, which
+    diverge from w = 0) nothing says every step lowered the merit: the message stays the
+    general one."""
+    sq = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                           lambda w, X, y: X.T @ (X @ w - y) / len(y), name="squared error")
+    with pytest.raises(ss.DivergenceError) as info:
+        ss.Problem(sq, dim=cancer[0].shape[1], data=cancer_data).solve(tau=0.1, seed=0,
+                                                                         batch_size="grow")
+    assert "has no minimiser" not in str(info.value)

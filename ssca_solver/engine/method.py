@@ -193,9 +193,10 @@ class Method:
         """See :class:`Algorithm`; default: ``(state, False)`` (never settled)."""
         return state, False
 
-    def divergence_cause(self) -> Optional[str]:
+    def divergence_cause(self, state=None) -> Optional[str]:
         """What made the iterates diverge, when the method knows (e.g. a fixed step it warned
-        about before round 1), for the DivergenceError's message; default None."""
+        about before round 1, or from ``state``, the last state), for the DivergenceError's
+        message; default None."""
         return None
 
     def tentative(self, state) -> bool:

@@ -191,7 +191,7 @@ class Runner:
                 if not np.isfinite(step) or step > DIVERGENCE_STEP * max(1.0, self.start_norm):
                     raise DivergenceError(self._divergence(
                         new.t, f"the step |w_(t+1) - w_t| = {step:.3g} is not finite or "
-                        f"exceeds {DIVERGENCE_STEP:g} max(1, |w_1|)"))
+                        f"exceeds {DIVERGENCE_STEP:g} max(1, |w_1|)", state))
                 evaluated, converged = None, False
                 free = (alg.round_evaluation(state, new, info)
                         if opts.eval_every and not self.gatherer.pending else None)
@@ -304,10 +304,17 @@ class Runner:
         if not ((user_nonfinite and exploded) or numeric):
             return None
         return DivergenceError(self._divergence(
-            state.t + 1, f"|w| grew from {self.start_norm:.3g} to {grown:.3g} and then: {exc}"))
+            state.t + 1, f"|w| grew from {self.start_norm:.3g} to {grown:.3g} and then: {exc}",
+            state))
 
-    def _divergence(self, t: int, what: str) -> str:
-        cause = self.algorithm.divergence_cause()
+    def _divergence(self, t: int, what: str, state=None) -> str:
+        """The DivergenceError's message for round ``t``; ``state``: the last state, handed to
+        the method's diagnosis only when its iterate had itself grown DIVERGENCE_FACTOR times
+        past max(1, |w_1|) (the path ran away, not one wild step)."""
+        grown = (state is not None and self.start_norm is not None
+                 and float(np.linalg.norm(state.w))
+                 > DIVERGENCE_FACTOR * max(1.0, self.start_norm))
+        cause = self.algorithm.divergence_cause(state if grown else None)
         if cause:
             return f"the iterates diverged at round {t}: {what}; {cause}"
         outlier = self.gatherer.outlier(t)

@@ -172,8 +172,9 @@ class SSCA(Method):
                               found.curvature)
         return state
 
-    def divergence_cause(self) -> Optional[str]:
-        return probe.divergence_cause(self.unstable_tau)
+    def divergence_cause(self, state=None) -> Optional[str]:
+        return (probe.divergence_cause(self.unstable_tau)
+                or (None if state is None else evidence.no_minimiser(self.config, state)))
 
     # -- one round -------------------------------------------------------------------------------
     def request(self, state) -> Request:

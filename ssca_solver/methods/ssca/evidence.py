@@ -12,7 +12,7 @@ naming what is missing.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -400,3 +400,28 @@ def violation_stationarity_at(session, state, feas_tol: float,
     gradient scale at the start."""
     return violation_stationarity(state.w, session.final_evaluation, session.evaluator.terms,
                                   feas_tol, session.constraint_scale, solver)
+
+
+def no_minimiser(cfg, state) -> Optional[str]:
+    """Why the iterates diverged on full batches with backtracking, where every accepted step
+    lowered the merit (the exact penalty F_0 + R + c sum_m (F_m - U_m)_+ of eq. (Problem 4)):
+    the penalised problem has no minimiser along the path (unbounded below, or its infimum
+    approached at infinity), not a step too long for its curvature. With every constraint's
+    multiplier at c the penalty's slack was in use: c is below what an exact penalty needs,
+    or the objective falls faster than a linear penalty on the violation rises. None outside
+    that regime."""
+    if not (cfg.backtracking(state) and np.isfinite(state.merit)):
+        return None
+    c = float(state.penalty)
+    what = "the objective" + (" plus c times the violation" if cfg.M else "")
+    text = (f"every accepted step lowered the merit ({what}; {state.merit:.3g} at the last "
+            "accepted point) while the steps grew without bound, so the problem the rounds "
+            "minimise has no minimiser along this path: it is unbounded below, or approaches "
+            "its infimum at infinity (a logistic loss on separable data without a ridge term)")
+    nu = np.abs(np.asarray(state.nu, dtype=float))
+    if cfg.M and nu.size == cfg.M and c > 0 and np.all(nu >= 0.99 * c):
+        text += (f"; every constraint's multiplier sits at c = {c:g}, so the penalty's slack "
+                 "is in use: the objective falls faster than c times the violation rises")
+    return (text + ". Bound the variables (domain=), add a strongly convex term, or start "
+            "nearer a feasible point" + (" with larger penalties (penalty=[...])" if cfg.M
+                                         else ""))
