@@ -504,7 +504,9 @@ def ckpt_full_disk_then_user_function_fails(ctx):
     prob, cb, X, y = faulty(ctx, action, at=12)
     path = ctx.path("run.npz")
     try:
-        prob.solve(max_iter=60, seed=0, checkpoint=path, checkpoint_every=5, callback=cb)
+        # the growing batches: a run long enough for the fault at round 12
+        prob.solve(max_iter=60, seed=0, checkpoint=path, checkpoint_every=5, callback=cb,
+                   batch_size="grow")
     except ss.SSCAError as exc:
         if _stray(ctx):
             raise Verdict("crash", f"stray files {_stray(ctx)}") from None
@@ -569,7 +571,7 @@ def ckpt_written_when_a_round_fails(ctx):
         raise RuntimeError("sensor offline")
     prob, cb, X, y = faulty(ctx, action, at=12)
     path = ctx.path("run.npz")
-    o = dict(max_iter=60, seed=0)
+    o = dict(max_iter=60, seed=0, batch_size="grow")    # long enough for the fault at round 12
     try:
         prob.solve(**o, checkpoint=path, callback=cb)
     except ss.UserFunctionError as exc:
