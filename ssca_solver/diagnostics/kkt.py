@@ -129,6 +129,16 @@ class StationarityFloor:
 MULTIPLIER_REGULARIZATION = 1e-4
 
 
+def _parts(w: np.ndarray, ev: Evaluation, terms: ProblemTerms) -> tuple:
+    """(F_0's stochastic value or 0, F_m - U_m, grad F_0 (zeros without a stochastic
+    objective), the constraints' gradients as columns (d, M)) from a full-data evaluation."""
+    k = terms.first_constraint
+    f0, cons = split_values(ev.values, terms)
+    g0 = ev.grads[0] if k else np.zeros(w.size)
+    G = ev.grads[k:].T if cons.size else np.zeros((w.size, 0))
+    return f0, cons, g0, G
+
+
 def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str = "CLARABEL",
                grad_scale: float = 0.0, metric: Optional[np.ndarray] = None,
                curvature: Optional[float] = None,
@@ -170,13 +180,10 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     |F_m - U_m| / max(1, |U_m|)) (0 for an equality).
     """
     det = terms.deterministic
-    k = terms.first_constraint
-    _, cons = split_values(ev.values, terms)
+    _, cons, g0, G = _parts(w, ev, terms)
     M = cons.size
     eq = (np.zeros(M, dtype=bool) if terms.equality is None
           else np.asarray(terms.equality, dtype=bool).reshape(M))
-    g0 = ev.grads[0] if k else np.zeros(w.size)
-    G = ev.grads[k:].T if M else np.zeros((w.size, 0))
     domain_duals: tuple = ()
     g = g0 + (det.grad(w) if det.smooth else 0.0)
     # the scale is the objective's side of the balance only, never the multipliers': fitted
@@ -297,10 +304,7 @@ def objective_gap(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, mu: np.nda
     if not np.all(np.isfinite(mu)):
         return float("nan"), "no multipliers"
     det = terms.deterministic
-    k = terms.first_constraint
-    f0, cons = split_values(ev.values, terms)
-    g0 = ev.grads[0] if k else np.zeros(w.size)
-    G = ev.grads[k:].T if cons.size else np.zeros((w.size, 0))
+    f0, cons, g0, G = _parts(w, ev, terms)
     q = g0 + G @ mu
     base = float(f0) + float(mu @ cons) if cons.size else float(f0)
     if det.empty:

@@ -418,10 +418,9 @@ def _build(r: _Reader) -> Result:
         domain_multipliers=r.value(r.get(kmeta, "domain_multipliers",
                                          "kkt.domain_multipliers"), "kkt.domain_multipliers"),
         # files written before the bound existed have none: NaN, no note
-        objective_gap=r.number(kmeta.get("objective_gap", float("nan")) if isinstance(
-            kmeta, dict) else None, "kkt.objective_gap"),
-        objective_gap_note=r.string(kmeta.get("objective_gap_note", "") if isinstance(
-            kmeta, dict) else None, "kkt.objective_gap_note"))
+        objective_gap=r.number(kmeta.get("objective_gap", "nan"), "kkt.objective_gap"),
+        objective_gap_note=r.string(kmeta.get("objective_gap_note", ""),
+                                    "kkt.objective_gap_note"))
     if not isinstance(kkt.domain_multipliers, tuple):
         r.bad("kkt.domain_multipliers", "is not a tuple")
 

@@ -53,12 +53,16 @@ def seed_entropy(seed) -> int:
     return int.from_bytes(ss.generate_state(4, np.uint32).tobytes(), "little")
 
 
+#: the adaptive batch schedules of ``batch_size`` (SSCA's): chosen by cost, and growing
+ADAPTIVE_BATCHES = ("auto", "grow")
+
+
 def batch_size(value, data, allow_auto: bool = False):
     """B as an int, None for the full batch ("full" or None), or "auto" or "grow" (the
     adaptive schedules, when allowed); B <= every client's N_i."""
     if value is None or (isinstance(value, str) and value == "full"):
         return None
-    if allow_auto and isinstance(value, str) and value in ("auto", "grow"):
+    if allow_auto and isinstance(value, str) and value in ADAPTIVE_BATCHES:
         return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
         kinds = ", 'full', 'auto' or 'grow'" if allow_auto else " or 'full'"

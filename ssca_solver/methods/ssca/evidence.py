@@ -17,6 +17,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ... import status as st
+from ...engine import options as opt
 from ...diagnostics.certificate import Certificate
 from ...diagnostics.evaluation import excess
 from ...diagnostics.kkt import PHASE1_TOL, violation_stationarity
@@ -340,7 +341,7 @@ def _advice(cfg, state, history, feasibility: bool, ever_feasible: bool) -> str:
     full_at_end = bool(len(history.t) and np.isnan(history.batch_size[-1]))
     if feasibility:
         return "feasibility_was_feasible" if ever_feasible else "feasibility"
-    adaptive = o.batch_size in ("auto", "grow")
+    adaptive = o.batch_size in opt.ADAPTIVE_BATCHES
     if cfg.sampled_clients and (adaptive or o.batch_size is None):
         return "sampled_clients"
     if adaptive and full_at_end and o.hessian == "newton" and state.hess.size:

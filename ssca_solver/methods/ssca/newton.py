@@ -12,12 +12,12 @@ participation apply as to every statistic. The server's model of the Lagrangian'
 made positive definite: each eigenvalue replaced by its absolute value, and raised to at least
 EIGEN_FLOOR of the largest (the Lagrangian of a nonconvex problem need not be convex: a
 negative curvature kept by its size, not floored near zero, keeps the step from running far
-along it; the modified Newton methods of Nocedal & Wright, sec. 3.4). It enters the objective's surrogate exactly where the quasi-Newton model does
-(:mod:`.quasi_newton`: same interface), so every round is an SQP step (Nocedal & Wright,
-ch. 18) with the linearised constraints of Problem 5 and the same exact-penalty backtracking
-(:mod:`.acceptance`). With the exact Hessian the steps converge quadratically near a KKT
-point whatever the conditioning of the problem, where first-order and quasi-Newton rounds
-slow down with it.
+along it; the modified Newton methods of Nocedal & Wright, sec. 3.4). It enters the
+objective's surrogate exactly where the quasi-Newton model does (:mod:`.quasi_newton`: same
+interface), so every round is an SQP step (Nocedal & Wright, ch. 18) with the linearised
+constraints of Problem 5 and the same exact-penalty backtracking (:mod:`.acceptance`). With
+the exact Hessian the steps converge quadratically near a KKT point whatever the conditioning
+of the problem, where first-order and quasi-Newton rounds slow down with it.
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ def _eval_budget(value, batch_size, given: dict, every_client: bool):
     problem needs 4 in a stage) and what the penalty continuation reads, and an
     ``eval_every`` given is a schedule asked for."""
     if isinstance(value, str) and value == "auto":
-        if batch_size in ("auto", "grow") and every_client and "eval_every" not in given:
+        if batch_size in opt.ADAPTIVE_BATCHES and every_client and "eval_every" not in given:
             return AUTO_EVAL_BUDGET
         return None
     if value is None:

@@ -36,8 +36,7 @@ def run(cfg: Settings, exchange, x0: np.ndarray) -> Probe:
     :func:`.adaptive.check_gradient` on the first comparison and, from a client whose first
     comparison failed, its further steps) and estimate the curvature along it; the starting
     tau (``tau="auto"``) or the fixed tau."""
-    batch = (None if cfg.first_batch >= max(cfg.sizes) else cfg.first_batch) \
-        if cfg.auto_batch else cfg.batch_size
+    batch = cfg.rows(cfg.first_batch)
     failed = {}
     fixed = cfg.problem.deterministic.bound_fixed(x0)
     curvature, norms = _probe_at(cfg, exchange, x0, batch, failed,

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ...engine.options import ADAPTIVE_BATCHES
 from ...schedules import at_epochs, step_value
 from . import adaptive as ad
 from . import quasi_newton as qn
@@ -118,7 +119,7 @@ class Settings:
         """The settings of a solve of ``problem`` with ``options`` (see :class:`Settings`)."""
         o = options
         builders = tuple(builders)
-        auto_batch = o.batch_size in ("auto", "grow")
+        auto_batch = o.batch_size in ADAPTIVE_BATCHES
         batch_size = None if auto_batch else o.batch_size
         auto_tau = o.tau == "auto"
         adapt_tau = auto_tau and ad.adaptable(builders)
@@ -157,9 +158,14 @@ class Settings:
     # -- the regime of a round, from the state ---------------------------------------------------
     def batch(self, state) -> Optional[int]:
         """The rows per client of the next round (None: every row)."""
+        return self.rows(state.batch)
+
+    def rows(self, adaptive_batch: int) -> Optional[int]:
+        """The rows per client of a round when an adaptive schedule is at ``adaptive_batch``
+        (the fixed B otherwise; None: every row)."""
         if not self.auto_batch:
             return self.batch_size
-        return None if state.batch >= max(self.sizes) else int(state.batch)
+        return None if adaptive_batch >= max(self.sizes) else int(adaptive_batch)
 
     def full(self, state) -> bool:
         """The next round reads every row of its clients."""
