@@ -155,7 +155,7 @@ def log_cosh(target: int = 1, name: str = "log-cosh") -> ss.SampleFunction:
     def grad(w, X, Y):
         return X.T @ np.tanh(X @ w - Y[:, target]) / X.shape[0]
 
-    return ss.SampleFunction(value, grad, name=name)
+    return ss.SampleFunction(value, grad, name=name, convexity="convex")
 
 
 def half_squares(target: int = 0, name: str = "squared loss") -> ss.SampleFunction:
@@ -169,7 +169,7 @@ def half_squares(target: int = 0, name: str = "squared loss") -> ss.SampleFuncti
     def grad(w, X, Y):
         return X.T @ (X @ w - col(Y)) / X.shape[0]
 
-    return ss.SampleFunction(value, grad, name=name)
+    return ss.SampleFunction(value, grad, name=name, convexity="convex")
 
 
 def sigmoid_miss_rate(pi1: float, sharpness: float, name: str = "miss rate (sigmoid)"):

@@ -89,10 +89,11 @@ def diabetes_older_group(U, column_scale=1.0):
     Y = np.column_stack([y, older])
     pi = older.mean()
     loss = ss.SampleFunction(lambda w, X, Y: 0.5 * (X @ w - Y[:, 0]) ** 2,
-                             lambda w, X, Y: X.T @ (X @ w - Y[:, 0]) / len(X), name="error")
+                             lambda w, X, Y: X.T @ (X @ w - Y[:, 0]) / len(X), name="error",
+                             convexity="convex")
     old = ss.SampleFunction(lambda w, X, Y: Y[:, 1] / pi * 0.5 * (X @ w - Y[:, 0]) ** 2,
                             lambda w, X, Y: X.T @ (Y[:, 1] / pi * (X @ w - Y[:, 0])) / len(X),
-                            name="older")
+                            name="older", convexity="convex")
     prob = ss.Problem(loss, [old <= U], dim=X.shape[1],
                       data=ss.FederatedData.split(X, Y, num_clients=4, seed=0),
                       regularizer=lambda w: 1e-3 * cp.sum_squares(w))

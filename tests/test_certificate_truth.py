@@ -268,14 +268,24 @@ def test_iterates_that_stop_moving_at_an_unsatisfiable_point_say_so():
     step is zero from round 1, and every stage settles after a few rounds, too few for four
     evaluations. That ended 'max_iter: the penalised problem is solved' (S2MPJ's EIGENB);
     the settled iterates are the stalled violation the 'infeasible' rule asks for, with its
-    other evidence (a minimiser of the violation, not a saddle)."""
+    other evidence (a minimiser of the violation, not a saddle). The constraint declared
+    convex: "infeasible"; undeclared, the same point is only a local minimum of the violation
+    as far as the library knows: "max_iter", saying so."""
     zero = fn(lambda w: 0.0, lambda w: np.zeros(2), "0")
-    c = fn(lambda w: w @ w + 1.0, lambda w: 2 * w, "c")
-    res = ss.Problem(zero, [c <= 0.5], dim=2, data=ONE_ROW).solve(
-        x0=np.zeros(2), seed=0, batch_size="full")
-    assert res.status == "infeasible", res.message
-    assert "stopped moving" in res.message and "penalised problem is solved" not in res.message
-    assert res.nit < 100
+    for convexity in ("convex", None):
+        c = ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], w @ w + 1.0),
+                              lambda w, X, y: 2 * w, name="c", convexity=convexity)
+        res = ss.Problem(zero, [c <= 0.5], dim=2, data=ONE_ROW).solve(
+            x0=np.zeros(2), seed=0, batch_size="full")
+        assert "stopped moving" in res.message and "penalised problem is solved" not in res.message
+        assert res.nit < 100
+        if convexity:
+            assert res.status == "infeasible", res.message
+            assert "declared convex, so they cannot be met at all" in res.message
+        else:
+            assert res.status == "max_iter", res.message
+            assert "local minimum of the violation" in res.message
+            assert "not declared convex" in res.message and "another x0" in res.message
 
 
 def test_the_second_order_correction_pulls_a_trial_point_back_to_a_curved_constraint():

@@ -36,7 +36,7 @@ def _infeasible(**changes) -> evidence.Evidence:
         worst=1, worst_violation=0.5, ever_feasible=False, stalled=True, first=0.5,
         second=0.5, stage_slack=0.5, stage_penalty=1e5, slack_tol=1e-3, evaluations=40,
         rejects=0, advice="feasibility", fixed_batch=False, feas_tol=1e-4, phase1=0.0,
-        saddle=0.0)
+        saddle=0.0, convex=True)
     return e._replace(**changes)
 
 
@@ -52,6 +52,9 @@ def test_infeasible_needs_every_piece_of_evidence():
         "violation": (1e-5, "not_passed"),
         "phase1": (0.5, "not_minimiser"),
         "saddle": (1.0, "saddle"),
+        # constraints not declared convex: a local minimum of the violation proves nothing
+        # about points elsewhere
+        "convex": (False, "local_infeasibility"),
     }
     for field, (value, code) in missing.items():
         assert evidence.classify(_infeasible(**{field: value}), tested=True) == code, field

@@ -352,3 +352,33 @@ def test_the_multiplier_fit_survives_nnls_running_out_of_iterations(monkeypatch)
     monkeypatch.setattr(kkt, "nnls", runs_out)
     np.testing.assert_allclose(kkt.nonnegative_least_squares(A, b), ref, atol=1e-9)
     assert np.all(kkt.nonnegative_least_squares(A, b) >= 0.0)
+
+
+def test_coordinates_of_1e4_cannot_hide_a_step_in_coordinates_of_10():
+    """S2MPJ's HS114 mechanism: the linearised KKT step's length over max(1, |w|) is a relative
+    change of w as a whole, which its largest coordinates set. Here -w_2 over the box
+    0 <= w <= (2e4, 20) at w = (1e4, 19.99): the step moves w_2 to its bound, 0.01, which is
+    1e-6 of |w| but 5e-4 of w_2; the objective is 0.01 above its minimum. The report refuses
+    the point (the root-mean-square relative change of the coordinates, 3.5e-4) and passes it
+    at the bound, and with both coordinates of the same size the two measures agree."""
+    from ssca_solver.diagnostics.evaluation import Evaluation
+    from ssca_solver.diagnostics.kkt import coordinate_step
+
+    hi = np.array([2e4, 20.0])
+    det = ss.Problem(lambda w: 0 * cp.sum_squares(w), dim=2, data=None,
+                     domain=lambda w: [w >= 0, w <= hi]).deterministic
+    terms = ProblemTerms(True, np.zeros(0), det)
+    g = np.array([0.0, -1.0])
+
+    def report(w):
+        return kkt_report(np.asarray(w, float), Evaluation(np.array([-w[1]]), g[None, :], 0, 0),
+                          terms)
+
+    near = report([1e4, 19.99])
+    assert near.stationarity / near.scale == pytest.approx(0.01 / np.hypot(1e4, 19.99), rel=1e-4)
+    assert near.stationarity_rel == pytest.approx(0.01 / 19.99 / np.sqrt(2), rel=1e-4)
+    assert not near.passed(1e-4, 1e-4)
+    assert report([1e4, 20.0]).passed(1e-4, 1e-4)
+    # the same step at equal coordinates: root mean square = length over |w|
+    v, w = np.array([0.0, 0.01]), np.array([19.99, 19.99])
+    assert coordinate_step(v, w) == pytest.approx(np.linalg.norm(v) / np.linalg.norm(w))

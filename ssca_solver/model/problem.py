@@ -145,6 +145,14 @@ class Problem:
         convex by construction (CVXPY's DCP rules)."""
         if self.objective is not None and self.objective.convexity not in ("convex", "affine"):
             return False
+        return self.constraints_convex
+
+    @property
+    def constraints_convex(self) -> bool:
+        """The feasible set of Problem 3 is convex by the functions' declarations: every
+        inequality's function convex or affine, every equality's affine (the domain is convex
+        by construction). Then a minimiser of the constraints' violation that violates them
+        shows that no point meets them (status "infeasible")."""
         return all(c.function.convexity == "affine" if c.equality
                    else c.function.convexity in ("convex", "affine") for c in self.constraints)
 

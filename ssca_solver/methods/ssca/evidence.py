@@ -6,8 +6,9 @@ table (:data:`MESSAGES`, as scipy's ``TERMINATION_MESSAGES``).
 "infeasible" needs every one of: no evaluated iterate feasible, the violation stalled over the
 last stage at the largest penalty with a positive subproblem slack, the returned point a
 stationary point of the violation (:func:`ssca_solver.diagnostics.kkt.violation_stationarity`)
-and not a saddle of it (:func:`violation_curvature`); otherwise "max_iter" with a message
-naming what is missing.
+and not a saddle of it (:func:`violation_curvature`), and constraints declared convex (else
+the point is a local minimum of the violation, status "max_iter" that says so); otherwise
+"max_iter" with a message naming what is missing.
 """
 
 from __future__ import annotations
@@ -63,10 +64,19 @@ MESSAGES = {
         "slack ({stage_slack:.3g}, relative); the violation stopped decreasing {how}; the "
         "returned point is a stationary point of the violation (its gradient {phase1:.2g} of "
         "the constraints' gradient at the start) and not a saddle of it\n"
-        "so the constraints cannot be met near this point. When they are convex they cannot "
-        "be met at all; when they are not, this may be a local minimum of the violation with "
-        "feasible points elsewhere (start from another x0), or their multipliers exceed c "
-        "(give larger penalties)"),
+        "and the constraints are declared convex, so they cannot be met at all (or, if no "
+        "point violates them less, their multipliers exceed c: give larger penalties)"),
+    "local_infeasibility": (
+        "no feasible point was found: none of the run's {evaluations} full-data evaluations "
+        "nor the returned point satisfied the constraints (constraint {worst} violated by "
+        "{worst_violation:.3g} at the end)\n"
+        "the returned point is a local minimum of the violation: at the largest penalty c = "
+        "{stage_penalty:g} the subproblem kept a positive slack ({stage_slack:.3g}, "
+        "relative); the violation stopped decreasing {how}; its gradient is {phase1:.2g} of "
+        "the constraints' gradient at the start, and it is not a saddle\n"
+        "but the constraints are not declared convex (SampleFunction(convexity=...)), so "
+        "feasible points may exist elsewhere and this is no evidence that none does: start "
+        "from another x0, or give larger penalties"),
     "settled_violated": (
         "the iterates stopped moving at round {t} at c = {penalty:g} with the constraints "
         "violated and the full-data KKT test failing ({failing}),\n"
@@ -185,6 +195,8 @@ class Evidence(NamedTuple):
       phase1: the returned point's relative distance from a stationary point of the
         violation (NaN: not measured). saddle: the largest drop of the violation's second
         difference around it (0: not measured; NaN: could not be measured).
+      convex: the constraints are declared convex (:attr:`Problem.constraints_convex`), so
+        a local minimiser of their violation is a global one.
     """
 
     reason: str
@@ -212,6 +224,7 @@ class Evidence(NamedTuple):
     feas_tol: float
     phase1: float = float("nan")
     saddle: float = 0.0
+    convex: bool = False
 
     @property
     def settled(self) -> bool:
@@ -257,7 +270,8 @@ def gather(outcome, cfg, stages) -> Evidence:
         stage_penalty=stages[-1].penalty if stages else float("nan"),
         slack_tol=o.slack_tol, evaluations=len(evaluated), rejects=int(state.rejects),
         advice=_advice(cfg, state, history, "feasibility" in name, ever_feasible),
-        fixed_batch=isinstance(o.batch_size, int), feas_tol=o.feas_tol)
+        fixed_batch=isinstance(o.batch_size, int), feas_tol=o.feas_tol,
+        convex=bool(getattr(cfg.problem, "constraints_convex", False)))
     if e.infeasible_candidate and outcome.reason not in (st.CONVERGED, st.STOPPED):
         session = outcome.session
         e = e._replace(phase1=violation_stationarity_at(session, state, o.feas_tol, o.solver))
@@ -278,7 +292,7 @@ def classify(e: Evidence, tested: bool) -> str:
             return "saddle_untested"
         if e.saddle > SADDLE_TOL * max(1.0, e.violation_sum):
             return "saddle"
-        return "infeasible"
+        return "infeasible" if e.convex else "local_infeasibility"
     if not tested:
         return "untested"
     if e.settled and not (e.violated and not e.ever_feasible):
