@@ -87,3 +87,28 @@ def test_deterministic_objective_and_bad_curvature():
     np.testing.assert_allclose(sol.w, w, atol=1e-6)
     with pytest.raises(ValueError, match="a_0 > 0"):
         solve_closed_form_diag(np.zeros(8), b0, c0, a, bs, cs, U, 5.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_many_constraints_few_active_match_cvxpy(seed):
+    """M = 120 constraints (w.q_m)^2 <= U_m around a far unconstrained minimiser, a few of
+    them active at the optimum, most violated at nu = 0: the projected Newton method's free
+    set starts large and shrinks (the regime of a round at n = m = 300)."""
+    rng = np.random.default_rng(seed)
+    d, M, c = 40, 120, 100.0
+    a0 = rng.uniform(0.5, 2.0, size=d)
+    b0 = -4.0 * a0 * rng.normal(size=d)                  # minimiser 2 N(0, 1) per coordinate
+    Q = rng.normal(size=(M, d)) / np.sqrt(d)
+    # a_m |w|^2-type curvature along q_m only would not be diagonal: take the diagonal
+    # surrogate's form directly, a_m = q_m^2 and a linear term
+    a = Q ** 2
+    bs = [rng.normal(size=d) * 0.1 for _ in range(M)]
+    cs = np.zeros(M)
+    U = rng.uniform(0.5, 1.0, size=M)
+    inst = (a0, b0, 0.3, a, bs, cs, U)
+    w, s, duals, value = _cvxpy(*inst, c)
+    sol = solve_closed_form_diag(*inst, c)
+    assert _kkt_residual(sol, *inst, c) <= 1e-9 * c
+    assert 1 <= np.sum(duals > 1e-6) < M // 4                # a few active
+    assert sol.value == pytest.approx(value, rel=1e-7, abs=1e-7)
+    np.testing.assert_allclose(sol.w, w, atol=1e-4 * max(1.0, np.max(np.abs(w))))

@@ -38,10 +38,9 @@ from .base import BoundSolver, SubproblemSolution, SubproblemSolver
 
 @njit(cache=True)
 def _dual(G, a0, a, d, nu):
-    """g(nu), its gradient and Hessian from the Gram matrix (all O(M^2)), and the size of the
-    terms g is made of (its rounding error is about 1e-16 times that)."""
-    M = a.size
-    nt = np.empty(M + 1)
+    """g(nu) and its gradient from the Gram matrix (O(M^2)), and the size of the terms g is
+    made of (its rounding error is about 1e-16 times that)."""
+    nt = np.empty(nu.size + 1)
     nt[0] = 1.0
     nt[1:] = nu
     A = a0 + np.dot(nu, a)
@@ -51,14 +50,30 @@ def _dual(G, a0, a, d, nu):
     bw = -Gn / (2.0 * A)          # b_j . w(nu), j = 0..M
     ww = BB / (4.0 * A * A)       # |w(nu)|^2
     grad = a * ww + bw[1:] + d
-    H = np.empty((M, M))
-    for m in range(M):
-        for k in range(M):
-            jj = G[m + 1, k + 1] + 2.0 * a[k] * bw[m + 1] + 2.0 * a[m] * bw[k + 1] \
-                + 4.0 * a[m] * a[k] * ww
-            H[m, k] = -jj / (2.0 * A)
     scale = BB / (4.0 * A) + np.sum(np.abs(nu * d))
-    return g, grad, H, scale
+    return g, grad, scale
+
+
+@njit(cache=True)
+def _dual_curvature(G, a0, a, nu, free):
+    """Minus the Hessian of g (see :func:`_dual`) on the coordinates ``free``:
+    (b_m.b_k + 2 a_k b_m.w + 2 a_m b_k.w + 4 a_m a_k |w|^2) / (2 A), O(|free|^2)."""
+    nt = np.empty(nu.size + 1)
+    nt[0] = 1.0
+    nt[1:] = nu
+    A = a0 + np.dot(nu, a)
+    Gn = G @ nt
+    bw = -Gn / (2.0 * A)
+    ww = np.dot(nt, Gn) / (4.0 * A * A)
+    F = free.size
+    H = np.empty((F, F))
+    for i in range(F):
+        m = free[i]
+        for j in range(F):
+            k = free[j]
+            H[i, j] = (G[m + 1, k + 1] + 2.0 * a[k] * bw[m + 1] + 2.0 * a[m] * bw[k + 1]
+                       + 4.0 * a[m] * a[k] * ww) / (2.0 * A)
+    return H
 
 
 @njit(cache=True)
@@ -133,61 +148,75 @@ def _lemma1(G, a0, a1, d1, c):
 
 
 @njit(cache=True)
-def _dual_diag(Acur, Bv, d, nu):
-    """g(nu), gradient, Hessian and term size for diagonal curvature (see
-    :func:`solve_closed_form_diag`): Acur (M+1, d) the curvature vectors a_0, a_1..a_M, Bv
-    (M+1, d) the linear terms b_0..b_M. O(M^2 d)."""
-    M = nu.size
-    n = Acur.shape[1]
-    grad = d.copy()
-    H = np.zeros((M, M))
-    J = np.empty(M)
-    g = np.dot(nu, d)
-    scale = np.sum(np.abs(nu * d))
-    for k in range(n):
-        A = Acur[0, k]
-        B = Bv[0, k]
-        for m in range(M):
-            A += nu[m] * Acur[m + 1, k]
-            B += nu[m] * Bv[m + 1, k]
-        w = -B / (2.0 * A)
-        term = B * B / (4.0 * A)
-        g -= term
-        scale += term
-        for m in range(M):
-            J[m] = Bv[m + 1, k] + 2.0 * Acur[m + 1, k] * w
-            grad[m] += (Acur[m + 1, k] * w + Bv[m + 1, k]) * w
-        for m in range(M):
-            for j in range(m, M):
-                H[m, j] -= J[m] * J[j] / (2.0 * A)
-    for m in range(M):
-        for j in range(m):
-            H[m, j] = H[j, m]
-    return g, grad, H, scale
+def _diag_terms(a0v, b0v, Ac, Bc, nu):
+    """A(nu) = a_0 + sum_m nu_m a_m and B(nu) = b_0 + sum_m nu_m b_m (d-vectors) for diagonal
+    curvature (see :func:`solve_closed_form_diag`), skipping the multipliers that are 0."""
+    A = a0v.copy()
+    B = b0v.copy()
+    for m in range(nu.size):
+        if nu[m] != 0.0:
+            A += nu[m] * Ac[m]
+            B += nu[m] * Bc[m]
+    return A, B
 
 
 @njit(cache=True)
-def _evaluate(diag, G, a0, a, Acur, Bv, d, nu):
+def _dual_diag(a0v, b0v, Ac, Bc, d, nu):
+    """g(nu), its gradient and term size for diagonal curvature (see
+    :func:`solve_closed_form_diag`): Ac, Bc (M, d) the constraints' curvature vectors and
+    linear terms, a0v, b0v the objective's. O(M d), two matrix-vector products."""
+    A, B = _diag_terms(a0v, b0v, Ac, Bc, nu)
+    w = -B / (2.0 * A)
+    term = np.sum(B * B / (4.0 * A))
+    g = np.dot(nu, d) - term
+    scale = np.sum(np.abs(nu * d)) + term
+    grad = d + np.dot(Ac, w * w) + np.dot(Bc, w)
+    return g, grad, scale
+
+
+@njit(cache=True)
+def _dual_diag_curvature(a0v, b0v, Ac, Bc, nu, free):
+    """Minus the Hessian of g (see :func:`_dual_diag`) on the coordinates ``free``:
+    sum_k J_mk J_lk / (2 A_k), J_mk = b_mk + 2 a_mk w_k, one matrix product, O(|free|^2 d)."""
+    A, B = _diag_terms(a0v, b0v, Ac, Bc, nu)
+    w = -B / (2.0 * A)
+    r = 1.0 / np.sqrt(2.0 * A)
+    J = np.empty((free.size, A.size))
+    for i in range(free.size):
+        m = free[i]
+        J[i] = (Bc[m] + 2.0 * Ac[m] * w) * r
+    return np.dot(J, J.T)
+
+
+@njit(cache=True)
+def _evaluate(diag, G, a0, a, a0v, b0v, Ac, Bc, d, nu):
     if diag:
-        return _dual_diag(Acur, Bv, d, nu)
+        return _dual_diag(a0v, b0v, Ac, Bc, d, nu)
     return _dual(G, a0, a, d, nu)
 
 
 @njit(cache=True)
-def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, Acur, Bv, lower):
+def _curvature(diag, G, a0, a, a0v, b0v, Ac, Bc, nu, free):
+    if diag:
+        return _dual_diag_curvature(a0v, b0v, Ac, Bc, nu, free)
+    return _dual_curvature(G, a0, a, nu, free)
+
+
+@njit(cache=True)
+def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, a0v, b0v, Ac, Bc, lower):
     """Maximise the concave g on the box [lower, c] (lower_m = 0, or -c for an equality) by
     projected Newton with an Armijo arc search (g from the Gram matrix, or from the curvature
     vectors when ``diag``)."""
-    M = a.size
+    M = d.size
     nu = np.minimum(np.maximum(nu0, lower), c)
     res = np.inf
     for _ in range(max_iter):
-        g, grad, H, gscale = _evaluate(diag, G, a0, a, Acur, Bv, d, nu)
+        g, grad, gscale = _evaluate(diag, G, a0, a, a0v, b0v, Ac, Bc, d, nu)
         pg = nu - np.minimum(np.maximum(nu + grad, lower), c)
         res = np.max(np.abs(pg))
         if res <= tol:
             break
-        eps = min(1e-8 * (1.0 + c), res)
+        eps = min(1e-3 * (1.0 + c), res)
         binding = np.zeros(M, dtype=np.bool_)
         for i in range(M):
             binding[i] = ((nu[i] <= lower[i] + eps and grad[i] < 0.0)
@@ -195,10 +224,7 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, Acur, Bv, lower)
         free = np.where(~binding)[0]
         direction = grad.copy()  # binding coordinates: gradient step, stopped by the projection
         if free.size > 0:
-            Hf = np.empty((free.size, free.size))
-            for i in range(free.size):
-                for j in range(free.size):
-                    Hf[i, j] = -H[free[i], free[j]]
+            Hf = _curvature(diag, G, a0, a, a0v, b0v, Ac, Bc, nu, free)
             reg = 1e-14 * (1.0 + np.trace(Hf))
             for i in range(free.size):
                 Hf[i, i] += reg
@@ -209,7 +235,7 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, Acur, Bv, lower)
         accepted = False
         for _ in range(60):
             trial = np.minimum(np.maximum(nu + alpha * direction, lower), c)
-            gt, gradt, _, _ = _evaluate(diag, G, a0, a, Acur, Bv, d, trial)
+            gt, gradt, _ = _evaluate(diag, G, a0, a, a0v, b0v, Ac, Bc, d, trial)
             if gt - g >= 1e-4 * np.dot(grad, trial - nu) and gt >= g:
                 nu = trial
                 accepted = True
@@ -229,6 +255,10 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, Acur, Bv, lower)
 
 
 _NONE = np.zeros((0, 0))
+#: up to this many constraints the Gram matrix is formed by dot products (no copy of the
+#: vectors); above it by one matrix product
+GRAM_LOOP = 8
+_EMPTY = np.zeros(0)
 
 
 def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray, bs,
@@ -270,9 +300,17 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
         return _solution([(-0.5 / a0, b0)], np.zeros(0), np.zeros(0), value, 0.0, b0, out)
     vecs = (b0,) + tuple(bs)
     G = np.zeros((M + 1, M + 1))                 # row and column 0 stay 0 when b_0 = 0
-    for j in range(0 if b0 is not None else 1, M + 1):
-        for k in range(j, M + 1):
-            G[j, k] = G[k, j] = float(vecs[j] @ vecs[k])
+    first = 0 if b0 is not None else 1
+    if M <= GRAM_LOOP:
+        for j in range(first, M + 1):
+            for k in range(j, M + 1):
+                G[j, k] = G[k, j] = float(vecs[j] @ vecs[k])
+    else:
+        # many constraints: one matrix product instead of (M + 1)^2 / 2 Python-level dot
+        # products (the copy into V is one more pass, which few vectors would notice)
+        V = np.vstack(vecs[first:])
+        P = V @ V.T
+        G[first:, first:] = 0.5 * (P + P.T)
     a = np.asarray(a, dtype=float)
     d = np.asarray(cs, dtype=float) - np.asarray(U, dtype=float)
     c = float(penalty)
@@ -285,7 +323,8 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
         nu, residual = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c),
-                                         int(max_iter), False, _NONE, _NONE, lower)
+                                         int(max_iter), False, _EMPTY, _EMPTY, _NONE, _NONE,
+                                         lower)
     coef = np.concatenate(([0.0 if b0 is None else 1.0], nu))
     A, ww, bw, slack, value = _summary(G, coef, float(a0), a, d, float(c0), c, lower)
     # w = -(b_0 + sum nu_m b_m) / (2 A), left to the server as its terms unless out is given
@@ -348,8 +387,9 @@ def solve_closed_form_diag(a0: np.ndarray, b0: np.ndarray | None, c0: float,
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
         nu, residual = _projected_newton(_NONE, 0.0, np.zeros(M), d, c, start,
-                                         1e-13 * (1.0 + c), int(max_iter), True, Acur, Bv,
-                                         lower)
+                                         1e-13 * (1.0 + c), int(max_iter), True, Acur[0],
+                                         Bv[0], np.ascontiguousarray(Acur[1:]),
+                                         np.ascontiguousarray(Bv[1:]), lower)
     A = Acur[0] + nu @ Acur[1:]
     w = -(Bv[0] + nu @ Bv[1:]) / (2.0 * A)
     excess = np.einsum("mk,k->m", Acur[1:], w * w) + Bv[1:] @ w + d
