@@ -467,7 +467,22 @@ def r_rounds(d: dict) -> str:
     return (head + table(["condition", "default", "batch full", "L-BFGS, full",
                           "kkt_tol 1e-8", "SLSQP", "trust-constr", "targets met"], rows)
             + "\n" + figure("rounds.png", "rounds and distance against the condition number")
-            + r_rounds_fair(d) + r_rounds_np(d))
+            + r_rounds_fair(d) + r_rounds_np(d) + r_rounds_constraints(d))
+
+
+def r_rounds_constraints(d: dict) -> str:
+    rows = [[r["m"], r["active"], f"{r['ssca']['status']} {r['ssca']['rounds']}",
+             ms(r["ssca"]["round_s"]), r["slsqp"]["iterations"], ms(r["slsqp"]["iteration_s"]),
+             num(r["round_over_iteration"])] for r in d.get("constraints") or []]
+    if not rows:
+        return ""
+    return ("\nA round's cost against the number of constraints m: min |w|^2 / 2 + c.w s.t. "
+            "(a_m.w)^2 <= b_m, n = 300, each constraint its own function, one client, the "
+            "default options, beside an SLSQP iteration on the same problem (the constraints "
+            "as one vector function). Target: a round within 5x an iteration at m = 300, and "
+            "nearly flat in m.\n\n"
+            + table(["m", "active at the optimum", "SSCA", "a round", "SLSQP iterations",
+                     "an iteration", "round / iteration"], rows))
 
 
 def r_rounds_fair(d: dict) -> str:
