@@ -81,7 +81,13 @@ def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
     as it was when the round brought none (a client without them)."""
     if not curvature or len(curvature) != len(cfg.builders) or state.metric.size:
         return state
-    H = newton.lagrangian_hessian(curvature, state.nu, cfg.first, state.w.size)
+    # an inequality the last subproblem left inactive gets its curvature in its own surrogate
+    # (constraint_curvature), not in the Lagrangian's: in both, a weakly active constraint
+    # (a multiplier far below the others' but not 0) is curved twice, the model's curvature
+    # along the directions where it dominates is double the Lagrangian's, and the steps
+    # towards it are half of Newton's (linear convergence at rate 1/2)
+    nu = np.where(inactive_inequalities(cfg, state.nu), 0.0, np.asarray(state.nu, dtype=float))
+    H = newton.lagrangian_hessian(curvature, nu, cfg.first, state.w.size)
     top = np.array([max(0.0, float(np.linalg.eigvalsh(curvature[cfg.first + j])[-1]))
                     for j in range(cfg.M)])
     return state._replace(hess=H, curv_top=top)
@@ -90,6 +96,18 @@ def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
 #: a constraint whose multiplier is below this share of the largest counts as inactive for
 #: :func:`constraint_curvature`
 INACTIVE_SHARE = 1e-3
+
+
+def inactive_inequalities(cfg: Settings, nu) -> np.ndarray:
+    """(M,) booleans: the inequalities whose multiplier ``nu`` (the last subproblem's) is below
+    INACTIVE_SHARE of the largest (all of them when every multiplier is 0); equalities never.
+    Their curvature goes into their own surrogates (:func:`constraint_curvature`), the others'
+    into the Lagrangian's Hessian (:func:`with_curvature`)."""
+    nu = np.abs(np.asarray(nu, dtype=float))
+    if nu.size != cfg.M:
+        return np.zeros(cfg.M, dtype=bool)
+    active = nu > INACTIVE_SHARE * float(np.max(nu)) if np.any(nu > 0) else np.zeros(cfg.M, bool)
+    return ~active & ~np.asarray(cfg.equality, dtype=bool).reshape(cfg.M)
 
 
 def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tuple:
@@ -105,12 +123,11 @@ def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tupl
     if not (cfg.newton and state.curv_top.size == cfg.M and cfg.M):
         return stats
     out = list(stats)
-    nu = np.abs(np.asarray(state.nu, dtype=float))
-    active = (nu > INACTIVE_SHARE * float(np.max(nu)) if nu.size == cfg.M and np.any(nu > 0)
-              else np.zeros(cfg.M, dtype=bool))
+    inactive = (inactive_inequalities(cfg, state.nu) if np.size(state.nu) == cfg.M
+                else ~np.asarray(cfg.equality, dtype=bool).reshape(cfg.M))
     for j, top in enumerate(state.curv_top):
         m = cfg.first + j
-        if cfg.equality[j] or active[j] or not top > 0.0 or "quad" not in out[m]:
+        if not inactive[j] or not top > 0.0 or "quad" not in out[m]:
             continue
         q = float(np.max(np.asarray(out[m]["quad"], dtype=float)))
         if 0.0 < q < 0.5 * top:
