@@ -4,6 +4,7 @@ adaptive batch size (:mod:`.adaptive`)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -26,15 +27,25 @@ NONFINITE = "nonfinite"
 CURVATURE = "curv:"
 
 
+@functools.lru_cache(maxsize=8)
+def _upper(d: int) -> tuple:
+    """np.triu_indices(d), computed once per d (read-only): every client packs and the server
+    unpacks each function's Hessian every round."""
+    rows, cols = np.triu_indices(d)
+    rows.setflags(write=False)
+    cols.setflags(write=False)
+    return rows, cols
+
+
 def pack_symmetric(H: np.ndarray) -> np.ndarray:
     """The upper triangle of a symmetric (d, d) matrix, row by row: d (d + 1) / 2 floats."""
-    return H[np.triu_indices(H.shape[0])]
+    return H[_upper(H.shape[0])]
 
 
 def unpack_symmetric(packed: np.ndarray, d: int) -> np.ndarray:
     """The symmetric (d, d) matrix of :func:`pack_symmetric`'s floats."""
     H = np.zeros((d, d))
-    rows, cols = np.triu_indices(d)
+    rows, cols = _upper(d)
     H[rows, cols] = packed
     H[cols, rows] = packed
     return H
