@@ -179,3 +179,36 @@ def test_a_weakly_active_constraint_is_curved_once():
     # no run of linear convergence at rate 1/2: from 1e-3 to 1e-6 in at most 4 rounds
     first = next(i for i, v in enumerate(dist) if v <= 1e-3)
     assert min(dist[first:first + 5]) <= 1e-6, dist
+
+
+def test_raising_a_subnormal_curvature_keeps_the_surrogate_finite_and_tangent():
+    """Under the Newton model an inactive constraint's surrogate curvature is raised to half
+    its Hessian's top eigenvalue. After hundreds of accepted steps tau had fallen to 1e-309
+    (S2MPJ's HS106), the factor 0.5 top / quad overflowed, and the subproblem got NaN
+    parameters ('Parameter value must be real'). raise_curvature adds instead: the value and
+    gradient at w are kept, the curvature is the target."""
+    from ssca_solver.methods.ssca import adaptive as ad
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=3)
+    stats = {"quad": np.asarray(1.37e-309), "lin": rng.normal(size=3), "const": np.asarray(2.0)}
+    with np.errstate(all="ignore"):
+        bad = ad.rescale_tau(stats, w, 0.5 * 2.0 / 1.37e-309)
+    assert not all(np.all(np.isfinite(v)) for v in bad.values())
+    got = ad.raise_curvature(stats, w, 1.0)
+
+    def value(s, v):
+        return float(s["quad"]) * (v @ v) + s["lin"] @ v + float(s["const"])
+
+    def grad(s, v):
+        return 2.0 * float(s["quad"]) * v + s["lin"]
+
+    assert float(got["quad"]) == 1.0
+    assert value(got, w) == pytest.approx(value(stats, w), rel=1e-12)
+    np.testing.assert_allclose(grad(got, w), grad(stats, w), atol=1e-12)
+    # a vector curvature: raised where below the target, kept where above
+    vec = {"quad": np.array([0.1, 3.0, 1e-309]), "lin": stats["lin"], "const": stats["const"]}
+    up = ad.raise_curvature(vec, w, 1.0)
+    np.testing.assert_array_equal(up["quad"], [1.0, 3.0, 1.0])
+    assert (float(up["quad"] @ (w * w)) + up["lin"] @ w + float(up["const"])
+            == pytest.approx(float(vec["quad"] @ (w * w)) + vec["lin"] @ w + 2.0, rel=1e-12))

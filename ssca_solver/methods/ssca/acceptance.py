@@ -131,7 +131,11 @@ def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tupl
             continue
         q = float(np.max(np.asarray(out[m]["quad"], dtype=float)))
         if 0.0 < q < 0.5 * top:
-            out[m] = ad.rescale_tau(out[m], center, 0.5 * top / q)
+            k = 0.5 * top / q
+            # tau fallen to a subnormal number (1e-309 on S2MPJ's HS106) makes k overflow:
+            # then every coordinate's curvature is raised to 0.5 top directly
+            out[m] = (ad.rescale_tau(out[m], center, k) if np.isfinite(k)
+                      else ad.raise_curvature(out[m], center, 0.5 * top))
     return tuple(out)
 
 

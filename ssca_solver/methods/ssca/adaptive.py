@@ -426,6 +426,19 @@ def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float) -> dic
             "const": np.asarray(float(stats["const"]) + added)}
 
 
+def raise_curvature(stats: Mapping[str, np.ndarray], w: np.ndarray, a: float) -> dict:
+    """Proximal-linear statistics at w with every coordinate's curvature at least ``a``:
+    quad' = max(quad, a), and lin, const moved so that the value and gradient at w stay
+    (:func:`rescale_tau` by addition, for a quad too small to be scaled up)."""
+    quad = np.asarray(stats["quad"], dtype=float)
+    new = np.maximum(quad, float(a))
+    extra = new - quad
+    added = float(extra) * float(w @ w) if quad.ndim == 0 else float(extra @ (w * w))
+    return {"quad": np.asarray(new),
+            "lin": np.asarray(stats["lin"]) - 2.0 * extra * w,
+            "const": np.asarray(float(stats["const"]) + added)}
+
+
 def curvature_factor(stats, w: np.ndarray, curvature: float) -> float:
     """kappa >= 1 with which a builder's own curvature (DiagonalCurvature: 2 quad per
     coordinate at round 1, statistics at x0) reaches ``curvature``, the probe's secant
