@@ -143,7 +143,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
                grad_scale: float = 0.0, metric: Optional[np.ndarray] = None,
                curvature: Optional[float] = None,
                floor: Optional[float] = None,
-               feas_tol: Optional[float] = None) -> KKTReport:
+               feas_tol: Optional[float] = None,
+               hessian: Optional[np.ndarray] = None) -> KKTReport:
     """KKT residuals and multipliers of Problem 3 at ``w``, from full-data values and gradients.
 
     Multipliers come from the KKT conditions at ``w`` (never from a penalty c):
@@ -209,6 +210,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         res = g + G @ mu
         stat = float(np.linalg.norm(res))
         kind, source = "gradient", "nnls"
+        newton = (newton_step(res, G, mu, eq, hessian, w) if hessian is not None
+                  and np.size(hessian) else 0.0)
     else:
         # the step length t at which the objective's gradient alone would move w by
         # max(1, |w|): (u - w) / t is then in gradient units, and stat / scale =
@@ -256,6 +259,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     relative = stat / scale
     if kind == "linearized step" and w.size:
         relative = max(relative, coordinate_step(u - w, w))
+    elif kind == "gradient":
+        relative = max(relative, newton)
     if metric is not None and np.size(metric):
         # the same ratio in the diagonal metric's units (each coordinate divided by the square
         # root of its curvature estimate): without it the large coordinates set both the
@@ -279,6 +284,37 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
                      stationarity_rel=relative,
                      feasibility_rel=violation / bound_scale,
                      complementarity_rel=comp_rel)
+
+
+def newton_step(res: np.ndarray, G: np.ndarray, mu: np.ndarray, eq: np.ndarray,
+                hessian: np.ndarray, w: np.ndarray) -> float:
+    """The length of Newton's step to the KKT point, relative to max(1, |w|): with the
+    Lagrangian's Hessian H (the Newton model's, eigenvalues by their absolute values, at
+    least 1e-12 of the largest) and the constraints with a multiplier (or equalities) kept
+    linearised,  dx = -Z (Z' H Z)^-1 Z' r,  Z a basis of their gradients' null space, r the
+    Lagrangian's gradient. Near a KKT point dx is the distance to it to second order, where
+    |r| / |g| alone is not: with the objective's curvature spread over 1e8, r can be 1e-4 of
+    g at a point 1e-3 from the optimum (the ill-conditioned family at condition 1e4)."""
+    d = w.size
+    keep = eq | (np.abs(mu) > 0.0) if mu.size else np.zeros(0, dtype=bool)
+    A = G[:, keep] if mu.size else np.zeros((d, 0))
+    if A.shape[1]:
+        U, sv, _ = np.linalg.svd(A, full_matrices=True)
+        rank = int(np.sum(sv > 1e-12 * max(float(sv[0]), 1e-300)))
+        Z = U[:, rank:]
+    else:
+        Z = np.eye(d)
+    if not Z.shape[1]:
+        return 0.0
+    H = 0.5 * (hessian + hessian.T)
+    lam, V = np.linalg.eigh(Z.T @ H @ Z)
+    lam = np.abs(lam)
+    top = float(np.max(lam)) if lam.size else 0.0
+    if not top > 0.0:
+        return 0.0
+    lam = np.maximum(lam, 1e-12 * top)
+    step = Z @ (V @ ((V.T @ (Z.T @ res)) / lam))
+    return float(np.linalg.norm(step)) / max(1.0, float(np.linalg.norm(w)))
 
 
 def coordinate_step(v: np.ndarray, w: np.ndarray) -> float:

@@ -174,6 +174,11 @@ class Method:
         diagonal metric), or None."""
         return None
 
+    def kkt_hessian(self, state) -> Optional[np.ndarray]:
+        """The Lagrangian's Hessian at ``state.w`` (SSCA's Newton model), with which the KKT
+        report also measures Newton's step to the KKT point, or None."""
+        return None
+
     @property
     def num_stages(self) -> int:
         """Stages of the run (Algorithm 2: one per penalty c_j); each runs up to

@@ -331,6 +331,9 @@ class SSCA(Method):
     def kkt_metric(self, state):
         return state.metric
 
+    def kkt_hessian(self, state):
+        return state.hess if self.config.newton and np.size(state.hess) else None
+
     @property
     def num_stages(self) -> int:
         return len(self.config.penalties)
