@@ -286,6 +286,13 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
                      complementarity_rel=comp_rel)
 
 
+#: units of rounding in the Lagrangian's gradient that :func:`newton_step` allows for, relative
+#: to |g| + sum_m |mu_m grad F_m|: each gradient is a sum over the rows, whose rounding grows
+#: with their number and with terms that cancel; 16 units left kkt_tol=1e-8 unreachable at
+#: condition numbers 1e5 and 1e6 of the features (2,000 rows) at points 1e-11 from x*
+NEWTON_ROUNDING = 1024
+
+
 def newton_step(res: np.ndarray, G: np.ndarray, mu: np.ndarray, eq: np.ndarray,
                 hessian: np.ndarray, w: np.ndarray) -> float:
     """The length of Newton's step to the KKT point, relative to max(1, |w|): with the
@@ -294,7 +301,9 @@ def newton_step(res: np.ndarray, G: np.ndarray, mu: np.ndarray, eq: np.ndarray,
     linearised,  dx = -Z (Z' H Z)^-1 Z' r,  Z a basis of their gradients' null space, r the
     Lagrangian's gradient. Near a KKT point dx is the distance to it to second order, where
     |r| / |g| alone is not: with the objective's curvature spread over 1e8, r can be 1e-4 of
-    g at a point 1e-3 from the optimum (the ill-conditioned family at condition 1e4)."""
+    g at a point 1e-3 from the optimum (the ill-conditioned family at condition 1e4). The
+    length rounding in r can account for (NEWTON_ROUNDING units of it, times 1 / min(lam)) is
+    taken off: at condition 1e6 it is most of the step, and no tolerance below it could pass."""
     d = w.size
     keep = eq | (np.abs(mu) > 0.0) if mu.size else np.zeros(0, dtype=bool)
     A = G[:, keep] if mu.size else np.zeros((d, 0))
@@ -314,7 +323,14 @@ def newton_step(res: np.ndarray, G: np.ndarray, mu: np.ndarray, eq: np.ndarray,
         return 0.0
     lam = np.maximum(lam, 1e-12 * top)
     step = Z @ (V @ ((V.T @ (Z.T @ res)) / lam))
-    return float(np.linalg.norm(step)) / max(1.0, float(np.linalg.norm(w)))
+    # the part of the step that rounding in r alone could make: r is a difference of terms of
+    # size |g| + sum_m |mu_m grad F_m|, each known to a few units of rounding, and the step
+    # multiplies r by up to 1 / min(lam) (1e12 at condition number 1e6 of the features)
+    terms = (float(np.linalg.norm(res - (G @ mu if mu.size else 0.0)))
+             + float(np.sum(np.abs(mu) * np.linalg.norm(G, axis=0))) if mu.size
+             else float(np.linalg.norm(res)))
+    noise = NEWTON_ROUNDING * np.finfo(float).eps * terms / float(np.min(lam))
+    return max(float(np.linalg.norm(step)) - noise, 0.0) / max(1.0, float(np.linalg.norm(w)))
 
 
 def coordinate_step(v: np.ndarray, w: np.ndarray) -> float:
