@@ -178,7 +178,11 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     units of each coordinate; feasibility
     max(F_m - U_m, 0) / max(1, |U_m|) (|F_m - U_m| / max(1, |U_m|) for an equality, whose
     multiplier has either sign); complementarity min(mu_m |grad F_m| / scale,
-    |F_m - U_m| / max(1, |U_m|)) (0 for an equality).
+    |F_m - U_m| / max(1, |U_m|)) (0 for an equality). With a domain the relative stationarity
+    is also at least the step's root-mean-square relative change of the coordinates
+    (:func:`coordinate_step`); without one and with ``hessian`` (the Lagrangian's Hessian of
+    the Newton model), at least Newton's step to the KKT point over max(1, |w|)
+    (:func:`newton_step`).
     """
     det = terms.deterministic
     _, cons, g0, G = _parts(w, ev, terms)
@@ -295,7 +299,8 @@ NEWTON_ROUNDING = 1024
 
 def newton_step(res: np.ndarray, G: np.ndarray, mu: np.ndarray, eq: np.ndarray,
                 hessian: np.ndarray, w: np.ndarray) -> float:
-    """The length of Newton's step to the KKT point, relative to max(1, |w|): with the
+    """The length of Newton's step to the KKT point of Problem 3 (Theorem 2's conditions),
+    relative to max(1, |w|): with the
     Lagrangian's Hessian H (the Newton model's, eigenvalues by their absolute values, at
     least 1e-12 of the largest) and the constraints with a multiplier (or equalities) kept
     linearised,  dx = -Z (Z' H Z)^-1 Z' r,  Z a basis of their gradients' null space, r the
@@ -334,8 +339,8 @@ def newton_step(res: np.ndarray, G: np.ndarray, mu: np.ndarray, eq: np.ndarray,
 
 
 def coordinate_step(v: np.ndarray, w: np.ndarray) -> float:
-    """The linearised KKT step ``v`` at ``w`` as a relative change of each coordinate, their
-    root mean square: |v / max(1, |w_j|)| / sqrt(d).
+    """The linearised KKT step ``v`` of Problem 3 at ``w`` as a relative change of each
+    coordinate, their root mean square: |v / max(1, |w_j|)| / sqrt(d).
 
     The step's length over max(1, |w|) (the stationarity test's own ratio) is a relative
     change of w as a whole, which the largest coordinates set: with coordinates of 1e4 and

@@ -99,7 +99,8 @@ INACTIVE_SHARE = 1e-3
 
 
 def inactive_inequalities(cfg: Settings, nu) -> np.ndarray:
-    """(M,) booleans: the inequalities whose multiplier ``nu`` (the last subproblem's) is below
+    """(M,) booleans: the inequalities of Problem 5 whose multiplier ``nu`` (the last
+    subproblem's) is below
     INACTIVE_SHARE of the largest (all of them when every multiplier is 0); equalities never.
     Their curvature goes into their own surrogates (:func:`constraint_curvature`), the others'
     into the Lagrangian's Hessian (:func:`with_curvature`)."""

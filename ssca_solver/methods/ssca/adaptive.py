@@ -427,7 +427,8 @@ def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float) -> dic
 
 
 def raise_curvature(stats: Mapping[str, np.ndarray], w: np.ndarray, a: float) -> dict:
-    """Proximal-linear statistics at w with every coordinate's curvature at least ``a``:
+    """Proximal-linear statistics (eq. (fsmbar)'s quadratic surrogate) at w with every
+    coordinate's curvature at least ``a``:
     quad' = max(quad, a), and lin, const moved so that the value and gradient at w stay
     (:func:`rescale_tau` by addition, for a quad too small to be scaled up)."""
     quad = np.asarray(stats["quad"], dtype=float)
