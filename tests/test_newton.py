@@ -234,7 +234,7 @@ def test_newtons_step_is_the_distance_on_an_equality_constrained_quadratic():
     g = H @ (w - a)
     mu = np.array([-(c @ g) / (c @ c)])                # any multiplier: projected out
     res = g + c * mu[0]
-    got = newton_step(res, c[:, None], mu, np.array([True]), H, w)
+    got = newton_step(res, g, c[:, None], mu, np.array([True]), H, w)
     want = np.linalg.norm(x_star - w) / max(1.0, np.linalg.norm(w))
     # (x* from the KKT matrix, condition ~1e8, is itself accurate to ~1e-8 of |x*|, some 1e-5
     # of the distance 1e-3)

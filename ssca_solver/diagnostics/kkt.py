@@ -214,7 +214,7 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         res = g + G @ mu
         stat = float(np.linalg.norm(res))
         kind, source = "gradient", "nnls"
-        newton = (newton_step(res, G, mu, eq, hessian, w) if hessian is not None
+        newton = (newton_step(res, g, G, mu, eq, hessian, w) if hessian is not None
                   and np.size(hessian) else 0.0)
     else:
         # the step length t at which the objective's gradient alone would move w by
@@ -297,14 +297,14 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
 NEWTON_ROUNDING = 1024
 
 
-def newton_step(res: np.ndarray, G: np.ndarray, mu: np.ndarray, eq: np.ndarray,
-                hessian: np.ndarray, w: np.ndarray) -> float:
+def newton_step(res: np.ndarray, g: np.ndarray, G: np.ndarray, mu: np.ndarray,
+                eq: np.ndarray, hessian: np.ndarray, w: np.ndarray) -> float:
     """The length of Newton's step to the KKT point of Problem 3 (Theorem 2's conditions),
     relative to max(1, |w|): with the
     Lagrangian's Hessian H (the Newton model's, eigenvalues by their absolute values, at
     least 1e-12 of the largest) and the constraints with a multiplier (or equalities) kept
     linearised,  dx = -Z (Z' H Z)^-1 Z' r,  Z a basis of their gradients' null space, r the
-    Lagrangian's gradient. Near a KKT point dx is the distance to it to second order, where
+    Lagrangian's gradient g + G mu (g the objective's). Near a KKT point dx is the distance to it to second order, where
     |r| / |g| alone is not: with the objective's curvature spread over 1e8, r can be 1e-4 of
     g at a point 1e-3 from the optimum (the ill-conditioned family at condition 1e4). The
     length rounding in r can account for (NEWTON_ROUNDING units of it, times 1 / min(lam)) is
@@ -331,9 +331,7 @@ def newton_step(res: np.ndarray, G: np.ndarray, mu: np.ndarray, eq: np.ndarray,
     # the part of the step that rounding in r alone could make: r is a difference of terms of
     # size |g| + sum_m |mu_m grad F_m|, each known to a few units of rounding, and the step
     # multiplies r by up to 1 / min(lam) (1e12 at condition number 1e6 of the features)
-    terms = (float(np.linalg.norm(res - (G @ mu if mu.size else 0.0)))
-             + float(np.sum(np.abs(mu) * np.linalg.norm(G, axis=0))) if mu.size
-             else float(np.linalg.norm(res)))
+    terms = float(np.linalg.norm(g)) + float(np.sum(np.abs(mu) * np.linalg.norm(G, axis=0)))
     noise = NEWTON_ROUNDING * np.finfo(float).eps * terms / float(np.min(lam))
     return max(float(np.linalg.norm(step)) - noise, 0.0) / max(1.0, float(np.linalg.norm(w)))
 

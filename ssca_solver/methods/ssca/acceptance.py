@@ -101,13 +101,13 @@ INACTIVE_SHARE = 1e-3
 def inactive_inequalities(cfg: Settings, nu) -> np.ndarray:
     """(M,) booleans: the inequalities of Problem 5 whose multiplier ``nu`` (the last
     subproblem's) is below
-    INACTIVE_SHARE of the largest (all of them when every multiplier is 0); equalities never.
-    Their curvature goes into their own surrogates (:func:`constraint_curvature`), the others'
-    into the Lagrangian's Hessian (:func:`with_curvature`)."""
+    INACTIVE_SHARE of the largest (all of them when every multiplier is 0 or none is known
+    yet); equalities never. Their curvature goes into their own surrogates
+    (:func:`constraint_curvature`), the others' into the Lagrangian's Hessian
+    (:func:`with_curvature`)."""
     nu = np.abs(np.asarray(nu, dtype=float))
-    if nu.size != cfg.M:
-        return np.zeros(cfg.M, dtype=bool)
-    active = nu > INACTIVE_SHARE * float(np.max(nu)) if np.any(nu > 0) else np.zeros(cfg.M, bool)
+    active = (nu > INACTIVE_SHARE * float(np.max(nu)) if nu.size == cfg.M and np.any(nu > 0)
+              else np.zeros(cfg.M, dtype=bool))
     return ~active & ~np.asarray(cfg.equality, dtype=bool).reshape(cfg.M)
 
 
@@ -124,8 +124,7 @@ def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tupl
     if not (cfg.newton and state.curv_top.size == cfg.M and cfg.M):
         return stats
     out = list(stats)
-    inactive = (inactive_inequalities(cfg, state.nu) if np.size(state.nu) == cfg.M
-                else ~np.asarray(cfg.equality, dtype=bool).reshape(cfg.M))
+    inactive = inactive_inequalities(cfg, state.nu)
     for j, top in enumerate(state.curv_top):
         m = cfg.first + j
         if not inactive[j] or not top > 0.0 or "quad" not in out[m]:
