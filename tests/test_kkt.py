@@ -359,8 +359,8 @@ def test_coordinates_of_1e4_cannot_hide_a_step_in_coordinates_of_10():
     change of w as a whole, which its largest coordinates set. Here -w_2 over the box
     0 <= w <= (2e4, 20) at w = (1e4, 19.99): the step moves w_2 to its bound, 0.01, which is
     1e-6 of |w| but 5e-4 of w_2; the objective is 0.01 above its minimum. The report refuses
-    the point (the root-mean-square relative change of the coordinates, 3.5e-4) and passes it
-    at the bound, and with both coordinates of the same size the two measures agree."""
+    the point (the largest relative change of a coordinate, 5e-4) and passes it at the
+    bound; with coordinates of one size the measure is the largest change over that size."""
     from ssca_solver.diagnostics.evaluation import Evaluation
     from ssca_solver.diagnostics.kkt import coordinate_step
 
@@ -376,9 +376,15 @@ def test_coordinates_of_1e4_cannot_hide_a_step_in_coordinates_of_10():
 
     near = report([1e4, 19.99])
     assert near.stationarity / near.scale == pytest.approx(0.01 / np.hypot(1e4, 19.99), rel=1e-4)
-    assert near.stationarity_rel == pytest.approx(0.01 / 19.99 / np.sqrt(2), rel=1e-4)
+    assert near.stationarity_rel == pytest.approx(0.01 / 19.99, rel=1e-4)
     assert not near.passed(1e-4, 1e-4)
     assert report([1e4, 20.0]).passed(1e-4, 1e-4)
-    # the same step at equal coordinates: root mean square = length over |w|
+    # at equal coordinates: the largest change over their size, never below the length
+    # over |w| (equal to it for a step spread evenly, sqrt(d) times it along one coordinate)
     v, w = np.array([0.0, 0.01]), np.array([19.99, 19.99])
-    assert coordinate_step(v, w) == pytest.approx(np.linalg.norm(v) / np.linalg.norm(w))
+    assert coordinate_step(v, w) == pytest.approx(np.sqrt(2) * np.linalg.norm(v)
+                                                  / np.linalg.norm(w))
+    assert coordinate_step(np.full(2, 0.01), w) == pytest.approx(
+        np.linalg.norm(np.full(2, 0.01)) / np.linalg.norm(w))
+    # coordinates below 1 in size count as 1 (an absolute change there)
+    assert coordinate_step(np.array([1e-5, 0.0]), np.array([1e-3, 5.0])) == pytest.approx(1e-5)

@@ -347,11 +347,12 @@ def test_a_badly_scaled_problem_with_bounds_runs_to_the_end():
     prob = ss.Problem(f, cons, dim=10, data=data, domain=lambda w: [w >= lo, w <= hi])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)        # inaccurate rounds
-        res = prob.solve(x0=x0, max_iter=5, check_gradients=False)
-    assert res.status != "error" and res.nit >= 5
-    # the rounds are solved in the step from the round's point (the local form): no round
-    # needs the recentred retry any more
-    assert res.history.retries.max() < 4 and not res.history.inaccurate.any()
+        res = prob.solve(x0=x0, check_gradients=False)
+    assert res.status == "converged", res.message
+    # the rounds are solved in the step from the round's point (the local form): the first
+    # round, at the probe's tau, needs no retry at all (once tau is far below the bounds'
+    # scale some rounds still take the recentred retry, and one or two end inaccurate)
+    assert res.history.retries[0] == 0
     assert np.all(res.x >= lo - 1e-6) and np.all(res.x <= hi + 1e-6)
     # without the local form (it is what a builder that cannot recentre gets), the recentred
     # retries still rescue the rounds

@@ -226,8 +226,11 @@ def test_a_failed_force_fit_is_no_evidence_and_loses_no_run(cancer_data, monkeyp
     def fails(*_):
         raise RuntimeError("Maximum number of iterations reached.")
 
+    opts = dict(batch_size="full", penalty=[0.01, 0.1, 1.0, 10.0], max_iter=900, seed=0,
+                hessian="lbfgs")
+    ref = neyman_pearson(cancer_data, alpha=0.1).solve(**opts)
     monkeypatch.setattr(continuation, "kkt_forces", fails)
-    res = neyman_pearson(cancer_data, alpha=0.1).solve(
-        batch_size="full", penalty=[0.01, 0.1, 1.0, 10.0], max_iter=900, seed=0,
-        hessian="lbfgs")
-    assert res.status == "converged" and res.stages[0].rounds == 58
+    res = neyman_pearson(cancer_data, alpha=0.1).solve(**opts)
+    # without the forces' evidence the first stage (c = 0.01, far below the multiplier 0.41)
+    # ends later, on the KKT fit's or the violation's evidence, and the run is still certified
+    assert res.status == "converged" and res.stages[0].rounds > ref.stages[0].rounds

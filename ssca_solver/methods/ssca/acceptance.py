@@ -200,7 +200,12 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
     the round's full-data Hessians at w_t (the Newton model's, :mod:`.newton`)."""
     state = remember(state, nonfinite_trial=bool(nonfinite))
     if nonfinite:
-        return _retry(cfg, state, ad.TAU_UP, state.prev_w, state.prev_stats, state.merit, True)
+        # a rejection like any other: its trial's length is what the settling rule reads (a
+        # long trial into a function's undefined region is no fixed point), and with the model
+        # tau is at least half its scale
+        state = remember(state, rejected_length=_relative_step(state))
+        return _retry(cfg, state, _reject_factor(cfg, state), state.prev_w, state.prev_stats,
+                      state.merit, True)
     c_merit = mt.weight(cfg, state)
     value = mt.merit(cfg, stats, state.w, c_merit)
     reference = state.merit
@@ -232,12 +237,8 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
                     correction = second_order_correction(cfg, state, stats)
                     if correction is not None:
                         return correction
-        k, base_w, base, base_merit = ad.TAU_UP, state.prev_w, state.prev_stats, state.merit
-        if cfg.model_on(state):
-            # tau far below the model's curvature does not shorten the step when doubled:
-            # at least the model's scale delta / 2 on the curvature
-            delta = cfg.model(state).delta
-            k = max(k, ad.MODEL_REJECT * delta / max(cfg.tau_of(state), 1e-300))
+        k, base_w, base, base_merit = (_reject_factor(cfg, state), state.prev_w,
+                                       state.prev_stats, state.merit)
     else:
         state = track_progress(cfg, state, value, stats, c_merit)
         if cfg.newton:
@@ -248,6 +249,12 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
         # curvature: it falls faster while steps are accepted
         k = ((ad.TAU_DOWN_NEWTON if cfg.newton else ad.TAU_DOWN_MODEL) if cfg.model_on(state)
              else ad.TAU_DOWN)
+        if cfg.model_on(state) and not cfg.newton and state.rejects == 0:
+            # a step accepted at the first try: the model may take over (after rejections
+            # the model is poor there, and tau keeps the scale the backtracking found)
+            delta = cfg.model(state).delta
+            if delta > 0.0:
+                k = min(k, ad.MODEL_TAU_SHARE * delta / max(cfg.tau_of(state), 1e-300))
         base_w, base, base_merit = state.w, stats, value
         state = remember(state, rejected_trial=float("nan"))
         step = (float(np.linalg.norm(state.w - state.prev_w))
@@ -330,6 +337,17 @@ def second_order_correction(cfg: Settings, state: SSCAState, stats):
     new = new._replace(tau=cfg.tau_of(state), merit=state.merit, prev_w=state.prev_w.copy(),
                        prev_stats=base, rejects=state.rejects + 1)
     return remember(new, corrected=True), RoundInfo(info, None, cfg.tau_of(state), 0.0, 1)
+
+
+def _reject_factor(cfg: Settings, state: SSCAState) -> float:
+    """tau's factor after a rejected step: TAU_UP, and with the model at least what brings tau
+    to MODEL_REJECT times the model's scale delta (a tau far below the model's curvature does
+    not shorten the step when doubled)."""
+    k = ad.TAU_UP
+    if cfg.model_on(state):
+        delta = cfg.model(state).delta
+        k = max(k, ad.MODEL_REJECT * delta / max(cfg.tau_of(state), 1e-300))
+    return k
 
 
 def _relative_step(state: SSCAState) -> float:
