@@ -22,6 +22,7 @@ from .model.autodiff import JaxSampleFunction, TorchSampleFunction, from_jax, fr
 from .model.data import ClientData, FederatedData
 from .model.functions import SampleFunction, StochasticConstraint, check_grad
 from .model.problem import Problem
+from .model.vector import VectorSampleFunction
 from .model.surrogates import (DiagonalCurvature, Linearization, ProximalLinear, Statistic,
                                SurrogateBuilder)
 from .schedules import EpochStep, PowerStep, ScheduleWarning
@@ -40,7 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClientData", "FederatedData", "SampleFunction", "StochasticConstraint", "check_grad",
-    "from_jax", "JaxSampleFunction", "from_torch", "TorchSampleFunction",
+    "VectorSampleFunction", "from_jax", "JaxSampleFunction", "from_torch", "TorchSampleFunction",
     "Problem", "register_method", "Method", "SSCA", "FedAvg", "PrimalDual",
     "AugmentedLagrangian", "front_door", "status", "RunOptions", "FedAvgOptions", "solve_fedavg", "PrimalDualOptions",
     "solve_primal_dual", "AugmentedLagrangianOptions", "solve_augmented_lagrangian", "PowerStep",

@@ -21,6 +21,7 @@ from .deterministic import DeterministicPart, term_label
 from ..errors import ModelError
 from .functions import SampleFunction, StochasticConstraint
 from .surrogates import builder_of
+from .vector import flatten_constraints
 
 _METHODS: dict[str, Callable] = {}
 
@@ -46,7 +47,9 @@ class Problem:
         expression`` for a deterministic objective kept exact (e.g. the paper's |w|^2 in
         (prob:class-con)).
       constraints: stochastic constraints ``f <= U`` (or ``f >= L``), and equalities ``f == b``,
-        built from SampleFunctions.
+        built from SampleFunctions; the tuple of K constraints that a
+        :class:`~ssca_solver.model.vector.VectorSampleFunction` comparison gives counts as its
+        K constraints.
       dim: the size d of the decision variable w.
       data: the :class:`FederatedData` the sample functions average over.
       regularizer: a callable ``w -> convex CVXPY expression`` (or a list of them), added to the
@@ -70,7 +73,7 @@ class Problem:
                 raise ModelError(f"x0 must be a finite array of shape ({self.dim},), got "
                                  f"shape {x0.shape}")
             self.x0 = x0
-        constraints = _as_list(constraints)
+        constraints = flatten_constraints(_as_list(constraints))
         for i, c in enumerate(constraints):
             if isinstance(c, cp.constraints.constraint.Constraint):
                 raise ModelError(f"constraint #{i} is a CVXPY constraint; deterministic "

@@ -1,0 +1,187 @@
+"""VectorSampleFunction: K constraints of Problem 3 from one call per client, batch and point,
+with the same iterates as K separate SampleFunctions."""
+
+import numpy as np
+import pytest
+
+import ssca_solver as ss
+
+C = np.array([0.5, 1.0, -0.3])
+U = np.array([0.6, 1.2, 0.8])
+
+
+def _data():
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((60, 4)) / 2
+    y = X @ np.array([1.0, -0.5, 0.3, 0.2]) + 0.1 * rng.standard_normal(60)
+    return ss.FederatedData.split(X, y, num_clients=3, seed=0)
+
+
+def _objective():
+    return ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                             lambda w, X, y: X.T @ (X @ w - y) / len(X), name="lsq",
+                             convexity="convex")
+
+
+def _vector(calls=None, **kw):
+    """f_k(w, x) = (x.w - c_k)^2, k = 0, 1, 2, from one call."""
+    def value(w, X, y):
+        if calls is not None:
+            calls.append("value")
+        return (X @ w)[:, None] ** 2 - 2 * (X @ w)[:, None] * C + C ** 2
+
+    def jac(w, X, y):
+        if calls is not None:
+            calls.append("jac")
+        r = (X @ w)[:, None] - C
+        return 2.0 * (r.T @ X) / len(X)
+
+    return ss.VectorSampleFunction(value, jac, 3, name="dev", convexity="convex", **kw)
+
+
+def _separate(calls=None):
+    out = []
+    for k, c in enumerate(C):
+        def value(w, X, y, c=c):
+            if calls is not None:
+                calls.append("value")
+            return (X @ w) ** 2 - 2 * (X @ w) * c + c ** 2
+
+        def grad(w, X, y, c=c):
+            if calls is not None:
+                calls.append("grad")
+            return 2.0 * ((X @ w - c) @ X) / len(X)
+
+        out.append(ss.SampleFunction(value, grad, name=f"dev[{k}]", convexity="convex"))
+    return out
+
+
+def test_the_components_take_the_iterates_of_separate_functions_from_one_call_each_round():
+    data = _data()
+    calls_v, calls_s = [], []
+
+    def mark(calls):           # the calls of the rounds and evaluations after round 1 (the
+        return lambda it: calls.append(f"round {it.t}")   # probe before it differs)
+
+    F = _vector(calls_v)
+    a = ss.Problem(_objective(), F <= U, dim=4, data=data).solve(
+        seed=0, max_iter=40, callback=mark(calls_v))
+    b = ss.Problem(_objective(), [f <= u for f, u in zip(_separate(calls_s), U)], dim=4,
+                   data=data).solve(seed=0, max_iter=40, callback=mark(calls_s))
+    assert a.status == b.status == "converged" and a.nit == b.nit
+    np.testing.assert_allclose(a.x, b.x, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(a.kkt.multipliers, b.kkt.multipliers, rtol=1e-8, atol=1e-10)
+    assert np.any(a.kkt.multipliers > 1e-3)                # a constraint is active
+    # from round 2 on: one value and one Jacobian call per client task where the separate
+    # functions make K of each
+    after_v, after_s = calls_v[calls_v.index("round 1"):], calls_s[calls_s.index("round 1"):]
+    assert after_v.count("value") >= 3 * a.nit - 3
+    assert after_s.count("value") == 3 * after_v.count("value")
+    assert after_s.count("grad") == 3 * after_v.count("jac")
+    # against CVXPY + Clarabel on the pooled rows
+    import cvxpy as cp
+    X = np.vstack([c.X for c in data.clients])
+    y = np.concatenate([c.y for c in data.clients])
+    w = cp.Variable(4)
+    cons = [cp.sum_squares(X @ w - c) / len(X) <= u for c, u in zip(C, U)]
+    ref = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(X @ w - y) / len(X)), cons)
+    ref.solve(solver="CLARABEL")
+    assert a.fun == pytest.approx(ref.value, rel=1e-5, abs=1e-8)
+
+
+def test_bounds_mixed_relations_and_components_as_functions():
+    F = _vector()
+    assert len(F) == 3 and F[1].name == "dev[1]" and list(F)[2] is F[2]
+    le = F <= 1.0
+    assert [c.bound for c in le] == [1.0, 1.0, 1.0] and not any(c.equality for c in le)
+    ge = F >= [0.1, 0.2, 0.3]
+    assert [c.bound for c in ge] == [-0.1, -0.2, -0.3]
+    eq = F == np.array([1.0, 2.0, 3.0])
+    assert all(c.equality for c in eq)
+    prob = ss.Problem(_objective(), [F <= U, F[0] >= 0.01], dim=4, data=_data())
+    assert prob.num_constraints == 4 and prob.constraints_convex is False   # -F[0] is concave
+    # a component is a SampleFunction: its gradient checks out
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((7, 4))
+    for f in F:
+        assert ss.check_grad(f, rng.standard_normal(4), X) < 1e-6
+
+
+def test_bad_input_is_refused_with_the_function_named():
+    with pytest.raises(ValueError, match="2 bounds for 3 components"):
+        _vector() <= [1.0, 2.0]
+    with pytest.raises(ValueError, match="finite"):
+        _vector() <= [1.0, np.inf, 2.0]
+    with pytest.raises(ValueError, match="positive integer"):
+        ss.VectorSampleFunction(lambda w, X, y: 0, lambda w, X, y: 0, 0)
+    with pytest.raises(ValueError, match="one per component"):
+        ss.VectorSampleFunction(lambda w, X, y: 0, lambda w, X, y: 0, 3,
+                                convexity=["convex"] * 2)
+    bad = ss.VectorSampleFunction(lambda w, X, y: np.zeros((len(X), 2)),
+                                  lambda w, X, y: np.zeros((3, 4)), 3, name="wrong")
+    with pytest.raises(ss.UserFunctionError, match=r"wrong\[0\]\.value_and_grad raised on client 0.*wrong.value must return .* shape \(20, 3\)"):
+        ss.Problem(_objective(), bad <= 1.0, dim=4, data=_data()).solve(seed=0, max_iter=3)
+    nan = ss.VectorSampleFunction(
+        lambda w, X, y: np.column_stack([np.zeros(len(X)), np.full(len(X), np.nan)]),
+        lambda w, X, y: np.zeros((2, 4)), 2, name="nan")
+    with pytest.raises(ss.UserFunctionError, match=r"nan\[1\].value returned a non-finite"):
+        ss.Problem(_objective(), nan <= 1.0, dim=4, data=_data()).solve(seed=0, max_iter=3)
+
+
+def test_hessians_and_value_and_jac_in_one_pass():
+    """With ``hess`` (K, d, d) every component carries its Hessian (the Newton model runs),
+    and ``value_and_jac`` replaces the two calls."""
+    calls = []
+
+    def value_and_jac(w, X, y):
+        calls.append("both")
+        r = (X @ w)[:, None] - C
+        return r ** 2, 2.0 * (r.T @ X) / len(X)
+
+    def hess(w, X, y):
+        calls.append("hess")
+        return np.broadcast_to(2.0 * X.T @ X / len(X), (3, 4, 4)).copy()
+
+    F = ss.VectorSampleFunction(lambda w, X, y: 1 / 0, lambda w, X, y: 1 / 0, 3, name="dev",
+                                value_and_jac=value_and_jac, hess=hess, convexity="convex")
+    obj = ss.SampleFunction(_objective().value, _objective().grad, name="lsq",
+                            hess=lambda w, X, y: X.T @ X / len(X), convexity="convex")
+    from ssca_solver import SSCA
+
+    prob = ss.Problem(obj, F <= U, dim=4, data=_data())
+    assert SSCA.parse(prob, {}).hessian == "newton"
+    res = prob.solve(seed=0)
+    assert res.status == "converged", res.message
+    assert calls.count("hess") > 0 and "value" not in calls
+
+
+def test_threads_answer_their_clients_from_their_own_evaluation():
+    """Threads of one process answer different clients at the same time (a transport of
+    docs/architecture.md's kind): each keeps its own evaluation, so the iterates equal the
+    in-process run's; forked client processes likewise."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ssca_solver.federated import Transport, register_transport
+
+    class Threads(Transport):
+        def __init__(self, clients, timeout):
+            self.clients, self.timeout = list(clients), timeout
+            self.num_clients = len(self.clients)
+            self.pool = ThreadPoolExecutor(max_workers=3)
+
+        def stream(self, request):
+            request = request.read_only()
+            futures = [self.pool.submit(c.handle, request) for c in self.clients]
+            for f in futures:
+                yield f.result(timeout=self.timeout)
+
+        def close(self):
+            self.pool.shutdown()
+
+    register_transport("vector_threads", Threads)
+    data = _data()
+    a = ss.Problem(_objective(), _vector() <= U, dim=4, data=data).solve(seed=0, max_iter=30)
+    for transport in ("vector_threads", "process"):
+        b = ss.Problem(_objective(), _vector() <= U, dim=4, data=data).solve(
+            seed=0, max_iter=30, transport=transport)
+        np.testing.assert_allclose(b.x, a.x, rtol=0, atol=1e-12, err_msg=transport)
