@@ -298,3 +298,25 @@ def test_tau_falls_to_a_share_of_the_model_curvature_after_a_first_try_step():
     # round 2's step is the first with a pair (rounds 1 and 2's statistics): tau is then at
     # most the share of a, far below the probe's tau times TAU_DOWN_MODEL
     assert tau[1] <= ad.MODEL_TAU_SHARE * a * (1 + 1e-12) < ad.TAU_DOWN_MODEL * tau[0]
+
+
+def test_tau_falls_at_most_a_hundredfold_where_the_model_is_flat():
+    """Mifflin's minimax problem (S2MPJ's MIFFLIN1): min u s.t. -u - x1 + x1^2 + x2^2 <= 1,
+    -u - x1 <= 0, from (0.8, 0.6, 0). The objective is linear and the Lagrangian nearly flat
+    at the first pair, so the model's scale delta is tiny: tau at 1 % of it made round 2's
+    trial step 2.2e14 long (a DivergenceError). tau falls by at most MODEL_TAU_FALL a round;
+    the run is certified at the optimum -1 at (1, 0)."""
+    import ssca_solver as ss
+
+    data = ss.FederatedData([np.zeros((1, 1))])
+    obj = ss.SampleFunction(lambda w, X, y: np.full(len(X), w[2]),
+                            lambda w, X, y: np.array([0.0, 0.0, 1.0]), name="u")
+    f1 = ss.SampleFunction(lambda w, X, y: np.full(len(X), -w[2] - w[0] + w[0] ** 2 + w[1] ** 2),
+                           lambda w, X, y: np.array([-1 + 2 * w[0], 2 * w[1], -1.0]), name="F1")
+    f2 = ss.SampleFunction(lambda w, X, y: np.full(len(X), -w[2] - w[0]),
+                           lambda w, X, y: np.array([-1.0, 0.0, -1.0]), name="F2")
+    res = ss.Problem(obj, [f1 <= 1.0, f2 <= 0.0], dim=3, data=data).solve(
+        seed=0, x0=np.array([0.8, 0.6, 0.0]))
+    assert res.status == "converged", res.message
+    assert res.fun == pytest.approx(-1.0, abs=1e-6)
+    np.testing.assert_allclose(res.x[:2], [1.0, 0.0], atol=1e-5)

@@ -254,7 +254,8 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
             # the model is poor there, and tau keeps the scale the backtracking found)
             delta = cfg.model(state).delta
             if delta > 0.0:
-                k = min(k, ad.MODEL_TAU_SHARE * delta / max(cfg.tau_of(state), 1e-300))
+                k = max(min(k, ad.MODEL_TAU_SHARE * delta / max(cfg.tau_of(state), 1e-300)),
+                        ad.MODEL_TAU_FALL)
         base_w, base, base_merit = state.w, stats, value
         state = remember(state, rejected_trial=float("nan"))
         step = (float(np.linalg.norm(state.w - state.prev_w))
