@@ -287,16 +287,18 @@ class MetricTask:
         X, y, b = client.batch(0, min(METRIC_ROWS, client.num_rows), draw=1)
         w = request.w
         where = f"client {client.index}, before round 1 (diagonal metric)"
-        K = len(self.functions)
-        acc, first = np.zeros((K, w.size)), np.zeros((K, w.size))
-        for i in range(X.shape[0]):            # row by row, every function at each row (one
-            Xi, yi = X[i:i + 1], None if y is None else y[i:i + 1]   # evaluation of a vector
-            for m, fn in enumerate(self.functions):                  # function serves all)
+        acc = [np.zeros(w.size) for _ in self.functions]
+        first = [np.zeros(w.size) for _ in self.functions]
+        # row by row, every function at each row: one evaluation of a VectorSampleFunction
+        # then serves all its components
+        for i in range(X.shape[0]):
+            Xi, yi = X[i:i + 1], None if y is None else y[i:i + 1]
+            for m, fn in enumerate(self.functions):
                 g = checked_grad(fn, w, Xi, yi, w.size, where)
                 acc[m] += g * g
                 first[m] += g
         arrays = {}
-        for m in range(K):
+        for m in range(len(self.functions)):
             arrays[f"metric:{m}"] = acc[m]
             arrays[f"metric_sum:{m}"] = first[m]
         return client.reply(request, arrays, batch_size=b)
