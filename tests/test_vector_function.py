@@ -185,3 +185,19 @@ def test_threads_answer_their_clients_from_their_own_evaluation():
         b = ss.Problem(_objective(), _vector() <= U, dim=4, data=data).solve(
             seed=0, max_iter=30, transport=transport)
         np.testing.assert_allclose(b.x, a.x, rtol=0, atol=1e-12, err_msg=transport)
+
+
+def test_components_travel_by_pickle_without_the_evaluations():
+    """Flower's simulation ships the functions to its nodes with cloudpickle: a component
+    arrives with its vector function, which arrives without the evaluations held here."""
+    cloudpickle = pytest.importorskip("cloudpickle", reason="shipped with the Flower extra")
+    F = _vector()
+    rng = np.random.default_rng(0)
+    X, w = rng.standard_normal((5, 4)), rng.standard_normal(4)
+    here = F[1].value(w, X, None)
+    assert F._cache                                         # this thread's evaluation
+    G1 = cloudpickle.loads(cloudpickle.dumps(F[1]))
+    assert G1.value.func.__self__._cache == {}
+    np.testing.assert_array_equal(G1.value(w, X, None), here)
+    np.testing.assert_array_equal(G1.grad(w, X, None), F[1].grad(w, X, None))
+    assert G1.name == "dev[1]"
