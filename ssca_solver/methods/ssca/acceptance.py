@@ -249,13 +249,6 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
         # curvature: it falls faster while steps are accepted
         k = ((ad.TAU_DOWN_NEWTON if cfg.newton else ad.TAU_DOWN_MODEL) if cfg.model_on(state)
              else ad.TAU_DOWN)
-        if cfg.model_on(state) and not cfg.newton and state.rejects == 0:
-            # a step accepted at the first try: the model may take over (after rejections
-            # the model is poor there, and tau keeps the scale the backtracking found)
-            delta = cfg.model(state).delta
-            if delta > 0.0:
-                k = max(min(k, ad.MODEL_TAU_SHARE * delta / max(cfg.tau_of(state), 1e-300)),
-                        ad.MODEL_TAU_FALL)
         base_w, base, base_merit = state.w, stats, value
         state = remember(state, rejected_trial=float("nan"))
         step = (float(np.linalg.norm(state.w - state.prev_w))

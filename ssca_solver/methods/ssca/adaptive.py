@@ -63,16 +63,6 @@ TAU_UP, TAU_DOWN = 2.0, 0.9
 #: tau's factor after an accepted step once the quasi-Newton model holds a pair (tau is then a
 #: regularisation of the model's step, not the curvature itself)
 TAU_DOWN_MODEL = 0.25
-#: and after a quasi-Newton step accepted at the first try tau is at most this times the
-#: model's scale delta: the model holds the curvature, and a tau above a small share of it
-#: only shortens the SQP step (the probe's tau, the curvature of the steepest direction,
-#: damped the first rounds' steps for log(tau / delta) / log(1 / TAU_DOWN_MODEL) rounds;
-#: benchmarks/nlp_collection.py). After rejections tau keeps the scale they found.
-MODEL_TAU_SHARE = 1e-2
-#: but tau falls by at most this factor in one round: where the model has almost no curvature
-#: (a linear objective, a Lagrangian flat along the constraints) its scale delta is tiny, and a
-#: tau of 1 % of it made the trial steps 1e13 long (S2MPJ's MIFFLIN1, MAKELA1, SPIRAL)
-MODEL_TAU_FALL = 1e-2
 #: the same under the Newton model (the clients' exact Hessians): the model is the curvature,
 #: and tau only guards the step where the model is poor, so it falls as fast as steps are
 #: accepted; on an ill-conditioned quadratic a slower fall leaves the low-curvature
