@@ -156,3 +156,30 @@ def hooked_least_squares(hook, num_clients=3):
             X[:, 0] = HOOK_MARK
         blocks.append((X, X @ np.ones(3)))
     return ss.Problem(hooked_lsq_function(hook), dim=3, data=ss.FederatedData(blocks))
+
+
+def register_thread_pool_transport(name: str, workers: int = 3) -> str:
+    """Register (under ``name``) a transport whose clients answer from a thread pool, the
+    kind docs/architecture.md sketches: several clients' functions run at once in one
+    process. Returns the name."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ssca_solver.federated import Transport, register_transport
+
+    class ThreadPool(Transport):
+        def __init__(self, clients, timeout):
+            self.clients, self.timeout = list(clients), timeout
+            self.num_clients = len(self.clients)
+            self.pool = ThreadPoolExecutor(max_workers=workers)
+
+        def stream(self, request):
+            request = request.read_only()
+            futures = [self.pool.submit(c.handle, request) for c in self.clients]
+            for f in futures:
+                yield f.result(timeout=self.timeout)
+
+        def close(self):
+            self.pool.shutdown()
+
+    register_transport(name, ThreadPool)
+    return name

@@ -159,29 +159,12 @@ def test_threads_answer_their_clients_from_their_own_evaluation():
     """Threads of one process answer different clients at the same time (a transport of
     docs/architecture.md's kind): each keeps its own evaluation, so the iterates equal the
     in-process run's; forked client processes likewise."""
-    from concurrent.futures import ThreadPoolExecutor
+    from conftest import register_thread_pool_transport
 
-    from ssca_solver.federated import Transport, register_transport
-
-    class Threads(Transport):
-        def __init__(self, clients, timeout):
-            self.clients, self.timeout = list(clients), timeout
-            self.num_clients = len(self.clients)
-            self.pool = ThreadPoolExecutor(max_workers=3)
-
-        def stream(self, request):
-            request = request.read_only()
-            futures = [self.pool.submit(c.handle, request) for c in self.clients]
-            for f in futures:
-                yield f.result(timeout=self.timeout)
-
-        def close(self):
-            self.pool.shutdown()
-
-    register_transport("vector_threads", Threads)
+    threads = register_thread_pool_transport("vector_threads")
     data = _data()
     a = ss.Problem(_objective(), _vector() <= U, dim=4, data=data).solve(seed=0, max_iter=30)
-    for transport in ("vector_threads", "process"):
+    for transport in (threads, "process"):
         b = ss.Problem(_objective(), _vector() <= U, dim=4, data=data).solve(
             seed=0, max_iter=30, transport=transport)
         np.testing.assert_allclose(b.x, a.x, rtol=0, atol=1e-12, err_msg=transport)
