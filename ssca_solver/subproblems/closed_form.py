@@ -32,6 +32,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .._blas import one_blas_thread
 from .._kernels import combination
 from .base import BoundSolver, SubproblemSolution, SubproblemSolver
 
@@ -322,9 +323,10 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
         nu = np.array([_lemma1(G, float(a0), float(a[0]), float(d[0]), c)])
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
-        nu, residual = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c),
-                                         int(max_iter), False, _EMPTY, _EMPTY, _NONE, _NONE,
-                                         lower)
+        with one_blas_thread():
+            nu, residual = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c),
+                                             int(max_iter), False, _EMPTY, _EMPTY, _NONE,
+                                             _NONE, lower)
     coef = np.concatenate(([0.0 if b0 is None else 1.0], nu))
     A, ww, bw, slack, value = _summary(G, coef, float(a0), a, d, float(c0), c, lower)
     # w = -(b_0 + sum nu_m b_m) / (2 A), left to the server as its terms unless out is given
@@ -376,8 +378,8 @@ def solve_closed_form_diag(a0: np.ndarray, b0: np.ndarray | None, c0: float,
     Bv = np.zeros((M + 1, dim))
     if b0 is not None:
         Bv[0] = b0
-    for m, b in enumerate(bs):
-        Bv[m + 1] = b
+    if M:
+        Bv[1:] = np.asarray(bs, dtype=float).reshape(M, dim)
     d = np.asarray(cs, dtype=float) - np.asarray(U, dtype=float)
     c = float(penalty)
     lower = _lower_bounds(equality, M, c, a)
@@ -386,10 +388,11 @@ def solve_closed_form_diag(a0: np.ndarray, b0: np.ndarray | None, c0: float,
         nu = np.zeros(0)
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
-        nu, residual = _projected_newton(_NONE, 0.0, np.zeros(M), d, c, start,
-                                         1e-13 * (1.0 + c), int(max_iter), True, Acur[0],
-                                         Bv[0], np.ascontiguousarray(Acur[1:]),
-                                         np.ascontiguousarray(Bv[1:]), lower)
+        with one_blas_thread():
+            nu, residual = _projected_newton(_NONE, 0.0, np.zeros(M), d, c, start,
+                                             1e-13 * (1.0 + c), int(max_iter), True, Acur[0],
+                                             Bv[0], np.ascontiguousarray(Acur[1:]),
+                                             np.ascontiguousarray(Bv[1:]), lower)
     A = Acur[0] + nu @ Acur[1:]
     w = -(Bv[0] + nu @ Bv[1:]) / (2.0 * A)
     excess = np.einsum("mk,k->m", Acur[1:], w * w) + Bv[1:] @ w + d
@@ -415,27 +418,43 @@ def solve_closed_form_model(a0: float, b0: np.ndarray | None, c0: float, a: np.n
     diagonalises Z' B Z the problem is the diagonal closed form
     (:func:`solve_closed_form_diag`) in at most 2 memory + M + 1 coordinates, exactly (the
     dual stays M-dimensional; one QR of d x dim Z and one small eigendecomposition a round).
+    Where Z would be all of R^d (2 memory + M + 1 >= d) the basis is the eigenvectors of
+    B / 2 + a_0 I, without a QR; a model with an ``eigen()`` method (the Newton model) gives
+    them itself.
     """
     x = np.asarray(center, dtype=float)
+    dim = x.size
     M = len(bs)
     Bx = model.matvec(x)
     lin0 = (np.zeros_like(x) if b0 is None else np.asarray(b0, dtype=float)) - Bx
     const0 = float(c0) + 0.5 * float(x @ Bx)
-    cols = [model.directions(), lin0[None, :]] + [np.asarray(b, dtype=float)[None, :]
-                                                  for b in bs]
-    Z, _ = np.linalg.qr(np.vstack(cols).T)                 # (d, k), orthonormal columns
-    H = 0.5 * (Z.T @ model.matmat(Z))
-    H = 0.5 * (H + H.T) + float(a0) * np.eye(Z.shape[1])
-    h, E = np.linalg.eigh(H)
-    V = Z @ E                                               # the rotated basis
+    Bm = np.asarray(bs, dtype=float).reshape(M, dim)        # the constraints' b_m as rows
+    eigen = getattr(model, "eigen", None)
+    if eigen is not None:
+        # a model that knows its eigenvectors (the Newton model): they diagonalise B in all
+        # of R^d, so no basis has to be computed
+        lam, V = eigen()
+        h = 0.5 * lam + float(a0)
+    else:
+        D = model.directions()
+        whole = D.shape[0] + 1 + M >= dim
+        if whole:
+            # the span Z would (generically) be all of R^d: take the whole space, no QR
+            H = 0.5 * model.matmat(np.eye(dim))
+        else:
+            Z, _ = np.linalg.qr(np.vstack([D, lin0[None, :], Bm]).T)  # (d, k), orthonormal
+            H = 0.5 * (Z.T @ model.matmat(Z))
+        H = 0.5 * (H + H.T) + float(a0) * np.eye(H.shape[0])
+        h, E = np.linalg.eigh(H)
+        V = E if whole else Z @ E                            # the rotated basis
     # B is positive definite in exact arithmetic (every pair has s'y > 0); nearly dependent
     # pairs can leave rounding below a_0 in Z' B Z / 2 + a_0 I: no eigenvalue below a_0 (or,
     # when a_0 is negligible, below 1e-12 of the largest)
     h = np.maximum(h, max(float(a0), 1e-12 * float(np.max(np.abs(h)))))
     a = np.asarray(a, dtype=float).reshape(M)
     sol = solve_closed_form_diag(h, V.T @ lin0, const0, np.repeat(a[:, None], h.size, axis=1),
-                                 [V.T @ np.asarray(b, dtype=float) for b in bs], cs, U, penalty,
-                                 nu0=nu0, max_iter=max_iter, equality=equality)
+                                 Bm @ V, cs, U, penalty, nu0=nu0, max_iter=max_iter,
+                                 equality=equality)
     return SubproblemSolution(V @ sol.w, sol.slack, sol.multipliers, sol.value, sol.residual)
 
 

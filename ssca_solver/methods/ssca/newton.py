@@ -54,6 +54,10 @@ class NewtonModel:
     def matvec(self, v: np.ndarray) -> np.ndarray:
         return self.B @ v
 
+    def eigen(self) -> tuple:
+        """(eigenvalues, eigenvectors as columns) of B: the closed-form subproblem's basis."""
+        return self.eigenvalues, self.V
+
     def matmat(self, V: np.ndarray) -> np.ndarray:
         return self.B @ V
 
