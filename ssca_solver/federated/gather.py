@@ -100,15 +100,10 @@ class Gatherer:
             t.eval_down += down
 
     # -- what the replies of a round held ---------------------------------------------------------
-    def _measure(self, reply: Reply, kind: str) -> None:
-        if kind != "round":
-            return
-        top = 0.0
-        for a in reply.arrays.values():
-            a = np.asarray(a)
-            if a.size and a.dtype.kind in "fiu":
-                top = max(top, abs(float(np.max(a))), abs(float(np.min(a))))
-        self.magnitudes[1][reply.client] = top
+    def _measure(self, reply: Reply, kind: str, top: float) -> None:
+        """Note ``top``, the largest magnitude in a round's reply (from its check)."""
+        if kind == "round":
+            self.magnitudes[1][reply.client] = top
 
     def outlier(self, round) -> Optional[str]:
         """A sentence naming the client whose reply to ``round`` held a number more than
@@ -208,10 +203,11 @@ class Gatherer:
             held = None
             try:
                 for reply in items:
-                    check.check(reply, order[k] if k < len(order) else _extra(request, reply))
+                    top = check.check(reply, order[k] if k < len(order)
+                                      else _extra(request, reply))
                     k += 1
                     self.count(kind, reply.num_floats(), down)
-                    self._measure(reply, kind)
+                    self._measure(reply, kind, top)
                     odd = check.note(reply)
                     if odd is not None:
                         raise self._disagreement(check, odd, items, order, k)
@@ -252,12 +248,12 @@ class Gatherer:
                     continue
                 self.count(kind, item.num_floats() if isinstance(item, Reply) else 0, down)
                 try:
-                    check.check(item, expected)
+                    top = check.check(item, expected)
                 except ReplyError as exc:
                     dropped.append(_dropout(request, exc))
                 else:
                     answered.append(item)
-                    self._measure(item, kind)
+                    self._measure(item, kind, top)
             dropped.extend(Dropout(i, request.task, request.round, "ReplyError: no reply "
                                    "arrived (the transport's stream ended before it)")
                            for i in asked[k:])

@@ -119,9 +119,11 @@ class RequestCheck:
         return ReplyError(client, where(r), f"its reply to task {r.task!r} {cause}",
                           kind=kind, array=array)
 
-    def check(self, reply, client: int) -> None:
+    def check(self, reply, client: int) -> float:
         """Raise :class:`ReplyError` if ``reply`` (expected from ``client``) is malformed in
-        itself (all but the comparison of shapes between clients, :meth:`shapes`)."""
+        itself (all but the comparison of shapes between clients, :meth:`shapes`); else return
+        the largest magnitude among its numbers (0 for none; a NaN that an array may carry
+        is skipped), read in the same pass as the finiteness check."""
         r = self.request
         if not isinstance(reply, Reply):
             raise ReplyError(client, where(r), f"it answered task {r.task!r} with a "
@@ -144,6 +146,7 @@ class RequestCheck:
         if not isinstance(arrays, Mapping):
             raise self.fail(client, f"has arrays of type {type(arrays).__name__}, not a "
                             "mapping of names to arrays", "type")
+        top = 0.0
         for name, value in arrays.items():
             if not isinstance(name, str):
                 raise self.fail(client, f"names an array {name!r}, not with a string", "type")
@@ -159,14 +162,23 @@ class RequestCheck:
                        if a.dtype.kind == "b" else "")
                 raise self.fail(client, f"has array {name!r} of dtype {a.dtype}; replies carry "
                                 f"real numbers (integer or float arrays){why}", "dtype", name)
-            if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
-                bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+            if not a.size:
+                continue
+            if a.dtype.kind != "f":
+                top = max(top, float(np.max(np.abs(a.astype(float)))))
+                continue
+            size = float(np.max(np.abs(a)))       # not finite iff an entry is inf or NaN
+            if not np.isfinite(size):
+                finite = np.isfinite(a)
+                bad = int(a.size - np.count_nonzero(finite))
                 nan = int(np.count_nonzero(np.isnan(a)))
-                if nan == bad and name.startswith(NAN_ALLOWED):
-                    continue
-                raise self.fail(client, f"has {bad} non-finite value(s) ({nan} NaN, "
-                                f"{bad - nan} infinite) in array {name!r} (of {a.size}); a "
-                                "reply's numbers must be finite", "nonfinite", name)
+                if not (nan == bad and name.startswith(NAN_ALLOWED)):
+                    raise self.fail(client, f"has {bad} non-finite value(s) ({nan} NaN, "
+                                    f"{bad - nan} infinite) in array {name!r} (of {a.size}); "
+                                    "a reply's numbers must be finite", "nonfinite", name)
+                size = float(np.max(np.abs(a[finite]), initial=0.0))
+            top = max(top, size)
+        return top
 
     def note(self, reply: Reply) -> Optional[str]:
         """Record the shapes of ``reply``'s arrays; the name of the first array whose shape
