@@ -311,13 +311,19 @@ class SSCA(Method):
         from ...diagnostics.evaluation import Evaluation
 
         w = after.prev_w
-        grads = [ad.surrogate_gradient(st, w) for st in after.prev_stats]
-        if any(g is None for g in grads):
-            return None
-        values = np.array([b.evaluate(st, w) for b, st in zip(cfg.builders, after.prev_stats)])
+        read = read_quadratics(cfg.builders, after.prev_stats, w)
+        if read is None:
+            grads = [ad.surrogate_gradient(st, w) for st in after.prev_stats]
+            if any(g is None for g in grads):
+                return None
+            values = np.array([b.evaluate(st, w)
+                               for b, st in zip(cfg.builders, after.prev_stats)])
+            grads = np.array(grads)
+        else:
+            values, grads = read
         if not round_evaluation_exact(cfg, after.prev_stats, w, values, grads):
             return None
-        return after._replace(w=w.copy()), Evaluation(values, np.array(grads), 0, 0, True)
+        return after._replace(w=w.copy()), Evaluation(values, grads, 0, 0, True)
 
     # -- the end of a round, of a stage and of the run --------------------------------------------
     def settle(self, state, info):
@@ -400,6 +406,23 @@ class SSCA(Method):
                                                for b in self.config.builders])
 
 
+def read_quadratics(builders, stats, w):
+    """(values, gradients) of surrogates a_m |w|^2 + b_m.w + c_m (every builder's own
+    ``evaluate`` the proximal-linear one, every curvature a scalar) at w, as one matrix
+    product over all functions: p_m(w) and grad p_m(w) = 2 a_m w + b_m. None when a builder
+    does not have that form (the caller then reads each function on its own)."""
+    from ...model.surrogates import ProximalLinear
+
+    if not all(type(b).evaluate is ProximalLinear.evaluate and b.scalar_curvature
+               for b in builders):
+        return None
+    quad = np.array([float(st["quad"]) for st in stats])
+    const = np.array([float(st["const"]) for st in stats])
+    lin = np.array([st["lin"] for st in stats], dtype=float)
+    values = quad * float(w @ w) + lin @ w + const
+    return values, 2.0 * quad[:, None] * w + lin
+
+
 def round_evaluation_exact(cfg: Settings, stats, w, values, grads) -> bool:
     """Whether the values and gradients read from a round's statistics are exact enough for
     the KKT test: they are sums of terms as large as quad |w|^2 and 2 quad |w| that cancel, so
@@ -411,7 +434,16 @@ def round_evaluation_exact(cfg: Settings, stats, w, values, grads) -> bool:
     o = cfg.options
     wn = float(np.linalg.norm(w))
     k = cfg.first
-    gmax = max(float(np.linalg.norm(g)) for g in grads)
+    gmax = float(np.max(np.linalg.norm(np.asarray(grads), axis=1)))
+    if all(np.ndim(st["quad"]) == 0 for st in stats):         # the same tests, at once
+        quad = np.abs(np.array([float(st["quad"]) for st in stats]))
+        lin = np.linalg.norm(np.array([st["lin"] for st in stats], dtype=float), axis=1)
+        const = np.abs(np.array([float(st.get("const", 0.0)) for st in stats]))
+        value_err = ad.ROUND_EVAL_EPS * (quad * wn * wn + lin * wn + const)
+        grad_err = ad.ROUND_EVAL_EPS * (2.0 * quad * wn + lin)
+        return bool(np.all(grad_err <= ad.ROUND_EVAL_SHARE * o.kkt_tol * gmax)
+                    and np.all(value_err[k:] <= (ad.ROUND_EVAL_SHARE * o.feas_tol
+                                                 * np.asarray(cfg.bound_scale, dtype=float))))
     for m, st in enumerate(stats):
         quad = float(np.max(np.abs(st["quad"])))
         lin = float(np.linalg.norm(st["lin"]))
