@@ -2,11 +2,12 @@
 
 Numba's ``np.dot`` and ``np.linalg`` go through SciPy's BLAS, a second copy of OpenBLAS beside
 NumPy's (pip wheels ship one each). Each copy keeps its own pool of worker threads, which
-spin for a while after every call: a kernel that alternates small products with NumPy's own
-calls (the projected Newton method of the closed-form dual, a few hundred multipliers) then
-has both pools' threads fighting over the cores. Measured on 2 cores, a round of the
+spin for a while after every call: the projected Newton kernel of the closed-form dual (a few
+hundred multipliers; SciPy's pool) between the round's NumPy products (NumPy's pool) then has
+both pools' threads fighting over the cores. Measured on 2 cores, a round of the
 constraints benchmark with 300 constraints took 86-100 ms with both pools at 2 threads and
-56-58 ms with either at 1 (``benchmarks/rounds.py``'s constraints case; docs/performance.md).
+56-58 ms with either at 1 (``benchmarks/rounds.py``'s constraints case; docs/engines.md,
+"Threads").
 
 :func:`one_blas_thread` holds every BLAS pool that threadpoolctl finds at one thread while
 such a kernel runs and restores the previous counts afterwards; nested or concurrent uses

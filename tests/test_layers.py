@@ -16,7 +16,7 @@ LAYERS = [
     ("foundation", ["ssca_solver.errors", "ssca_solver.status", "ssca_solver.schedules",
                     "ssca_solver.npzfile",
                     "ssca_solver.validation",
-                    "ssca_solver._kernels", "ssca_solver.datasets"]),
+                    "ssca_solver._kernels", "ssca_solver._blas", "ssca_solver.datasets"]),
     ("model", ["ssca_solver.model"]),
     ("transport and subproblems", ["ssca_solver.federated", "ssca_solver.subproblems"]),
     ("diagnostics", ["ssca_solver.diagnostics"]),
