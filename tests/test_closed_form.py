@@ -236,3 +236,62 @@ def test_inaccurate_rounds_reach_the_result(cancer_data, monkeypatch):
     np.testing.assert_array_equal(res.history.inaccurate, [1.0, 1.0, 1.0])
     assert "3 rounds flagged inaccurate" in res.report()
     assert isinstance(res, ss.Result)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("equalities", [0, 5])
+def test_many_constraints_working_set_equals_the_whole_box(seed, equalities, monkeypatch):
+    """Above WORKING_SET_MIN constraints the dual is maximised over a growing working set:
+    the same multipliers and w-bar as the projected Newton method on the whole box, the KKT
+    conditions of Problem 5 on all M constraints, and Clarabel's optimum (M = 90: inactive,
+    active and unsatisfiable constraints; some equalities, affine, whose multipliers are free
+    in [-c, c] and always in the set)."""
+    import ssca_solver.subproblems.closed_form as cf
+
+    M, d, c = 90, 60, 50.0
+    kinds = [("inactive", "active", "unsatisfiable")[i % 3] if i % 7 else "inactive"
+             for i in range(M)]
+    a0, b0, c0, a, bs, cs, U, _ = make_instance(seed, M, d, kinds, c)
+    eq = np.zeros(M, dtype=bool)
+    eq[:equalities] = True
+    a = np.where(eq, 0.0, a)
+    sol = cf.solve_closed_form(a0, b0, c0, a, bs, cs, U, c, equality=eq)
+    assert M > cf.WORKING_SET_MIN and sol.residual <= 1e-13 * (1 + c)
+    monkeypatch.setattr(cf, "WORKING_SET_MIN", 10 ** 9)
+    whole = cf.solve_closed_form(a0, b0, c0, a, bs, cs, U, c, equality=eq)
+    np.testing.assert_allclose(sol.w, whole.w, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(sol.multipliers, whole.multipliers, atol=1e-9 * c)
+    nu = sol.multipliers
+    A = a0 + nu @ a
+    B = b0 + nu @ np.array(bs)
+    assert np.linalg.norm(2 * A * sol.w + B) <= 1e-12 * max(1.0, np.linalg.norm(B))
+    h = np.array([a[m] * sol.w @ sol.w + bs[m] @ sol.w + cs[m] - U[m] for m in range(M)])
+    assert np.all(np.where(eq, np.abs(nu) <= c, (nu >= 0) & (nu <= c)))
+    assert np.all(np.abs(nu[~eq] * (h[~eq] - sol.slack[~eq])) <= 1e-9 * c)
+    assert np.all(np.abs((c - np.abs(nu)) * sol.slack) <= 1e-9 * c)
+    if not equalities:
+        w, s, ref_nu, value = cvxpy_reference(a0, b0, c0, a, bs, cs, U, c)
+        assert sol.value == pytest.approx(value, rel=1e-6, abs=1e-8)
+        assert np.linalg.norm(sol.w - w) <= 1e-3 * max(np.linalg.norm(w), 1.0)
+    assert 0 < np.sum(nu[~eq] > 0) < M - equalities       # some bind, some do not
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_many_diagonal_constraints_working_set_equals_the_whole_box(seed, monkeypatch):
+    """The diagonal closed form's working set (M = 120, few active) against its projected
+    Newton method on the whole box."""
+    import ssca_solver.subproblems.closed_form as cf
+
+    rng = np.random.default_rng(seed)
+    d, M, c = 40, 120, 100.0
+    a0 = rng.uniform(0.5, 2.0, size=d)
+    b0 = -4.0 * a0 * rng.normal(size=d)
+    a = (rng.normal(size=(M, d)) / np.sqrt(d)) ** 2
+    bs = [rng.normal(size=d) * 0.1 for _ in range(M)]
+    inst = (a0, b0, 0.3, a, bs, np.zeros(M), rng.uniform(0.5, 1.0, size=M), c)
+    sol = cf.solve_closed_form_diag(*inst)
+    monkeypatch.setattr(cf, "WORKING_SET_MIN", 10 ** 9)
+    whole = cf.solve_closed_form_diag(*inst)
+    np.testing.assert_allclose(sol.w, whole.w, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(sol.multipliers, whole.multipliers, atol=1e-9 * c)
+    assert sol.residual <= 1e-13 * (1 + c)

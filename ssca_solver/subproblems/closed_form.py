@@ -255,6 +255,62 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, a0v, b0v, Ac, Bc
     return nu, res
 
 
+#: above this many constraints the dual is maximised over a working set (:func:`_maximise_dual`)
+WORKING_SET_MIN = 32
+
+
+def _maximise_dual(G, a0, a, d, c, start, tol, max_iter, diag, a0v, b0v, Ac, Bc, lower):
+    """The projected Newton method (:func:`_projected_newton`, one BLAS thread) on the whole
+    box, or, above WORKING_SET_MIN constraints, on a working set that grows until the whole
+    box's projected-gradient residual is within ``tol``.
+
+    With many constraints of which few bind, the Newton systems on the free coordinates are
+    large and rank-deficient while the active set is being found (300 free multipliers, one
+    positive at the optimum, 38 iterations: 26 ms a solve). The working set starts as the
+    multipliers that are nonzero (and every equality's), with the most violated others up to
+    WORKING_SET_MIN; the dual is maximised with the rest held at 0, which is the same dual
+    restricted to a face of the box; then every constraint outside whose projected gradient
+    exceeds ``tol`` (its surrogate violated at w(nu)) is a candidate, the most violated up to
+    the set's size are added, and so on. The set only grows, so this ends; the answer
+    satisfies the same test on all M coordinates as the plain method's."""
+    M = d.size
+    nu = np.minimum(np.maximum(start, lower), c)
+    with one_blas_thread():
+        if M <= WORKING_SET_MIN:
+            return _projected_newton(G, a0, a, d, c, nu, tol, max_iter, diag, a0v, b0v, Ac,
+                                     Bc, lower)
+        inside = (nu != 0.0) | (lower < 0.0)
+        residual = np.inf
+        for _ in range(M):
+            _, grad, _ = _evaluate(diag, G, a0, a, a0v, b0v, Ac, Bc, d, nu)
+            pg = np.abs(nu - np.minimum(np.maximum(nu + grad, lower), c))
+            residual = float(np.max(pg))
+            out = np.flatnonzero(~inside & (pg > tol))
+            if out.size == 0 and np.isfinite(residual):
+                if residual <= tol or inside.all():
+                    break
+            if out.size:
+                room = max(WORKING_SET_MIN - int(inside.sum()), int(inside.sum()), 1)
+                inside[out[np.argsort(-pg[out], kind="stable")[:room]]] = True
+            W = np.flatnonzero(inside)
+            if diag:
+                sub, sub_res = _projected_newton(
+                    G, a0, a, d[W], c, nu[W], tol, max_iter, True, a0v, b0v,
+                    np.ascontiguousarray(Ac[W]), np.ascontiguousarray(Bc[W]), lower[W])
+            else:
+                rows = np.concatenate(([0], W + 1))
+                sub, sub_res = _projected_newton(
+                    np.ascontiguousarray(G[np.ix_(rows, rows)]), a0, a[W], d[W], c, nu[W], tol,
+                    max_iter, False, a0v, b0v, Ac, Bc, lower[W])
+            nu = np.zeros(M)
+            nu[W] = sub
+            if not sub_res <= tol:       # the restricted solve stopped short: say so as it is
+                _, grad, _ = _evaluate(diag, G, a0, a, a0v, b0v, Ac, Bc, d, nu)
+                pg = np.abs(nu - np.minimum(np.maximum(nu + grad, lower), c))
+                return nu, float(np.max(pg))
+        return nu, residual
+
+
 _NONE = np.zeros((0, 0))
 #: up to this many constraints the Gram matrix is formed by dot products (no copy of the
 #: vectors); above it by one matrix product
@@ -323,10 +379,9 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
         nu = np.array([_lemma1(G, float(a0), float(a[0]), float(d[0]), c)])
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
-        with one_blas_thread():
-            nu, residual = _projected_newton(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c),
-                                             int(max_iter), False, _EMPTY, _EMPTY, _NONE,
-                                             _NONE, lower)
+        nu, residual = _maximise_dual(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c),
+                                      int(max_iter), False, _EMPTY, _EMPTY, _NONE, _NONE,
+                                      lower)
     coef = np.concatenate(([0.0 if b0 is None else 1.0], nu))
     A, ww, bw, slack, value = _summary(G, coef, float(a0), a, d, float(c0), c, lower)
     # w = -(b_0 + sum nu_m b_m) / (2 A), left to the server as its terms unless out is given
@@ -388,11 +443,10 @@ def solve_closed_form_diag(a0: np.ndarray, b0: np.ndarray | None, c0: float,
         nu = np.zeros(0)
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
-        with one_blas_thread():
-            nu, residual = _projected_newton(_NONE, 0.0, np.zeros(M), d, c, start,
-                                             1e-13 * (1.0 + c), int(max_iter), True, Acur[0],
-                                             Bv[0], np.ascontiguousarray(Acur[1:]),
-                                             np.ascontiguousarray(Bv[1:]), lower)
+        nu, residual = _maximise_dual(_NONE, 0.0, np.zeros(M), d, c, start,
+                                      1e-13 * (1.0 + c), int(max_iter), True, Acur[0], Bv[0],
+                                      np.ascontiguousarray(Acur[1:]),
+                                      np.ascontiguousarray(Bv[1:]), lower)
     A = Acur[0] + nu @ Acur[1:]
     w = -(Bv[0] + nu @ Bv[1:]) / (2.0 * A)
     excess = np.einsum("mk,k->m", Acur[1:], w * w) + Bv[1:] @ w + d
