@@ -60,6 +60,13 @@ def with_pair(cfg: Settings, state: SSCAState, stats) -> SSCAState:
     if float(np.linalg.norm(s)) <= qn.MIN_STEP * max(1.0, float(np.linalg.norm(state.w))):
         return state
     weights = np.concatenate(([1.0] * cfg.first, np.asarray(state.nu, dtype=float)))
+    now, before = (mt.stacked_quadratics(cfg.builders, stats),
+                   mt.stacked_quadratics(cfg.builders, state.prev_stats))
+    if now is not None and before is not None:
+        # y = sum_m nu_m (2 a_m w + b_m - 2 a'_m w' - b'_m), as two products
+        y = (2.0 * float(weights @ now[0]) * state.w + weights @ now[1]
+             - 2.0 * float(weights @ before[0]) * state.prev_w - weights @ before[1])
+        return _with_model_pair(cfg, state, s, y)
     y = np.zeros_like(s)
     for c, new, old in zip(weights, stats, state.prev_stats):
         g1, g0 = ad.surrogate_gradient(new, state.w), ad.surrogate_gradient(old, state.prev_w)
@@ -67,6 +74,12 @@ def with_pair(cfg: Settings, state: SSCAState, stats) -> SSCAState:
             return state
         if c != 0.0:
             y += c * (g1 - g0)
+    return _with_model_pair(cfg, state, s, y)
+
+
+def _with_model_pair(cfg: Settings, state: SSCAState, s, y) -> SSCAState:
+    """The state with (s, y) added to its quasi-Newton pairs (unchanged when the pair carries
+    no curvature)."""
     kept = qn.extend(cfg.model(state), s, y, memory=cfg.qn_memory)
     if kept is None:
         return state

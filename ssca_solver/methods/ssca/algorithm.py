@@ -34,6 +34,7 @@ from . import newton
 from . import probe
 from . import state as ssca_state
 from . import step as ssca_step
+from . import merit as merit_mod
 from .merit import lagrangian_gradient
 from .client import NONFINITE, REJECT_NONFINITE, TASK, SSCARoundTask
 from .options import SSCAOptions
@@ -311,7 +312,7 @@ class SSCA(Method):
         from ...diagnostics.evaluation import Evaluation
 
         w = after.prev_w
-        read = read_quadratics(cfg.builders, after.prev_stats, w)
+        read = merit_mod.read_quadratics(cfg.builders, after.prev_stats, w)
         if read is None:
             grads = [ad.surrogate_gradient(st, w) for st in after.prev_stats]
             if any(g is None for g in grads):
@@ -404,23 +405,6 @@ class SSCA(Method):
         dim = self.problem.dim
         return ssca_state.from_arrays(arrays, [b.statistic_specs(dim)
                                                for b in self.config.builders])
-
-
-def read_quadratics(builders, stats, w):
-    """(values, gradients) of surrogates a_m |w|^2 + b_m.w + c_m (every builder's own
-    ``evaluate`` the proximal-linear one, every curvature a scalar) at w, as one matrix
-    product over all functions: p_m(w) and grad p_m(w) = 2 a_m w + b_m. None when a builder
-    does not have that form (the caller then reads each function on its own)."""
-    from ...model.surrogates import ProximalLinear
-
-    if not all(type(b).evaluate is ProximalLinear.evaluate and b.scalar_curvature
-               for b in builders):
-        return None
-    quad = np.array([float(st["quad"]) for st in stats])
-    const = np.array([float(st["const"]) for st in stats])
-    lin = np.array([st["lin"] for st in stats], dtype=float)
-    values = quad * float(w @ w) + lin @ w + const
-    return values, 2.0 * quad[:, None] * w + lin
 
 
 def round_evaluation_exact(cfg: Settings, stats, w, values, grads) -> bool:
