@@ -211,7 +211,7 @@ class SSCA(Method):
         r, g = acceptance.round_steps(cfg, state, t)
         noise = np.zeros(len(cfg.builders))
         nonfinite, curvature = [], {}
-        replies = self._screened(replies, t, noise, nonfinite, curvature)
+        replies = self._screened(replies, t, noise, nonfinite, curvature, state.stats)
         guarded = cfg.guarded(state)
         stats = ssca_step.average_with_messages(state.stats, replies, cfg.num_samples,
                                                 1.0 if guarded else r, allow_empty=True)
@@ -229,12 +229,12 @@ class SSCA(Method):
             new, ratio = self._adapt_batch(new, state.w, stats, noise, info.solution)
         return new, RoundInfo(info, cfg.batch(state), cfg.tau_of(state), ratio, 0)
 
-    def _screened(self, replies, t, noise, nonfinite, curvature):
+    def _screened(self, replies, t, noise, nonfinite, curvature, template):
         """Strip and add up the noise numbers and the curvature (into ``curvature``: function
         index -> full-data Hessian, :func:`.newton.take_curvature`); leave out (and list in
         ``nonfinite``) the replies of clients whose functions were not finite at the trial
         point; at round 1 check the first message's surrogates for strong convexity
-        (Assumption 2)."""
+        (Assumption 2), its statistics read in the layout of ``template`` (the state's)."""
         p, cfg = self.problem, self.config
         key = ad.NOISE.rstrip(":")
         for i, reply in enumerate(replies):
@@ -256,12 +256,14 @@ class SSCA(Method):
                     reply.arrays, aggregation_weight(reply, cfg.num_samples), curvature,
                     p.dim))
             if t == 1 and i == 0:
+                try:
+                    first = ssca_step.unpack_statistics(reply.arrays, template)
+                except KeyError as exc:
+                    array(reply, exc.args[0])          # the client's fault: ReplyError
+                    raise
                 for m, (fn, b) in enumerate(zip(p.functions, cfg.builders)):
-                    if not b.strongly_convex:        # an equality's affine surrogate
-                        continue
-                    st = {k: array(reply, ssca_step.stat_key(m, k))
-                          for k in (s.name for s in b.statistic_specs(p.dim))}
-                    check_strongly_convex(b, st, p.dim, fn.name)
+                    if b.strongly_convex:            # not an equality's affine surrogate
+                        check_strongly_convex(b, first[m], p.dim, fn.name)
             yield reply
             del reply
 

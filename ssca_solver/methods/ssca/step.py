@@ -15,7 +15,7 @@ is a loop over c_1 < c_2 < ... around the same step, warm-started from the last 
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -32,14 +32,87 @@ all ten 0.8 MB messages of the paper's network (added FOLD_WIDTH per pass), but 
 d floats (benchmarks/memory.py)."""
 
 
+#: a run of at least this many consecutive functions whose statistics have the same names and
+#: shapes travels as one array per statistic, the functions its rows (:func:`stat_runs`)
+STACK_RUN = 8
+
+
 def stat_key(m: int, name: str) -> str:
     """The name under which a client's reply carries statistic ``name`` of function m."""
     return f"{m}:{name}"
 
 
+def run_key(first: int, last: int, name: str) -> str:
+    """The name of statistic ``name`` of functions first..last (inclusive), stacked."""
+    return f"{first}..{last}:{name}"
+
+
+def stat_runs(stats: Sequence[Mapping]) -> list:
+    """The functions in runs of consecutive ones whose statistics have the same names and
+    shapes: [(first, stop, ((name, shape), ...))], ``stop`` exclusive. A run of at least
+    STACK_RUN functions is sent stacked (:func:`pack_statistics`); the client and the server
+    both derive the runs from the statistics' layout, which Problem fixes."""
+    signatures = [tuple(sorted((k, np.shape(v)) for k, v in st.items())) for st in stats]
+    runs, first = [], 0
+    for m in range(1, len(signatures) + 1):
+        if m == len(signatures) or signatures[m] != signatures[first]:
+            runs.append((first, m, signatures[first]))
+            first = m
+    return runs
+
+
+def _stacked(run) -> bool:
+    return run[1] - run[0] >= STACK_RUN
+
+
+def stat_keys(stats: Sequence[Mapping]) -> list:
+    """The names of the arrays that carry ``stats``' layout in a reply, in order."""
+    keys = []
+    for run in stat_runs(stats):
+        first, stop, sig = run
+        if _stacked(run):
+            keys += [run_key(first, stop - 1, name) for name, _ in sig]
+        else:
+            keys += [stat_key(m, name) for m in range(first, stop) for name, _ in sig]
+    return keys
+
+
 def pack_statistics(stats: Sequence[dict]) -> dict:
-    """Statistics of every function (a tuple of dicts) as one flat dict of named arrays."""
-    return {stat_key(m, k): v for m, st in enumerate(stats) for k, v in st.items()}
+    """Statistics of every function (a tuple of dicts) as one flat dict of named arrays: a
+    function's own (``"m:name"``), or, for a run of STACK_RUN functions or more with the same
+    layout, one array per statistic whose rows are the functions (``"first..last:name"``):
+    with hundreds of constraints a reply then carries three arrays, not three per
+    constraint, and the server checks and adds each once."""
+    out = {}
+    for run in stat_runs(stats):
+        first, stop, sig = run
+        if _stacked(run):
+            for name, _ in sig:
+                out[run_key(first, stop - 1, name)] = np.array(
+                    [stats[m][name] for m in range(first, stop)], dtype=float)
+        else:
+            for m in range(first, stop):
+                for name, v in stats[m].items():
+                    out[stat_key(m, name)] = v
+    return out
+
+
+def unpack_statistics(arrays: Mapping, template: Sequence[Mapping]) -> tuple:
+    """Every function's statistics (a tuple of dicts; stacked ones as views of their rows)
+    from a reply's ``arrays`` packed in the layout of ``template`` (:func:`pack_statistics`);
+    a missing array raises KeyError naming it."""
+    out = [dict() for _ in template]
+    for run in stat_runs(template):
+        first, stop, sig = run
+        for name, _ in sig:
+            if _stacked(run):
+                block = arrays[run_key(first, stop - 1, name)]
+                for m in range(first, stop):
+                    out[m][name] = block[m - first, ...]      # a view, 0-d for a scalar
+            else:
+                for m in range(first, stop):
+                    out[m][name] = arrays[stat_key(m, name)]
+    return tuple(out)
 
 
 class StepInfo(NamedTuple):
@@ -105,11 +178,15 @@ def combine(replies: Sequence[Reply], num_samples: int) -> tuple:
         wgt = aggregation_weight(msg, num_samples)
         for key, v in msg.arrays.items():
             m, name = key.split(":", 1)
-            acc = out.setdefault(int(m), {})
-            if name in acc:
-                axpy(wgt, v, acc[name])
-            else:
-                acc[name] = scaled(wgt, v)
+            first, _, last = m.partition("..")
+            rows = [(int(first), v)] if not last else [
+                (k, v[k - int(first)]) for k in range(int(first), int(last) + 1)]
+            for k, row in rows:
+                acc = out.setdefault(k, {})
+                if name in acc:
+                    axpy(wgt, row, acc[name])
+                else:
+                    acc[name] = scaled(wgt, row)
     return tuple(out[m] for m in sorted(out))
 
 
@@ -143,23 +220,24 @@ def average_with_messages(previous: tuple, messages: Iterable[Reply], num_sample
     of 0.8 MB) all of them are added in two passes.
     """
     out, group, held = None, [], 0
+    keys = stat_keys(previous)
+    # the previous statistics in the replies' layout (a stacked run's rows copied together)
+    before = pack_statistics(previous)
 
     def flush():
         nonlocal out, held
         wgts = [rho * aggregation_weight(g, num_samples) for g in group]
         if out is None:
-            out = tuple({k: np.empty(np.shape(v)) for k, v in p.items()} for p in previous)
-            sources, beta = previous, 1.0 - rho
+            out = {k: np.empty(np.shape(before[k])) for k in keys}
+            sources, beta = before, 1.0 - rho
         else:
             sources, beta = out, 1.0
-        for m, (acc, src) in enumerate(zip(out, sources)):
-            for k, v in acc.items():
-                key = stat_key(m, k)
-                fold(beta, src[k], wgts, [g.arrays[key] for g in group], v)
+        for key in keys:
+            fold(beta, sources[key], wgts, [g.arrays[key] for g in group], out[key])
         group.clear()
         held = 0
 
-    expected = {stat_key(m, k) for m, p in enumerate(previous) for k in p}
+    expected = set(keys)
     for msg in messages:
         if set(msg.arrays) != expected:
             from ...errors import ReplyError
@@ -176,9 +254,11 @@ def average_with_messages(previous: tuple, messages: Iterable[Reply], num_sample
             flush()
     if group:
         flush()
-    if out is None and not allow_empty:
-        raise ValueError("average_with_messages: no client messages")
-    return out
+    if out is None:
+        if not allow_empty:
+            raise ValueError("average_with_messages: no client messages")
+        return None
+    return unpack_statistics(out, previous)
 
 
 def move(state: SSCAState, stats: tuple, rho: float, gamma: float,

@@ -1,0 +1,129 @@
+"""A run of STACK_RUN or more functions with the same statistics travels as one array per
+statistic (rows: the functions): the same iterates as one array per function, on every path
+a reply takes (in process, client processes, secure aggregation), and a malformed stacked
+reply named as a per-function one is."""
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+import ssca_solver as ss
+from ssca_solver.errors import ReplyError
+from ssca_solver.federated import InProcessTransport, register_transport
+from ssca_solver.methods.ssca import step as ssca_step
+
+D, M = 5, 12
+
+
+def _problem(diagonal_at=None):
+    """Least squares with M constraints (x_j.w - c_m)^2 <= U_m (a few active at the
+    optimum); constraint ``diagonal_at`` (if given) with a DiagonalCurvature surrogate, which
+    splits the run of proximal-linear ones in two."""
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((90, D)) / 2
+    y = X @ rng.standard_normal(D) + 0.1 * rng.standard_normal(90)
+    data = ss.FederatedData.split(X, y, num_clients=3, seed=0)
+    A = rng.standard_normal((M, D)) / np.sqrt(D)
+    U = rng.uniform(0.2, 1.0, size=M)
+    f = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                          lambda w, X, y: X.T @ (X @ w - y) / len(X), name="lsq",
+                          convexity="convex")
+    cons = []
+    for m in range(M):
+        a = A[m]
+        surrogate = (ss.DiagonalCurvature(lambda w, X, y, a=a: 2.0 * a * a)
+                     if m == diagonal_at else None)
+        g = ss.SampleFunction(lambda w, X, y, a=a: np.full(len(X), (a @ w) ** 2),
+                              lambda w, X, y, a=a: 2.0 * (a @ w) * a, name=f"c{m}",
+                              convexity="convex", surrogate=surrogate)
+        cons.append(g <= U[m])
+    return ss.Problem(f, cons, dim=D, data=data)
+
+
+def _solve(prob, monkeypatch, stacked, **opts):
+    monkeypatch.setattr(ssca_step, "STACK_RUN", 8 if stacked else 10 ** 9)
+    return prob.solve(seed=0, max_iter=40, **opts)
+
+
+def _same(a, b):
+    assert a.nit == b.nit and a.status == b.status
+    assert np.array_equal(a.x, b.x)
+    assert np.array_equal(a.history.multipliers, b.history.multipliers)
+
+
+def test_a_reply_carries_a_run_of_functions_as_one_array_per_statistic():
+    prob = _problem()
+    stats = [b.initial_statistics(D, 1.0, "tau") for b in prob.builders]
+    packed = ssca_step.pack_statistics(stats)
+    # the objective and the 12 constraints share the proximal-linear layout: one run
+    assert sorted(packed) == ["0..12:const", "0..12:lin", "0..12:quad"]
+    assert packed["0..12:lin"].shape == (M + 1, D) and packed["0..12:quad"].shape == (M + 1,)
+    back = ssca_step.unpack_statistics(packed, stats)
+    for st, got in zip(stats, back):
+        assert set(st) == set(got)
+        for k in st:
+            assert np.shape(got[k]) == np.shape(st[k]) and np.array_equal(got[k], st[k])
+            assert isinstance(got[k], np.ndarray)          # 0-d arrays, as a function's own
+
+
+def test_runs_split_where_the_layout_changes_and_short_runs_travel_per_function():
+    prob = _problem(diagonal_at=3)        # the functions: 0-3 proximal, 4 diagonal, 5-12 proximal
+    stats = [b.initial_statistics(D, 1.0, "tau") for b in prob.builders]
+    runs = ssca_step.stat_runs(stats)
+    assert [(a, b) for a, b, _ in runs] == [(0, 4), (4, 5), (5, 13)]
+    keys = ssca_step.stat_keys(stats)
+    assert "0:lin" in keys and "3:quad" in keys and "4:quad" in keys     # runs below 8
+    assert "5..12:lin" in keys and "5:lin" not in keys
+    assert list(ssca_step.pack_statistics(stats)) == keys
+    assert ssca_step.pack_statistics(stats)["4:quad"].shape == (D,)
+
+
+@pytest.mark.parametrize("diagonal_at", [None, 3])
+def test_stacked_replies_give_the_iterates_of_per_function_ones(monkeypatch, diagonal_at):
+    prob = _problem(diagonal_at)
+    a = _solve(prob, monkeypatch, True)
+    b = _solve(prob, monkeypatch, False)
+    _same(a, b)
+    assert a.kkt.multipliers.size == M and np.any(a.kkt.multipliers > 0)
+
+
+def test_stacked_replies_through_client_processes(monkeypatch):
+    prob = _problem()
+    _same(_solve(prob, monkeypatch, True, transport="process"),
+          _solve(prob, monkeypatch, False))
+
+
+def test_stacked_replies_under_secure_aggregation(monkeypatch):
+    pytest.importorskip("cryptography")
+    prob = _problem()
+    _same(_solve(prob, monkeypatch, True, secure_aggregation=True),
+          _solve(prob, monkeypatch, False, secure_aggregation=True))
+
+
+_names = itertools.count()
+
+
+class _Dropping(InProcessTransport):
+    """Client 1's reply to round 3 without one array."""
+
+    def __init__(self, clients, name):
+        super().__init__(clients)
+        self.name = name
+
+    def stream(self, request, participants=None, tolerate_failures=False):
+        for r in super().stream(request, participants, tolerate_failures):
+            if r.client == 1 and r.round == 3 and r.task == "ssca.round":
+                r = dataclasses.replace(r, arrays={k: v for k, v in r.arrays.items()
+                                                   if k != self.name})
+            yield r
+
+
+def test_a_stacked_array_missing_from_a_reply_is_named():
+    name = f"stacked_drop_{next(_names)}"
+    register_transport(name, lambda clients, timeout: _Dropping(clients, "0..12:lin"))
+    with pytest.raises(ReplyError) as info:
+        _problem().solve(seed=0, max_iter=6, transport=name, batch_size=10)
+    err = info.value
+    assert (err.client, err.round, err.kind, err.array) == (1, 3, "layout", "0..12:lin")
