@@ -52,7 +52,7 @@ def stat_runs(stats: Sequence[Mapping]) -> list:
     shapes: [(first, stop, ((name, shape), ...))], ``stop`` exclusive. A run of at least
     STACK_RUN functions is sent stacked (:func:`pack_statistics`); the client and the server
     both derive the runs from the statistics' layout, which Problem fixes."""
-    signatures = [tuple(sorted((k, np.shape(v)) for k, v in st.items())) for st in stats]
+    signatures = [_signature(st) for st in stats]
     runs, first = [], 0
     for m in range(1, len(signatures) + 1):
         if m == len(signatures) or signatures[m] != signatures[first]:
@@ -61,14 +61,21 @@ def stat_runs(stats: Sequence[Mapping]) -> list:
     return runs
 
 
+def _signature(st: Mapping) -> tuple:
+    """A function's statistics' names and shapes, in name order."""
+    return tuple(sorted([(k, v.shape if isinstance(v, np.ndarray) else np.shape(v))
+                         for k, v in st.items()]))
+
+
 def _stacked(run) -> bool:
     return run[1] - run[0] >= STACK_RUN
 
 
-def stat_keys(stats: Sequence[Mapping]) -> list:
-    """The names of the arrays that carry ``stats``' layout in a reply, in order."""
+def stat_keys(stats: Sequence[Mapping], runs=None) -> list:
+    """The names of the arrays that carry ``stats``' layout in a reply, in order (``runs``:
+    :func:`stat_runs` of ``stats``, when already known)."""
     keys = []
-    for run in stat_runs(stats):
+    for run in runs if runs is not None else stat_runs(stats):
         first, stop, sig = run
         if _stacked(run):
             keys += [run_key(first, stop - 1, name) for name, _ in sig]
@@ -77,14 +84,14 @@ def stat_keys(stats: Sequence[Mapping]) -> list:
     return keys
 
 
-def pack_statistics(stats: Sequence[dict]) -> dict:
+def pack_statistics(stats: Sequence[dict], runs=None) -> dict:
     """Statistics of every function (a tuple of dicts) as one flat dict of named arrays: a
     function's own (``"m:name"``), or, for a run of STACK_RUN functions or more with the same
     layout, one array per statistic whose rows are the functions (``"first..last:name"``):
     with hundreds of constraints a reply then carries three arrays, not three per
     constraint, and the server checks and adds each once."""
     out = {}
-    for run in stat_runs(stats):
+    for run in runs if runs is not None else stat_runs(stats):
         first, stop, sig = run
         if _stacked(run):
             for name, _ in sig:
@@ -97,12 +104,12 @@ def pack_statistics(stats: Sequence[dict]) -> dict:
     return out
 
 
-def unpack_statistics(arrays: Mapping, template: Sequence[Mapping]) -> tuple:
+def unpack_statistics(arrays: Mapping, template: Sequence[Mapping], runs=None) -> tuple:
     """Every function's statistics (a tuple of dicts; stacked ones as views of their rows)
     from a reply's ``arrays`` packed in the layout of ``template`` (:func:`pack_statistics`);
     a missing array raises KeyError naming it."""
     out = [dict() for _ in template]
-    for run in stat_runs(template):
+    for run in runs if runs is not None else stat_runs(template):
         first, stop, sig = run
         for name, _ in sig:
             if _stacked(run):
@@ -220,9 +227,10 @@ def average_with_messages(previous: tuple, messages: Iterable[Reply], num_sample
     of 0.8 MB) all of them are added in two passes.
     """
     out, group, held = None, [], 0
-    keys = stat_keys(previous)
+    runs = stat_runs(previous)
+    keys = stat_keys(previous, runs)
     # the previous statistics in the replies' layout (a stacked run's rows copied together)
-    before = pack_statistics(previous)
+    before = pack_statistics(previous, runs)
 
     def flush():
         nonlocal out, held
@@ -258,7 +266,7 @@ def average_with_messages(previous: tuple, messages: Iterable[Reply], num_sample
         if not allow_empty:
             raise ValueError("average_with_messages: no client messages")
         return None
-    return unpack_statistics(out, previous)
+    return unpack_statistics(out, previous, runs)
 
 
 def move(state: SSCAState, stats: tuple, rho: float, gamma: float,
