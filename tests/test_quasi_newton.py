@@ -296,3 +296,53 @@ def test_a_linear_objective_and_a_flat_lagrangian_are_certified_at_the_optimum()
     assert res.status == "converged", res.message
     assert res.fun == pytest.approx(-1.0, abs=1e-6)
     np.testing.assert_allclose(res.x[:2], [1.0, 0.0], atol=1e-5)
+
+
+@pytest.mark.parametrize("d, k", [(12, 3), (12, 8), (40, 5), (6, 0)])
+def test_the_models_eigenvectors_diagonalise_it(d, k):
+    """LBFGSModel.eigen: from a QR of its 2k directions when 2k < d (the complement has
+    eigenvalue delta), from B itself otherwise; no pair: B = 0."""
+    rng = np.random.default_rng(d + k)
+    H = rng.standard_normal((d, d))
+    S, Y = _pairs(rng, d, k, H @ H.T / d + 0.1 * np.eye(d))
+    model = LBFGSModel(S, Y)
+    lam, V = model.eigen()
+    B = model.matmat(np.eye(d))
+    np.testing.assert_allclose(V.T @ V, np.eye(d), atol=1e-12)
+    np.testing.assert_allclose((V * lam) @ V.T, 0.5 * (B + B.T),
+                               atol=1e-10 * max(1.0, np.max(np.abs(B))))
+
+
+class _WithoutEigen:
+    """The same model without ``eigen`` (the closed form then decomposes B itself)."""
+
+    def __init__(self, model):
+        self.model, self.delta = model, model.delta
+
+    def matvec(self, v):
+        return self.model.matvec(v)
+
+    def matmat(self, V):
+        return self.model.matmat(V)
+
+    def directions(self):
+        return self.model.directions()
+
+
+def test_the_closed_form_over_the_whole_space_takes_the_models_eigenvectors():
+    """2 memory + M + 1 >= d: the rotated problem in the model's own eigenvectors gives the
+    w-bar and multipliers of the eigendecomposition of B (d = 12, 4 pairs, M = 5)."""
+    rng = np.random.default_rng(5)
+    d, M = 12, 5
+    H = rng.standard_normal((d, d))
+    S, Y = _pairs(rng, d, 4, H @ H.T / d + 0.1 * np.eye(d))
+    model = LBFGSModel(S, Y)
+    x, b0 = rng.standard_normal(d), rng.standard_normal(d)
+    a, bs = rng.uniform(0.05, 0.3, M), [rng.standard_normal(d) for _ in range(M)]
+    cs, U = rng.standard_normal(M), rng.uniform(-1.0, 0.5, M)
+    sol = solve_closed_form_model(0.3, b0, 1.0, a, bs, cs, U, 10.0, model, x)
+    ref = solve_closed_form_model(0.3, b0, 1.0, a, bs, cs, U, 10.0, _WithoutEigen(model), x)
+    assert 2 * len(model) + M + 1 >= d
+    np.testing.assert_allclose(sol.w, ref.w, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(sol.multipliers, ref.multipliers, atol=1e-9)
+    assert np.any(sol.multipliers > 0)

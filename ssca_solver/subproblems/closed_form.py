@@ -473,8 +473,8 @@ def solve_closed_form_model(a0: float, b0: np.ndarray | None, c0: float, a: np.n
     (:func:`solve_closed_form_diag`) in at most 2 memory + M + 1 coordinates, exactly (the
     dual stays M-dimensional; one QR of d x dim Z and one small eigendecomposition a round).
     Where Z would be all of R^d (2 memory + M + 1 >= d) the basis is the eigenvectors of
-    B / 2 + a_0 I, without a QR; a model with an ``eigen()`` method (the Newton model) gives
-    them itself.
+    B / 2 + a_0 I: from the model's ``eigen()`` when it has one (the Newton model; the L-BFGS
+    model's from a QR of its 2 memory directions), else from B itself.
     """
     x = np.asarray(center, dtype=float)
     dim = x.size
@@ -483,15 +483,15 @@ def solve_closed_form_model(a0: float, b0: np.ndarray | None, c0: float, a: np.n
     lin0 = (np.zeros_like(x) if b0 is None else np.asarray(b0, dtype=float)) - Bx
     const0 = float(c0) + 0.5 * float(x @ Bx)
     Bm = np.asarray(bs, dtype=float).reshape(M, dim)        # the constraints' b_m as rows
+    D = model.directions()
+    whole = D.shape[0] + 1 + M >= dim
     eigen = getattr(model, "eigen", None)
-    if eigen is not None:
-        # a model that knows its eigenvectors (the Newton model): they diagonalise B in all
-        # of R^d, so no basis has to be computed
+    if whole and eigen is not None:
+        # the span is all of R^d and the model gives its eigenvectors (the Newton model's
+        # own, the L-BFGS model's from a QR of its directions): they diagonalise B
         lam, V = eigen()
         h = 0.5 * lam + float(a0)
     else:
-        D = model.directions()
-        whole = D.shape[0] + 1 + M >= dim
         if whole:
             # the span Z would (generically) be all of R^d: take the whole space, no QR
             H = 0.5 * model.matmat(np.eye(dim))

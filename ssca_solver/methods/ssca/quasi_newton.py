@@ -154,6 +154,25 @@ class LBFGSModel:
             return np.zeros_like(V)
         return self.delta * V - self.Psi.T @ (self.Ninv @ (self.Psi @ V))
 
+    def eigen(self) -> tuple:
+        """(eigenvalues, eigenvectors as columns) of B, from one QR of the d x 2k matrix Psi'
+        (complete: its last d - 2k columns span the complement, where B = delta I) and the
+        2k x 2k matrix of B on the span, delta I - R N^-1 R' (Psi' = Q R): O(d^2 k) instead
+        of an eigendecomposition of order d. With 2k >= d, that of B itself."""
+        d = self.S.shape[1]
+        if self.Psi is None:
+            return np.zeros(d), np.eye(d)
+        r = self.Psi.shape[0]
+        if r >= d:
+            B = self.matmat(np.eye(d))
+            return np.linalg.eigh(0.5 * (B + B.T))
+        Q, R = np.linalg.qr(self.Psi.T, mode="complete")
+        top = R[:r]                                    # Psi' = Q[:, :r] top
+        small = self.delta * np.eye(r) - top @ (self.Ninv @ top.T)
+        mu, E = np.linalg.eigh(0.5 * (small + small.T))
+        lam = np.concatenate([mu, np.full(d - r, self.delta)])
+        return lam, np.hstack([Q[:, :r] @ E, Q[:, r:]])
+
     def directions(self) -> np.ndarray:
         """The rows of Psi, (2k, d): B - delta I maps everything into their span."""
         return np.zeros((0, self.S.shape[1] if self.S.ndim == 2 else 0)) if self.Psi is None \
