@@ -1,0 +1,180 @@
+"""A round's cost against the number of clients: the library's round beside a batched NumPy
+round that computes the same per-client numbers in one pass over the rows.
+
+Problem: Neyman-Pearson logistic regression (problems/neyman_pearson.py, alpha = 0.3,
+lambda = 1e-3) on N = 100,000 synthetic rows with d = 30 (29 standard normal features and a
+column of ones; labels from a random linear model plus unit noise, seed 0), split uniformly
+over I clients (``FederatedData.split``, seed 0). The library runs ROUNDS full-batch rounds
+of Algorithm 2 in process (``batch_size="full"``, ``eval_every=None``, ``hessian="lbfgs"``
+so that the clients send values and gradients only, no gradient check); a round's time is the
+median over the rounds of the time between two calls of the round callback (the start's probe
+and the final evaluation excluded).
+
+The NumPy round does the clients' and the server's arithmetic of that round for all clients at
+once: the margins X w of every row, each function's per-row loss and derivative, their sums
+per client (sparse I x N products over the clients' contiguous rows, for the values and,
+with each row's coefficient in the matrix, for the gradients X' r: one pass over X, no
+N x d temporary, flat in I), the proximal-linear
+statistics of every client and their weighted average. Its time is the median over ROUNDS
+repetitions. The ratio of the two is what issue "thousands of
+clients" asks to bring to <= 1.5 at I = 1,000 and <= 2 at I = 10,000.
+
+Usage: ``python benchmarks/many_clients.py [--quick] [--publish | --results-dir DIR]``
+(``--quick``: I in {10, 100, 1000}). Writes many_clients.json and many_clients.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, log, machine, machine_title, write_json  # noqa: E402
+
+N, D, ALPHA, LAM, ROUNDS, TAU = 100_000, 30, 0.3, 1e-3, 8, 1.0
+CLIENTS = (10, 100, 1000, 3000, 10000)
+QUICK = (10, 100, 1000)
+
+
+def rows(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N, D))
+    X[:, -1] = 1.0
+    y = (X @ rng.standard_normal(D) + rng.standard_normal(N) > 0).astype(float)
+    return X, y
+
+
+def library_round(data, I: int) -> dict:
+    """The median time of a full-batch round of the library on ``data`` (I clients)."""
+    import ssca_solver as ss  # noqa: F401  (the problem module needs it imported)
+    from problems.neyman_pearson import neyman_pearson
+
+    prob = neyman_pearson(data, alpha=ALPHA, lam=LAM)
+    opts = dict(seed=0, batch_size="full", eval_every=None, hessian="lbfgs",
+                check_gradients=False)
+    prob.solve(max_iter=1, **opts)                   # Numba's cache loaded outside the clock
+    stamps = []
+
+    def callback(it):
+        stamps.append(time.perf_counter())
+
+    t0 = time.perf_counter()
+    res = prob.solve(max_iter=ROUNDS + 1, callback=callback, **opts)
+    wall = time.perf_counter() - t0
+    steps = np.diff(stamps)
+    return {"round_s": float(statistics.median(steps)), "rounds": int(res.nit),
+            "wall": wall, "status": res.status}
+
+
+def client_sums(starts, n: int):
+    """The I x N sparse matrix whose row i sums client i's contiguous rows (built once, like
+    the clients' split; products with it are the per-client sums of the batched round)."""
+    import scipy.sparse as sp
+
+    counts = np.diff(np.append(starts, n))
+    owner = np.repeat(np.arange(len(starts)), counts)
+    return sp.csr_matrix((np.ones(n), (owner, np.arange(n))), shape=(len(starts), n))
+
+
+def numpy_round(X, y, S, n_i, w, pi) -> tuple:
+    """The clients' statistics of one full-batch round and their weighted average, batched
+    (S: :func:`client_sums`): the objective's and the constraint's averaged (const, lin,
+    quad)."""
+    import scipy.sparse as sp
+
+    s = 2.0 * y - 1.0
+    m = s * (X @ w)
+    loss = np.logaddexp(0.0, -m)
+    deriv = -s / (1.0 + np.exp(m))                    # d loss / d (x.w)
+    out = []
+    for label, frac in ((1, pi[1]), (0, pi[0])):
+        wt = (y == label) / frac
+        v = S @ (wt * loss)                            # (I,) sums of values
+        # (I, d) sums of gradients: S with row n's entry scaled by its coefficient, times X
+        # (one pass over X, no N x d temporary)
+        g = sp.csr_matrix(((wt * deriv)[S.indices], S.indices, S.indptr), shape=S.shape) @ X
+        nt = n_i * TAU
+        const = v - g @ w + nt * (w @ w)
+        lin = g - 2.0 * nt[:, None] * w
+        # the server's weights N_i / (B_i N) with B_i = N_i: 1 / N each
+        out.append((const.sum() / N, lin.sum(axis=0) / N, nt.sum() / N))
+    return tuple(out)
+
+
+def numpy_time(X, y, starts, pi) -> float:
+    S = client_sums(starts, X.shape[0])
+    n_i = np.diff(np.append(starts, X.shape[0])).astype(float)
+    w = np.zeros(D)
+    numpy_round(X, y, S, n_i, w, pi)
+    times = []
+    for k in range(ROUNDS):
+        w = np.full(D, 0.01 * (k + 1))
+        t = time.perf_counter()
+        numpy_round(X, y, S, n_i, w, pi)
+        times.append(time.perf_counter() - t)
+    return float(statistics.median(times))
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    I = [r["clients"] for r in results]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.loglog(I, [r["library"]["round_s"] * 1e3 for r in results], "o-", label="library round")
+    a.loglog(I, [r["numpy_round_s"] * 1e3 for r in results], "s--", label="NumPy round")
+    a.set_xlabel("clients I")
+    a.set_ylabel("ms per round")
+    a.legend()
+    b.semilogx(I, [r["ratio"] for r in results], "o-")
+    b.axhline(1.5, color="gray", ls=":", label="target at I = 1,000")
+    b.axhline(2.0, color="gray", ls="--", label="target at I = 10,000")
+    b.set_xlabel("clients I")
+    b.set_ylabel("library round / NumPy round")
+    b.legend()
+    fig.suptitle(f"Neyman-Pearson, N = {N:,}, d = {D}, full batches, in process\n"
+                 + machine_title(machine()), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="I in {10, 100, 1000} only")
+    args = ap.parse_args()
+    import ssca_solver as ss
+
+    X, y = rows()
+    pi = np.array([np.mean(y == 0), np.mean(y == 1)])
+    results = []
+    t_all = time.perf_counter()
+    for I in QUICK if args.quick else CLIENTS:
+        data = ss.FederatedData.split(X, y, num_clients=I, seed=0)
+        # the same rows, client by client, for the batched round
+        Xs = np.concatenate([c.X for c in data.clients])
+        ys = np.concatenate([c.y for c in data.clients])
+        starts = np.cumsum([0] + [c.X.shape[0] for c in data.clients[:-1]])
+        lib = library_round(data, I)
+        ref = numpy_time(Xs, ys, starts, pi)
+        rec = {"clients": I, "library": lib, "numpy_round_s": ref,
+               "ratio": lib["round_s"] / ref}
+        results.append(rec)
+        log(f"I = {I:6d}: library {lib['round_s'] * 1e3:8.2f} ms a round, NumPy "
+            f"{ref * 1e3:7.2f} ms: ratio {rec['ratio']:.1f}")
+    out = {"description": __doc__.split("\n\n")[0], "command": " ".join(sys.argv),
+           "machine": machine(), "N": N, "d": D, "rounds": ROUNDS, "results": results,
+           "total_time": time.perf_counter() - t_all}
+    write_json("many_clients", out)
+    plot(results, RESULTS / "many_clients.png")
+
+
+if __name__ == "__main__":
+    main()
