@@ -184,3 +184,43 @@ def test_components_travel_by_pickle_without_the_evaluations():
     np.testing.assert_array_equal(G1.value(w, X, None), here)
     np.testing.assert_array_equal(G1.grad(w, X, None), F[1].grad(w, X, None))
     assert G1.name == "dev[1]"
+
+
+def test_a_client_reads_consecutive_components_at_once_as_one_by_one():
+    """component_blocks finds the runs of components with the proximal-linear builder (an
+    equality's Linearization included, F >= L's negated components not); block_statistics
+    gives each component the statistics ProximalLinear.statistics gives it (eq. (fsmbar))."""
+    from ssca_solver.methods.ssca.client import block_statistics, component_blocks
+    from ssca_solver.model.surrogates import Linearization, ProximalLinear
+
+    F, G = _vector(), _vector()
+    fns = [_objective(), F[0], F[1], F[2], G[0], G[1]]
+    builders = [ProximalLinear(), ProximalLinear(), Linearization(), ProximalLinear(2.0),
+                ProximalLinear(), ProximalLinear()]
+    blocks = component_blocks(fns, builders)
+    assert [(vec is F, ms, ks) for vec, ms, ks in blocks] == [(True, [1, 2, 3], [0, 1, 2]),
+                                                              (False, [4, 5], [0, 1])]
+    negated = [c.function for c in (F >= 0.1)]
+    assert component_blocks([negated[0], negated[1]], [ProximalLinear()] * 2) == []
+    rng = np.random.default_rng(0)
+    X, y, w = rng.standard_normal((9, 4)), rng.standard_normal(9), rng.standard_normal(4)
+    got = block_statistics(blocks, fns, builders, w, X, y, 0.7)
+    assert sorted(got) == [1, 2, 3, 4, 5]
+    for m in got:
+        t = builders[m].tau if builders[m].tau is not None else 0.7
+        ref = builders[m].statistics(fns[m], w, X, y, t, "here")
+        for k in ref:
+            np.testing.assert_allclose(got[m][k], ref[k], rtol=1e-13, atol=1e-13)
+            assert np.shape(got[m][k]) == np.shape(ref[k])
+
+
+def test_a_block_that_is_not_finite_goes_one_by_one_and_names_its_component():
+    from ssca_solver.methods.ssca.client import block_statistics, component_blocks
+    from ssca_solver.model.surrogates import ProximalLinear
+
+    F = ss.VectorSampleFunction(lambda w, X, y: np.full((len(X), 2), np.nan),
+                                lambda w, X, y: np.zeros((2, X.shape[1])), 2, name="bad")
+    blocks = component_blocks(list(F), [ProximalLinear()] * 2)
+    X = np.ones((3, 2))
+    assert len(blocks) == 1 and block_statistics(blocks, list(F), [ProximalLinear()] * 2,
+                                                 np.zeros(2), X, None, 1.0) == {}

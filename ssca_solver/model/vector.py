@@ -82,11 +82,13 @@ class VectorSampleFunction:
 
     def _component(self, k: int, convexity) -> SampleFunction:
         part = functools.partial
-        return SampleFunction(part(self._values_of, k), part(self._grad_of, k),
-                              name=f"{self.name}[{k}]",
-                              value_and_grad=part(self._value_and_grad_of, k),
-                              hess=None if self.hess is None else part(self._hess_of, k),
-                              convexity=convexity)
+        fn = SampleFunction(part(self._values_of, k), part(self._grad_of, k),
+                            name=f"{self.name}[{k}]",
+                            value_and_grad=part(self._value_and_grad_of, k),
+                            hess=None if self.hess is None else part(self._hess_of, k),
+                            convexity=convexity)
+        fn.component_of = (self, k)      # a client reads consecutive components at once
+        return fn
 
     # -- one evaluation for every component -------------------------------------------------
     def _slot(self) -> dict:

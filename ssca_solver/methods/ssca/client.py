@@ -51,6 +51,59 @@ def unpack_symmetric(packed: np.ndarray, d: int) -> np.ndarray:
     return H
 
 
+def component_blocks(functions, builders) -> list:
+    """Runs of at least two consecutive functions that are components of one
+    :class:`~ssca_solver.VectorSampleFunction` with the proximal-linear builder (its own
+    ``statistics``): [(vector, [m, ...], [k, ...])]."""
+    from ...model.surrogates import ProximalLinear
+
+    blocks, run = [], []
+
+    def close():
+        if len(run) >= 2:
+            blocks.append((run[0][1], [m for m, _, _ in run], [k for _, _, k in run]))
+        run.clear()
+
+    for m, (fn, b) in enumerate(zip(functions, builders)):
+        of = getattr(fn, "component_of", None)
+        if of is None or type(b).statistics is not ProximalLinear.statistics:
+            close()
+            continue
+        if run and run[0][1] is not of[0]:
+            close()
+        run.append((m, of[0], of[1]))
+    close()
+    return blocks
+
+
+def block_statistics(blocks, functions, builders, w, X, y, tau: float) -> dict:
+    """{m: q_m} for the functions of ``blocks`` (:func:`component_blocks`): the proximal-linear
+    statistics of eq. (fsmbar) of every component from one evaluation of their vector
+    function, as :meth:`~ssca_solver.ProximalLinear.statistics` gives them one by one. A block
+    whose evaluation raises or is not finite is left out: its functions then go one by one,
+    whose errors name the component, client and round."""
+    out = {}
+    n = X.shape[0]
+    for vec, ms, ks in blocks:
+        try:
+            v, J = vec.evaluate(w, X, y)
+        except Exception:
+            continue
+        V, G = v[:, ks], J[ks]
+        sums = V.sum(axis=0)
+        if not (np.all(np.isfinite(sums)) and np.all(np.isfinite(G))):
+            continue
+        taus = np.array([builders[m].tau if builders[m].tau is not None else tau for m in ms],
+                        dtype=float)
+        lin = G * n                                  # g = n grad, the batch's gradient sums
+        nt = n * taus
+        const = sums - lin @ w + nt * float(w @ w)
+        lin -= 2.0 * nt[:, None] * w
+        for i, m in enumerate(ms):
+            out[m] = {"const": np.asarray(const[i]), "lin": lin[i], "quad": np.asarray(nt[i])}
+    return out
+
+
 class SSCARoundTask:
     """Client side of one round (Algorithms 1-2, steps 3-4): draw the mini-batch of
     (seed, client, round) and return q_m(w_t, batch) for every stochastic function m, as sums
@@ -68,6 +121,7 @@ class SSCARoundTask:
     def __init__(self, functions: Sequence, builders: Sequence):
         self.functions = tuple(functions)
         self.builders = tuple(builders)
+        self.blocks = component_blocks(self.functions, self.builders)
 
     def __call__(self, client, request: Request):
         X, y, b = client.batch(request.round, optional_int(request.config.get("batch_size")))
@@ -75,10 +129,17 @@ class SSCARoundTask:
         where = f"client {client.index}, round {request.round}"
         noisy = bool(request.config.get("noise")) and b < client.num_rows
         stats, noise, curvature = [], [], {}
+        # consecutive components of one VectorSampleFunction: their statistics at once
+        # (not with the noise split or the curvature, which go function by function)
+        read = ({} if noisy or request.config.get("curvature")
+                else block_statistics(self.blocks, self.functions, self.builders, request.w,
+                                      X, y, tau))
         try:
             for m, (fn, builder) in enumerate(zip(self.functions, self.builders)):
                 t = builder.tau if builder.tau is not None else tau
-                if noisy:
+                if m in read:
+                    stats.append(read[m])
+                elif noisy:
                     st, v = ad.split_statistics(builder, fn, request.w, X, y, t, where)
                     stats.append(st)
                     noise.append(v)
