@@ -510,7 +510,7 @@ def r_rounds_constraints(d: dict) -> str:
             "as one vector function); each wall time the fastest of 5 runs."
             + (" \"One vector function\": the same constraints as one "
                "`VectorSampleFunction` (one call of the user's function per round instead of "
-               "m; the library's work per constraint is unchanged)." if vector else "")
+               "m, and the clients' statistics of all m components at once)." if vector else "")
             + " Target: a round within 5x an iteration at m = 300, and nearly flat in m.\n\n"
             + table(head, rows))
 
