@@ -110,13 +110,19 @@ def test_a_rounds_statistics_serve_as_its_evaluation_only_when_exact_enough():
         return [{"const": np.array(f[m] - g[m] @ w + tau * w @ w), "lin": g[m] - 2 * tau * w,
                  "quad": np.array(tau)} for m in range(2)]
 
-    fake = SimpleNamespace(options=SimpleNamespace(kkt_tol=1e-4, feas_tol=1e-4), first=1,
-                           bound_scale=np.ones(1))
-    for tau, exact in ((6.5e8, False), (1.0, True)):
-        st = stats(tau)
-        values = np.array([ss.ProximalLinear().evaluate(s, w) for s in st])
-        grads = [ad.surrogate_gradient(s, w) for s in st]
-        err = max(np.max(np.abs(values - f)), np.max(np.abs(np.array(grads) - g)))
-        assert round_evaluation_exact(fake, st, w, values, grads) is exact
-        # what the refusal is about: the read values are that far off (or exact to rounding)
-        assert (err > 1e-6) if not exact else (err < 1e-9), err
+    class _OwnEvaluate(ss.ProximalLinear):      # read function by function, not stacked
+        def evaluate(self, stats, w):
+            return super().evaluate(stats, w)
+
+    for builder in (ss.ProximalLinear(), _OwnEvaluate()):
+        fake = SimpleNamespace(options=SimpleNamespace(kkt_tol=1e-4, feas_tol=1e-4), first=1,
+                               bound_scale=np.ones(1), builders=(builder, builder))
+        for tau, exact in ((6.5e8, False), (1.0, True)):
+            st = tuple(stats(tau))
+            values = np.array([ss.ProximalLinear().evaluate(s, w) for s in st])
+            grads = [ad.surrogate_gradient(s, w) for s in st]
+            err = max(np.max(np.abs(values - f)), np.max(np.abs(np.array(grads) - g)))
+            assert round_evaluation_exact(fake, st, w, values, grads) is exact
+            # what the refusal is about: the read values are that far off (or exact to
+            # rounding)
+            assert (err > 1e-6) if not exact else (err < 1e-9), err

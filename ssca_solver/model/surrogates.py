@@ -128,6 +128,21 @@ def recentre_quadratic(stats: Mapping[str, np.ndarray], center: np.ndarray) -> d
     return {"const": np.asarray(const), "lin": lin + 2.0 * quad * c, "quad": quad}
 
 
+def proximal_linear_statistics(value_sums, grads, n: int, w: np.ndarray, nt):
+    """(const, lin, quad) of :class:`ProximalLinear` over a batch of n rows: quad = n tau,
+    lin = g - 2 n tau w_t, const = v - g.w_t + n tau |w_t|^2 with v the sum of the values and
+    g = n grad the sum of the gradients. One function (``grads`` (d,), scalars ``value_sums``
+    and ``nt``) or K of them at once (``grads`` (K, d), ``value_sums`` and ``nt`` (K,): the
+    components of a vector function, :func:`ssca_solver.methods.ssca.client.block_statistics`)."""
+    lin = np.multiply(grads, n)                # g = n grad, the batch's gradient sums
+    const = value_sums - lin @ w + nt * (w @ w)
+    if lin.ndim == 1:
+        axpy(-2.0 * nt, w, lin)                # lin = g - 2 n tau w, in place
+    else:
+        lin -= 2.0 * np.multiply.outer(nt, w)
+    return const, lin, nt
+
+
 class ProximalLinear(SurrogateBuilder):
     """The proximal-linear surrogate of eqs. (fs0bar) and (fsmbar).
 
@@ -155,11 +170,8 @@ class ProximalLinear(SurrogateBuilder):
     def statistics(self, fn, w, X, y, tau, where):
         n = X.shape[0]
         values, grad = checked_value_and_grad(fn, w, X, y, where)
-        nt = n * tau
-        lin = np.multiply(grad, n)                 # g = n grad, the batch's gradient sum
-        const = values.sum() - lin @ w + nt * (w @ w)
-        axpy(-2.0 * nt, w, lin)                    # lin = g - 2 n tau w, in place
-        return {"const": np.asarray(const), "lin": lin, "quad": np.asarray(nt)}
+        const, lin, quad = proximal_linear_statistics(values.sum(), grad, n, w, n * tau)
+        return {"const": np.asarray(const), "lin": lin, "quad": np.asarray(quad)}
 
     def expression(self, stats, w, w_sq):
         return stats["quad"] * w_sq + stats["lin"] @ w + stats["const"]

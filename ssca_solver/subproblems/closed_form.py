@@ -286,9 +286,8 @@ def _maximise_dual(G, a0, a, d, c, start, tol, max_iter, diag, a0v, b0v, Ac, Bc,
             pg = np.abs(nu - np.minimum(np.maximum(nu + grad, lower), c))
             residual = float(np.max(pg))
             out = np.flatnonzero(~inside & (pg > tol))
-            if out.size == 0 and np.isfinite(residual):
-                if residual <= tol or inside.all():
-                    break
+            if out.size == 0 and residual <= tol:
+                break
             if out.size:
                 room = max(WORKING_SET_MIN - int(inside.sum()), int(inside.sum()), 1)
                 inside[out[np.argsort(-pg[out], kind="stable")[:room]]] = True

@@ -60,8 +60,8 @@ def with_pair(cfg: Settings, state: SSCAState, stats) -> SSCAState:
     if float(np.linalg.norm(s)) <= qn.MIN_STEP * max(1.0, float(np.linalg.norm(state.w))):
         return state
     weights = np.concatenate(([1.0] * cfg.first, np.asarray(state.nu, dtype=float)))
-    now, before = (mt.stacked_quadratics(cfg.builders, stats),
-                   mt.stacked_quadratics(cfg.builders, state.prev_stats))
+    now, before = (mt.stacked_quadratics(cfg, stats),
+                   mt.stacked_quadratics(cfg, state.prev_stats))
     if now is not None and before is not None:
         # y = sum_m nu_m (2 a_m w + b_m - 2 a'_m w' - b'_m), as two products
         y = (2.0 * float(weights @ now[0]) * state.w + weights @ now[1]

@@ -314,7 +314,7 @@ class SSCA(Method):
         from ...diagnostics.evaluation import Evaluation
 
         w = after.prev_w
-        read = merit_mod.read_quadratics(cfg.builders, after.prev_stats, w)
+        read = merit_mod.read_quadratics(cfg, after.prev_stats, w)
         if read is None:
             grads = [ad.surrogate_gradient(st, w) for st in after.prev_stats]
             if any(g is None for g in grads):
@@ -421,10 +421,9 @@ def round_evaluation_exact(cfg: Settings, stats, w, values, grads) -> bool:
     wn = float(np.linalg.norm(w))
     k = cfg.first
     gmax = float(np.max(np.linalg.norm(np.asarray(grads), axis=1)))
-    if all(np.ndim(st["quad"]) == 0 for st in stats):         # the same tests, at once
-        quad = np.abs(np.array([float(st["quad"]) for st in stats]))
-        lin = np.linalg.norm(np.array([st["lin"] for st in stats], dtype=float), axis=1)
-        const = np.abs(np.array([float(st.get("const", 0.0)) for st in stats]))
+    forms = merit_mod.stacked_quadratics(cfg, stats)
+    if forms is not None:                                      # the same tests, at once
+        quad, lin, const = np.abs(forms[0]), np.linalg.norm(forms[1], axis=1), np.abs(forms[2])
         value_err = ad.ROUND_EVAL_EPS * (quad * wn * wn + lin * wn + const)
         grad_err = ad.ROUND_EVAL_EPS * (2.0 * quad * wn + lin)
         return bool(np.all(grad_err <= ad.ROUND_EVAL_SHARE * o.kkt_tol * gmax)

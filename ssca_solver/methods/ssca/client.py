@@ -11,6 +11,7 @@ import numpy as np
 
 from ...errors import UserFunctionError, not_finite_at_point
 from ...model.functions import checked_hess
+from ...model.surrogates import ProximalLinear, proximal_linear_statistics
 from ...federated.messages import Request, optional_int, own_factor, secagg_active
 from . import adaptive as ad
 from .step import pack_statistics
@@ -55,8 +56,6 @@ def component_blocks(functions, builders) -> list:
     """Runs of at least two consecutive functions that are components of one
     :class:`~ssca_solver.VectorSampleFunction` with the proximal-linear builder (its own
     ``statistics``): [(vector, [m, ...], [k, ...])]."""
-    from ...model.surrogates import ProximalLinear
-
     blocks, run = [], []
 
     def close():
@@ -95,12 +94,9 @@ def block_statistics(blocks, functions, builders, w, X, y, tau: float) -> dict:
             continue
         taus = np.array([builders[m].tau if builders[m].tau is not None else tau for m in ms],
                         dtype=float)
-        lin = G * n                                  # g = n grad, the batch's gradient sums
-        nt = n * taus
-        const = sums - lin @ w + nt * float(w @ w)
-        lin -= 2.0 * nt[:, None] * w
+        const, lin, quad = proximal_linear_statistics(sums, G, n, w, n * taus)
         for i, m in enumerate(ms):
-            out[m] = {"const": np.asarray(const[i]), "lin": lin[i], "quad": np.asarray(nt[i])}
+            out[m] = {"const": np.asarray(const[i]), "lin": lin[i], "quad": np.asarray(quad[i])}
     return out
 
 

@@ -13,40 +13,48 @@ from . import adaptive as ad
 from .settings import Settings
 
 
-def stacked_quadratics(builders, stats):
+def stacked_quadratics(cfg: Settings, stats):
     """(a, B, c): every function's surrogate a_m |w|^2 + b_m.w + c_m as arrays over the
     functions (B's rows the b_m), when every builder is proximal-linear in form (its own
     ``evaluate`` the proximal-linear one, a scalar curvature); None otherwise. What the
-    per-function loops below read, as one matrix for their products."""
+    per-function loops below read, as one matrix for their products; stacked once per
+    statistics tuple (``cfg.forms``, when the settings have that cache)."""
     from ...model.surrogates import ProximalLinear
 
     if not all(type(b).evaluate is ProximalLinear.evaluate and b.scalar_curvature
-               for b in builders):
+               for b in cfg.builders):
         return None
-    return (np.array([float(st["quad"]) for st in stats]),
-            np.array([st["lin"] for st in stats], dtype=float),
-            np.array([float(st["const"]) for st in stats]))
+
+    def make():
+        return (np.array([float(st["quad"]) for st in stats]),
+                np.array([st["lin"] for st in stats], dtype=float),
+                np.array([float(st["const"]) for st in stats]))
+
+    cache = getattr(cfg, "forms", None)
+    return make() if cache is None else cache.get(stats, make)
 
 
-def read_quadratics(builders, stats, w):
+def _values(forms, w: np.ndarray) -> np.ndarray:
+    """p_m(w) = a_m |w|^2 + b_m.w + c_m of every function, from :func:`stacked_quadratics`."""
+    quad, lin, const = forms
+    return quad * float(w @ w) + lin @ w + const
+
+
+def read_quadratics(cfg: Settings, stats, w):
     """(values, gradients) of the surrogates at w, p_m(w) and 2 a_m w + b_m, from
     :func:`stacked_quadratics` (None where it gives None: read each function on its own)."""
-    forms = stacked_quadratics(builders, stats)
+    forms = stacked_quadratics(cfg, stats)
     if forms is None:
         return None
-    quad, lin, const = forms
-    return quad * float(w @ w) + lin @ w + const, 2.0 * quad[:, None] * w + lin
+    return _values(forms, w), 2.0 * forms[0][:, None] * w + forms[1]
 
 
 def merit(cfg: Settings, stats, w: np.ndarray, penalty: float) -> float:
     """F_0 + R + c sum (F_m - U_m)_+ (c |F_m - U_m| for an equality) at w from full-batch
     statistics taken at w: the exact penalty of Problem 5."""
-    forms = stacked_quadratics(cfg.builders, stats)
-    if forms is None:
-        values = [b.evaluate(st, w) for b, st in zip(cfg.builders, stats)]
-    else:
-        quad, lin, const = forms
-        values = quad * float(w @ w) + lin @ w + const
+    forms = stacked_quadratics(cfg, stats)
+    values = (_values(forms, w) if forms is not None
+              else [b.evaluate(st, w) for b, st in zip(cfg.builders, stats)])
     k = cfg.first
     det = (cfg.ridge * float(w @ w) if cfg.ridge is not None
            else cfg.problem.deterministic.value(w))
@@ -68,7 +76,7 @@ def rose(cfg: Settings, value: float, reference: float, stats, w: np.ndarray) ->
 
 def size(cfg: Settings, stats, w: np.ndarray) -> float:
     """The size of the terms the merit is computed from (its rounding is ~1e-16 of it)."""
-    forms = stacked_quadratics(cfg.builders, stats)
+    forms = stacked_quadratics(cfg, stats)
     if forms is not None:
         quad, lin, const = forms
         return float(np.sum(np.abs(quad) * float(w @ w) + np.abs(lin @ w) + np.abs(const)))

@@ -51,6 +51,29 @@ class ModelCache:
         self._key, self._model = model.S, model
 
 
+class FormsCache:
+    """Every function's surrogate a_m |w|^2 + b_m.w + c_m stacked over the functions
+    (:func:`.merit.stacked_quadratics`) for the last few statistics tuples: a round reads the
+    same (immutable) statistics in the merit, its rounding size, the quasi-Newton pair and
+    the read-off evaluation. A cache of values derived from the statistics, not memory:
+    dropping it changes nothing but time."""
+
+    KEEP = 4
+
+    def __init__(self):
+        self._held: list = []
+
+    def get(self, stats, make):
+        """The forms of ``stats`` (a tuple, compared by identity), made by ``make()`` once."""
+        for held, forms in self._held:
+            if held is stats:
+                return forms
+        forms = make()
+        if isinstance(stats, tuple):
+            self._held = [(stats, forms)] + self._held[:self.KEEP - 1]
+        return forms
+
+
 @dataclass(frozen=True)
 class Settings:
     """The fixed settings of one solve by SSCA (see the module docstring).
@@ -78,7 +101,7 @@ class Settings:
       qn_memory: the quasi-Newton pairs kept.
       rho, gamma: the resolved schedules; ``participation``: K / I.
       own_curvature: the builders with a curvature of their own (scaled by kappa).
-      models: the :class:`ModelCache`.
+      models: the :class:`ModelCache`; forms: the :class:`FormsCache`.
     """
 
     problem: Any
@@ -111,6 +134,7 @@ class Settings:
     participation: float
     own_curvature: tuple
     models: ModelCache
+    forms: FormsCache
 
     @classmethod
     def build(cls, problem, *, builders, subproblem, options, rho, gamma,
@@ -153,7 +177,7 @@ class Settings:
             qn_memory=qn.memory_for(problem.dim), rho=rho, gamma=gamma,
             participation=float(participation),
             own_curvature=tuple(m for m, b in enumerate(builders) if ad.own_curvature(b)),
-            models=ModelCache())
+            models=ModelCache(), forms=FormsCache())
 
     # -- the regime of a round, from the state ---------------------------------------------------
     def batch(self, state) -> Optional[int]:
