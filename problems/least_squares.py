@@ -108,6 +108,36 @@ def ill_conditioned(cond: float, d: int = 20, n: int = 2000, clients: int = 8, s
     return prob, X, y, target, r
 
 
+def spiked(d: int = 600, n: int = 2000, spikes: int = 6, cond: float = 1e3, clients: int = 4,
+           seed: int = 0, products: bool = True):
+    """Least squares whose features have ``spikes`` directions of variance up to ``cond``
+    above a flat bulk of variance 1 (a Hessian of low effective rank: the sketch's family),
+    with the same equality and ball as :func:`ill_conditioned`; every function gives its
+    Hessian's products with a matrix (``hessp``; with ``products=False`` the objective its
+    whole ``hess`` instead). Returns (problem, X, y, target, r)."""
+    rng = np.random.default_rng(seed)
+    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    scale = np.ones(d)
+    scale[:spikes] = np.sqrt(cond) * np.linspace(1.0, 0.3, spikes)
+    X = (rng.standard_normal((n, d)) * scale) @ V.T
+    wstar = rng.standard_normal(d) / np.sqrt(d)
+    y = X @ wstar + 0.1 * rng.standard_normal(n)
+    data = ss.FederatedData.split(X, y, num_clients=clients, seed=seed)
+    curv = ({"hessp": lambda w, X, y, V: X.T @ (X @ V) / len(X)} if products
+            else {"hess": lambda w, X, y: X.T @ X / len(X)})
+    lsq = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                            lambda w, X, y: X.T @ (X @ w - y) / len(X), name="lsq",
+                            convexity="convex", **curv)
+    mean = ss.SampleFunction(lambda w, X, y: X @ w, lambda w, X, y: X.mean(0), name="mean",
+                             hessp=lambda w, X, y, V: np.zeros_like(V), convexity="affine")
+    norm = ss.SampleFunction(lambda w, X, y: np.full(len(X), w @ w), lambda w, X, y: 2 * w,
+                             name="norm", hessp=lambda w, X, y, V: 2.0 * V,
+                             convexity="convex")
+    target, r = float(X.mean(0) @ (0.5 * wstar)), 0.8 * float(wstar @ wstar)
+    prob = ss.Problem(lsq, [mean == target, norm <= r], dim=d, data=data)
+    return prob, X, y, target, r
+
+
 def ill_conditioned_reference(X, y, target: float, r: float) -> np.ndarray:
     """The pooled optimum of :func:`ill_conditioned`, to the precision the rows allow: the
     equality is eliminated (w = w0 + Z z, Z an orthonormal basis of a's null space, a the mean

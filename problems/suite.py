@@ -207,8 +207,21 @@ def softmax_loss(num_classes: int, only_class: int | None = None, class_fraction
         P[np.arange(len(y)), y.astype(int)] -= 1.0
         return ((weights(y)[:, None] * P).T @ X).ravel() / X.shape[0]
 
+    def hessp(w, X, y, V):
+        # the Hessian of the weighted mean times V's columns: row by row
+        # (diag(P) - P P') (x) x x', applied to each column as a (K, p) matrix
+        Z = X @ w.reshape(K, -1).T
+        P = np.exp(Z - logsumexp(Z, axis=1, keepdims=True))               # (n, K)
+        k = V.shape[1]
+        dZ = np.einsum("np,jcp->njc", X, V.T.reshape(k, K, -1))            # (n, k, K)
+        PdZ = P[:, None, :] * dZ
+        R = PdZ - P[:, None, :] * PdZ.sum(axis=2, keepdims=True)
+        R *= weights(y)[:, None, None]
+        return np.einsum("njc,np->jcp", R, X).reshape(k, -1).T / X.shape[0]
+
     return ss.SampleFunction(value, grad, name=name or (
-        "cross-entropy" if only_class is None else f"cross-entropy[class {only_class}]"))
+        "cross-entropy" if only_class is None else f"cross-entropy[class {only_class}]"),
+        hessp=hessp)
 
 
 # -- data -------------------------------------------------------------------------------------------

@@ -150,9 +150,10 @@ def test_the_option_picks_newton_only_where_every_function_has_a_hess():
                               lambda w, X, y: X.T @ (X @ w - y) / len(X), name="plain")
     without = ss.Problem(plain, dim=5, data=data)
     assert SSCA.parse(without, {}).hessian == "lbfgs"
-    with pytest.raises(ValueError, match="plain has none"):
+    with pytest.raises(ValueError, match="plain has neither"):
         SSCA.parse(without, {"hessian": "newton"})
-    # above 256 variables "auto" keeps the quasi-Newton model (the floats of a Hessian)
+    # above 256 variables "auto" keeps the quasi-Newton model (the floats of a Hessian; the
+    # sketch only when asked for, tests/test_sketch.py)
     rng = np.random.default_rng(0)
     wide = ss.FederatedData([(rng.normal(size=(3, 300)), rng.normal(size=3))])
     big = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,

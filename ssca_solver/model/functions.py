@@ -36,6 +36,14 @@ class SampleFunction:
         When every stochastic function has one and d is small enough, full-batch rounds carry
         it and the server's step is Newton's SQP step (``hessian="auto"``, see
         :class:`~ssca_solver.SSCAOptions`) instead of a quasi-Newton one.
+      hessp: optional ``hessp(w, X, y, V) -> ndarray (d, k)``, the same Hessian (or
+        approximation) times the k columns of ``V`` (d, k), without forming it: e.g.
+        ``X.T @ (s[:, None] * (X @ V)) / n`` for a generalised linear model. Above the size
+        where whole Hessians are sent, full-batch rounds carry the Hessian's products with k
+        server-chosen directions, the statistics of a randomized Nystrom sketch of the
+        Lagrangian's Hessian (``hessian="sketch"``); a function with only ``hess`` is
+        multiplied by V on the client, and one with only ``hessp`` gives its whole Hessian
+        as ``hessp(w, X, y, I)`` where that is sent.
       convexity: optional declaration of how f(w, x) depends on w for every row x, in CVXPY's
         words: "convex", "concave" or "affine" (None: unknown, the default). When the
         objective is convex, every inequality's function convex and every equality's affine
@@ -50,10 +58,12 @@ class SampleFunction:
     """
 
     convexity: Optional[str] = None
+    hessp: Optional[Callable] = None
 
     def __init__(self, value: Callable, grad: Callable, name: Optional[str] = None,
                  surrogate=None, value_and_grad: Optional[Callable] = None,
-                 hess: Optional[Callable] = None, convexity: Optional[str] = None):
+                 hess: Optional[Callable] = None, convexity: Optional[str] = None,
+                 hessp: Optional[Callable] = None):
         if not callable(value) or not callable(grad):
             raise TypeError("SampleFunction needs callables value(w, X, y) and grad(w, X, y)")
         self.value = value
@@ -66,6 +76,9 @@ class SampleFunction:
         if hess is not None and not callable(hess):
             raise TypeError("hess must be callable(w, X, y) -> (d, d) Hessian of the batch mean")
         self.hess = hess
+        if hessp is not None and not callable(hessp):
+            raise TypeError("hessp must be callable(w, X, y, V) -> (d, k) Hessian times V")
+        self.hessp = hessp
         self.convexity = checked_convexity(convexity)
 
     @classmethod
@@ -115,6 +128,7 @@ class SampleFunction:
                              f"({self.surrogate!r}) whose curvature would change sign; write "
                              "the constraint as g <= U with g and its surrogate defined directly")
         value, grad, vg, hess = self.value, self.grad, self.value_and_grad, self.hess
+        hessp = self.hessp
 
         def neg_vg(w, X, y):
             v, g = vg(w, X, y)
@@ -126,7 +140,9 @@ class SampleFunction:
                               value_and_grad=None if vg is None else neg_vg,
                               hess=None if hess is None else
                               (lambda w, X, y: -np.asarray(hess(w, X, y), dtype=float)),
-                              convexity=NEGATED[self.convexity])
+                              convexity=NEGATED[self.convexity],
+                              hessp=None if hessp is None else
+                              (lambda w, X, y, V: -np.asarray(hessp(w, X, y, V), dtype=float)))
 
     __hash__ = object.__hash__
 
@@ -257,6 +273,39 @@ def checked_hess(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray:
                                 f"shape ({d}, {d}); got shape {H.shape} on {where}")
     if not np.all(np.isfinite(H)):
         raise UserFunctionError(f"{fn.name}.hess returned a non-finite entry on {where}")
+    return 0.5 * (H + H.T)
+
+
+def has_curvature(fn) -> bool:
+    """Whether ``fn`` gives its Hessian: a ``hess`` or a ``hessp``."""
+    return fn.hess is not None or getattr(fn, "hessp", None) is not None
+
+
+def checked_hessp(fn: SampleFunction, w, X, y, V: np.ndarray, where: str) -> np.ndarray:
+    """The batch mean's Hessian times the columns of ``V`` (d, k): ``fn.hessp`` when it has
+    one (shape (d, k) and finiteness checked), else ``fn.hess`` (checked) times V."""
+    hessp = getattr(fn, "hessp", None)
+    if hessp is None:
+        return checked_hess(fn, w, X, y, V.shape[0], where) @ V
+    try:
+        P = np.asarray(hessp(w, X, y, V), dtype=float)
+    except Exception as exc:
+        raise UserFunctionError(f"{fn.name}.hessp raised on {where}: {exc!r}") from exc
+    if P.shape != V.shape:
+        raise UserFunctionError(f"{fn.name}.hessp(w, X, y, V) must return the Hessian of the "
+                                f"batch mean times V, of V's shape {V.shape}; got shape "
+                                f"{P.shape} on {where}")
+    if not np.all(np.isfinite(P)):
+        raise UserFunctionError(f"{fn.name}.hessp returned a non-finite entry on {where}")
+    return P
+
+
+def whole_hessian(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray:
+    """The batch mean's (d, d) Hessian, symmetric: ``fn.hess``, or ``fn.hessp`` of the
+    identity."""
+    if fn.hess is not None:
+        return checked_hess(fn, w, X, y, d, where)
+    H = checked_hessp(fn, w, X, y, np.eye(d), where)
     return 0.5 * (H + H.T)
 
 

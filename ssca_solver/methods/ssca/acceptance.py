@@ -87,11 +87,19 @@ def _with_model_pair(cfg: Settings, state: SSCAState, s, y) -> SSCAState:
     return state._replace(qn_s=kept.S, qn_y=kept.Y)
 
 
+def sketch_of(cfg: Settings, state: SSCAState) -> np.ndarray:
+    """The k directions (rows) whose Hessian products the round at ``state`` asks for
+    (:func:`.newton.sketch_directions`; the same in the request and in the step)."""
+    rows = state.hess if state.hess_eig.size else np.zeros((0, state.w.size))
+    return newton.sketch_directions(cfg.sketch_rank, state.t + 1, state.w, state.prev_w, rows)
+
+
 def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
     """The state with the Newton model of the accepted point w_t: the Hessian of the
     Lagrangian F_0 + sum_m nu_m F_m there (nu: the multipliers of the subproblem that gave
-    w_t) from the round's full-data Hessians (:func:`.newton.lagrangian_hessian`); the state
-    as it was when the round brought none (a client without them)."""
+    w_t) from the round's full-data Hessians (:func:`.newton.lagrangian_hessian`), or its
+    sketch from their products with the round's directions (:func:`.newton.sketch_model`);
+    the state as it was when the round brought none (a client without them)."""
     if not curvature or len(curvature) != len(cfg.builders) or state.metric.size:
         return state
     # an inequality the last subproblem left inactive gets its curvature in its own surrogate
@@ -101,9 +109,21 @@ def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
     # towards it are half of Newton's (linear convergence at rate 1/2)
     nu = np.where(inactive_inequalities(cfg, state.nu), 0.0, np.asarray(state.nu, dtype=float))
     H = newton.lagrangian_hessian(curvature, nu, cfg.first, state.w.size)
+    if cfg.sketch_rank:
+        omega = sketch_of(cfg, state)
+        # each constraint's largest curvature on the directions (a Ritz value: at most its
+        # largest eigenvalue)
+        top = np.array([max(0.0, float(np.linalg.eigvalsh(
+            _symmetric(omega @ curvature[cfg.first + j].T))[-1])) for j in range(cfg.M)])
+        U, eig = newton.sketch_model(omega, H)
+        return state._replace(hess=U, hess_eig=eig, curv_top=top)
     top = np.array([max(0.0, float(np.linalg.eigvalsh(curvature[cfg.first + j])[-1]))
                     for j in range(cfg.M)])
     return state._replace(hess=H, curv_top=top)
+
+
+def _symmetric(A: np.ndarray) -> np.ndarray:
+    return 0.5 * (A + A.T)
 
 
 #: a constraint whose multiplier is below this share of the largest counts as inactive for
@@ -403,7 +423,8 @@ def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse):
         k = max(k, delta / max(cfg.tau_of(state), 1e-300))
         scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
         start = start._replace(qn_s=np.zeros((0, 0)), qn_y=np.zeros((0, 0)),
-                               hess=np.zeros((0, 0)), curv_top=np.zeros(0))
+                               hess=np.zeros((0, 0)), hess_eig=np.zeros(0),
+                               curv_top=np.zeros(0))
         new, info = ssca_step.move(start, scaled, 1.0, 1.0, cfg.subproblem)
         warnings.warn(f"round {state.t + 1}: the subproblem with the quasi-Newton model "
                       "failed; the round's step was taken without it and the model was "

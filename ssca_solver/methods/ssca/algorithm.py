@@ -36,7 +36,7 @@ from . import state as ssca_state
 from . import step as ssca_step
 from . import merit as merit_mod
 from .merit import lagrangian_gradient
-from .client import NONFINITE, REJECT_NONFINITE, TASK, SSCARoundTask
+from .client import NONFINITE, REJECT_NONFINITE, SKETCH, TASK, SSCARoundTask
 from .options import SSCAOptions
 from .settings import Settings
 from .state import SSCAState
@@ -80,9 +80,10 @@ class SSCA(Method):
         self.kkt_solver = options.solver
         self.eval_budget = options.eval_budget
         # the quasi-Newton pairs take 2 * memory rows of d floats in a checkpoint, the Newton
-        # model's Hessian d rows
+        # model's Hessian d rows, its sketch k
         self.state_rows = max(2 * self.config.qn_memory,
-                              problem.dim + 2 if self.config.newton else 0)
+                              (self.config.sketch_rank or problem.dim) + 2
+                              if self.config.newton else 0)
         self.columns = {"rho": (), "gamma": (), "penalty": (), "slack": (self.config.M,),
                         "multipliers": (self.config.M,), "surrogate_value": (),
                         "step_norm": (), "retries": (), "inaccurate": (), "batch_size": (),
@@ -187,9 +188,12 @@ class SSCA(Method):
             # a trial point where a function is not finite is a rejected step, not an error:
             # the backtracking goes back to the last accepted point (which has statistics)
             config[REJECT_NONFINITE] = True
+        arrays = {}
         if cfg.newton and cfg.backtracking(state):
             config["curvature"] = True         # the Newton model's statistics
-        return Request(TASK, state.t + 1, state.w, config)
+            if cfg.sketch_rank:                # ... as products with these directions
+                arrays[SKETCH] = acceptance.sketch_of(cfg, state)
+        return Request(TASK, state.t + 1, state.w, config, arrays)
 
     def tentative(self, state) -> bool:
         """On full batches w_t is a trial point until the next round's merit test accepts
@@ -341,7 +345,8 @@ class SSCA(Method):
         return state.metric
 
     def kkt_hessian(self, state):
-        return state.hess if self.config.newton and np.size(state.hess) else None
+        return (state.hess if self.config.newton and not self.config.sketch_rank
+                and np.size(state.hess) else None)
 
     @property
     def num_stages(self) -> int:

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import UserFunctionError, not_finite_at_point
-from ...model.functions import checked_hess
+from ...model.functions import checked_hessp, whole_hessian
 from ...model.surrogates import ProximalLinear, proximal_linear_statistics
 from ...federated.messages import Request, optional_int, own_factor, secagg_active
 from . import adaptive as ad
@@ -24,8 +24,11 @@ REJECT_NONFINITE = "reject_nonfinite"
 #: the reply array of a client whose functions were not finite at the point
 NONFINITE = "nonfinite"
 #: request config: send each function's curvature (``CURVATURE`` + m: the packed upper
-#: triangle of the sum over the batch's rows of its Hessian, :func:`pack_symmetric`)
+#: triangle of the sum over the batch's rows of its Hessian, :func:`pack_symmetric`; with
+#: the request array ``SKETCH``, the (k, d) sums of its Hessian times each of those rows)
 CURVATURE = "curv:"
+#: request array: the k directions (rows, (k, d)) of the Hessian's sketch (:mod:`.newton`)
+SKETCH = "sketch"
 
 
 @functools.lru_cache(maxsize=8)
@@ -109,7 +112,8 @@ class SSCARoundTask:
     without their own), ``noise`` (also send, per function, the squared difference of the
     batch halves' mean gradients, ``"noise:m"``: adaptive sampling), ``curvature`` (also send,
     per function, the sum over the batch's rows of its Hessian at w_t, packed: ``"curv:m"``,
-    the statistics of the server's Newton model) and ``reject_nonfinite`` (a function that is
+    the statistics of the server's Newton model; with the request array ``"sketch"`` (k, d),
+    its Hessian times each of those k directions instead, (k, d) rows) and ``reject_nonfinite`` (a function that is
     not finite at w_t is answered with the one array ``"nonfinite"`` instead of an error: the
     backtracking's trial point is rejected).
     """
@@ -125,6 +129,8 @@ class SSCARoundTask:
         where = f"client {client.index}, round {request.round}"
         noisy = bool(request.config.get("noise")) and b < client.num_rows
         stats, noise, curvature = [], [], {}
+        sketch = request.arrays.get(SKETCH) if request.config.get("curvature") else None
+        omega = None if sketch is None else np.asarray(sketch, dtype=float).T     # (d, k)
         # consecutive components of one VectorSampleFunction: their statistics at once
         # (not with the noise split or the curvature, which go function by function)
         read = ({} if noisy or request.config.get("curvature")
@@ -141,8 +147,11 @@ class SSCARoundTask:
                     noise.append(v)
                 else:
                     stats.append(builder.statistics(fn, request.w, X, y, t, where))
-                if request.config.get("curvature"):
-                    H = checked_hess(fn, request.w, X, y, request.w.size, where)
+                if omega is not None:
+                    P = checked_hessp(fn, request.w, X, y, omega, where)
+                    curvature[f"{CURVATURE}{m}"] = np.ascontiguousarray(P.T * X.shape[0])
+                elif request.config.get("curvature"):
+                    H = whole_hessian(fn, request.w, X, y, request.w.size, where)
                     curvature[f"{CURVATURE}{m}"] = pack_symmetric(H * X.shape[0])
         except UserFunctionError as exc:
             # a trial point of the backtracking outside a function's domain (overflow, log of

@@ -158,6 +158,11 @@ ADVICE = {
         "more rounds (max_iter); the batches are already full and the steps are Newton SQP "
         "steps from the clients' Hessians, whose progress the rounds limit; a penalty far "
         "below the multipliers, or a start far from a KKT point, makes them slow"),
+    "full_sketch": (
+        "more rounds (max_iter); the batches are already full and the steps are SQP steps "
+        "from a sketch of the clients' Hessians (hessian='sketch'), whose progress the "
+        "rounds limit; many eigenvalues of similar size below the sketch's leading ones slow "
+        "them, and hessian='newton' sends the whole Hessians where d allows"),
     "full_lbfgs": (
         "more rounds (max_iter); the batches are already full and the steps are "
         "quasi-Newton (L-BFGS) SQP steps, whose progress the rounds limit; a nearly flat "
@@ -360,6 +365,8 @@ def _advice(cfg, state, history, feasibility: bool, ever_feasible: bool) -> str:
         return "sampled_clients"
     if adaptive and full_at_end and o.hessian == "newton" and state.hess.size:
         return "full_newton"
+    if adaptive and full_at_end and o.hessian == "sketch" and state.hess.size:
+        return "full_sketch"
     if adaptive and full_at_end and o.hessian == "lbfgs" and state.qn_s.size:
         return "full_lbfgs"
     if adaptive and full_at_end:

@@ -18,6 +18,19 @@ interface), so every round is an SQP step (Nocedal & Wright, ch. 18) with the li
 constraints of Problem 5 and the same exact-penalty backtracking (:mod:`.acceptance`). With
 the exact Hessian the steps converge quadratically near a KKT point whatever the conditioning
 of the problem, where first-order and quasi-Newton rounds slow down with it.
+
+Above the size where whole Hessians are worth their floats (``hessian="sketch"``), the
+request carries k orthonormal directions Omega (k x d, :func:`sketch_directions`: the last
+model's leading eigenvectors, the last step and fresh Gaussian ones) and each client sends
+each function's Hessian times them, k d floats (``"curv:m"``, rows H_m omega_j). Their sum
+Y = L Omega' with the same weights nu gives the randomized Nystrom approximation
+Y (Omega Y')^+ Y' of the Lagrangian's Hessian L (Tropp, Yurtsever, Udell & Cevher 2017,
+stabilised by a shift; Rayleigh-Ritz, eigenvalues by their absolute values, where Omega L
+Omega' is indefinite), and the model is that approximation on its range with the smallest
+of its k eigenvalues on the complement (the Nystrom preconditioner of Frangella, Tropp &
+Udell 2023): :class:`SketchModel`, B = rho I + U' diag(lambda - rho) U. The directions carry
+the leading eigenvectors forward, so successive rounds refine them as a subspace iteration
+would.
 """
 
 from __future__ import annotations
@@ -28,6 +41,12 @@ from .client import CURVATURE, unpack_symmetric
 
 #: the model's smallest eigenvalue is at least this fraction of its largest
 EIGEN_FLOOR = 1e-12
+#: the sketch's fresh Gaussian directions each round (the rest: the last model's leading
+#: eigenvectors and the last step)
+SKETCH_FRESH = 2
+#: the random stream of the sketch's Gaussian directions (with the round: reproducible,
+#: and the same after a checkpoint's resume)
+SKETCH_SEED = 0x5C7
 
 
 class NewtonModel:
@@ -65,11 +84,102 @@ class NewtonModel:
         return self.V.T
 
 
+class SketchModel:
+    """The positive definite model B = rho I + U' diag(lambda - rho) U of a sketch of the
+    Lagrangian's Hessian (module docstring): ``U`` (k, d) orthonormal rows, ``eig`` the k
+    eigenvalues lambda (descending, each >= rho) followed by rho. The interface of
+    :class:`NewtonModel`; ``delta`` = rho, the eigenvalue on the complement of U's rows."""
+
+    def __init__(self, U: np.ndarray, eig: np.ndarray):
+        self.S = U                       # the state's array this model was built from
+        self.U = np.asarray(U, dtype=float)
+        eig = np.asarray(eig, dtype=float)
+        self.eigenvalues, self.delta = eig[:-1], float(eig[-1])
+        self._excess = self.eigenvalues - self.delta
+
+    def __len__(self) -> int:
+        return self.U.shape[0]
+
+    def matvec(self, v: np.ndarray) -> np.ndarray:
+        return self.delta * v + self.U.T @ (self._excess * (self.U @ v))
+
+    def matmat(self, V: np.ndarray) -> np.ndarray:
+        return self.delta * V + self.U.T @ (self._excess[:, None] * (self.U @ V))
+
+    def eigen(self) -> tuple:
+        """(eigenvalues, eigenvectors as columns) of B: U's rows, and a basis of their
+        complement (a complete QR) with eigenvalue rho."""
+        k, d = self.U.shape
+        Q, _ = np.linalg.qr(self.U.T, mode="complete")
+        return (np.concatenate([self.eigenvalues, np.full(d - k, self.delta)]),
+                np.hstack([self.U.T, Q[:, k:]]))
+
+    def directions(self) -> np.ndarray:
+        return self.U
+
+
+def sketch_directions(k: int, t: int, w: np.ndarray, prev_w: np.ndarray,
+                      model_rows: np.ndarray) -> np.ndarray:
+    """Omega (k, d), orthonormal rows: the directions whose Hessian products round ``t``
+    asks for at w: the leading rows of the last model (``model_rows``, eigenvectors by
+    descending eigenvalue; empty: none yet), the step w - prev_w, and Gaussian ones (at
+    least SKETCH_FRESH, from the round's own stream). A pure function of its arguments: the
+    request and the step that reads the replies build the same."""
+    d = w.size
+    rng = np.random.default_rng([SKETCH_SEED, int(t)])
+    cols = []
+    kept = min(len(model_rows), max(0, k - 1 - SKETCH_FRESH))
+    if kept:
+        cols.append(np.asarray(model_rows[:kept], dtype=float).T)
+    if len(prev_w) == d:
+        s = w - prev_w
+        if float(np.linalg.norm(s)) > 0.0:
+            cols.append(s[:, None])
+    fresh = k - sum(c.shape[1] for c in cols)
+    cols.append(rng.standard_normal((d, fresh)))
+    Q, _ = np.linalg.qr(np.hstack(cols))
+    return np.ascontiguousarray(Q.T)
+
+
+def sketch_model(omega: np.ndarray, Y: np.ndarray) -> tuple:
+    """(U (k, d), eig (k + 1,)) of :class:`SketchModel` from the directions ``omega`` (k, d,
+    orthonormal rows) and the Lagrangian's Hessian's products with them ``Y`` (k, d; rows
+    L omega_j): the stabilised Nystrom approximation when Omega L Omega' is positive
+    semidefinite, else Rayleigh-Ritz on Omega's rows with the eigenvalues' absolute values;
+    the complement's eigenvalue rho the smallest of the k, and every eigenvalue at least
+    EIGEN_FLOOR of the largest."""
+    k, d = omega.shape
+    T = omega @ Y.T
+    T = 0.5 * (T + T.T)
+    theta, Z = np.linalg.eigh(T)
+    top = float(np.max(np.abs(theta), initial=0.0))
+    U, lam = None, None
+    if theta[0] >= -1e-10 * top and top > 0.0:
+        shift = np.sqrt(d) * np.finfo(float).eps * float(np.linalg.norm(Y))
+        Ys = Y + shift * omega
+        core = omega @ Ys.T
+        try:
+            C = np.linalg.cholesky(0.5 * (core + core.T))
+        except np.linalg.LinAlgError:
+            C = None
+        if C is not None:
+            F = np.linalg.solve(C, Ys)                  # (k, d): B_nys = F' F
+            _, sv, Vt = np.linalg.svd(F, full_matrices=False)
+            U, lam = Vt, np.maximum(sv ** 2 - shift, 0.0)
+    if U is None:                                       # indefinite: Rayleigh-Ritz
+        order = np.argsort(-np.abs(theta))
+        U, lam = (omega.T @ Z[:, order]).T, np.abs(theta[order])
+    top = float(np.max(lam, initial=0.0))
+    floor = EIGEN_FLOOR * top if top > 0.0 else 1e-300
+    lam = np.maximum(lam, floor)
+    return np.ascontiguousarray(U), np.append(lam, lam[-1])
+
+
 def lagrangian_hessian(curvature: dict, nu: np.ndarray, first: int, d: int) -> np.ndarray:
     """H_0 + sum_m nu_m H_m from the round's full-data Hessians ``curvature`` (function index
     -> H), ``first`` the index of the first constraint (1 when the objective is stochastic)."""
     weights = np.concatenate(([1.0] * first, np.asarray(nu, dtype=float)))
-    total = np.zeros((d, d))
+    total = np.zeros_like(next(iter(curvature.values()))) if curvature else np.zeros((d, d))
     for m, H in curvature.items():
         if weights[m] != 0.0:
             total += weights[m] * H
@@ -78,12 +188,14 @@ def lagrangian_hessian(curvature: dict, nu: np.ndarray, first: int, d: int) -> n
 
 def take_curvature(arrays: dict, weight: float, total: dict, d: int) -> dict:
     """The reply's arrays without its curvature ones, whose matrices (times ``weight``, the
-    reply's aggregation weight) are added into ``total`` (function index -> H)."""
+    reply's aggregation weight) are added into ``total`` (function index -> H; a sketch's
+    (k, d) products as they came, a Hessian's packed triangle unpacked)."""
     kept = {}
     for key, value in arrays.items():
         if key.startswith(CURVATURE):
             m = int(key[len(CURVATURE):])
-            H = weight * unpack_symmetric(np.asarray(value, dtype=float), d)
+            value = np.asarray(value, dtype=float)
+            H = weight * (value if value.ndim == 2 else unpack_symmetric(value, d))
             total[m] = H if m not in total else total[m] + H
         else:
             kept[key] = value

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from ...engine import options as opt
 from ...errors import ModelError
+from ...model.functions import has_curvature
 from ...schedules import as_schedule
 
 
@@ -67,19 +68,26 @@ class SSCAOptions(opt.RunOptions):
       solver_options: dict of keyword arguments for that solver.
       surrogate_init: "tau" (Fbar^(0) = tau |w|^2, the paper's Section V convention, default)
         or "zero" (Fbar^(0) = 0, eq. (Fs0bar) as written); see PAPER_NOTES item 4.
-      hessian: "auto" (default), "newton", "lbfgs" or "none": the model of the Lagrangian's
-        Hessian that full batches with tau="auto" (the backtracking regime) add to the
-        objective's surrogate, making each round an SQP step with the same exact-penalty
-        backtracking. "newton": the clients send each function's Hessian at the round's point
-        (its ``hess``, :class:`~ssca_solver.SampleFunction`: d (d + 1) / 2 floats per function
-        per client per round) and the model is the full-data Hessian of the Lagrangian
+      hessian: "auto" (default), "newton", "sketch", "lbfgs" or "none": the model of the
+        Lagrangian's Hessian that full batches with tau="auto" (the backtracking regime) add
+        to the objective's surrogate, making each round an SQP step with the same
+        exact-penalty backtracking. "newton": the clients send each function's Hessian at
+        the round's point (its ``hess``, or ``hessp`` of the identity,
+        :class:`~ssca_solver.SampleFunction`: d (d + 1) / 2 floats per function per client
+        per round) and the model is the full-data Hessian of the Lagrangian
         F_0 + sum_m nu_m F_m, made positive definite (:mod:`ssca_solver.methods.ssca.newton`);
-        "lbfgs": a damped limited-memory BFGS model built from the gradients the rounds
-        already carry (:mod:`ssca_solver.methods.ssca.quasi_newton`); "auto": "newton" when
-        every stochastic function has a ``hess`` and d (d + 1) / 2 <= NEWTON_MAX_FLOATS
-        (d <= 256), else "lbfgs"; "none": the paper's first-order surrogates (eqs.
-        (fs0bar)/(fsmbar)) in every round. Sampled rounds, a fixed tau and a diagonal metric
-        always use the first-order surrogates.
+        "sketch": the clients send each function's Hessian times k directions the server
+        chooses (``hessp``, or ``hess`` times them: k d floats, k = :func:`sketch_rank`) and
+        the model is the randomized Nystrom approximation of the Lagrangian's Hessian on them
+        plus its k-th eigenvalue on the rest (:class:`~ssca_solver.methods.ssca.newton.
+        SketchModel`; it pays where the Hessian's spectrum falls fast, see
+        docs/solver-settings.md); "lbfgs": a damped limited-memory BFGS model built from the
+        gradients the rounds already carry (:mod:`ssca_solver.methods.ssca.quasi_newton`);
+        "auto": "newton" when every stochastic function has a ``hess`` and
+        d (d + 1) / 2 <= NEWTON_MAX_FLOATS (d <= 256), else "lbfgs";
+        "none": the paper's first-order surrogates (eqs. (fs0bar)/(fsmbar)) in every round.
+        Sampled rounds, a fixed tau and a diagonal metric always use the first-order
+        surrogates.
       eval_budget: "auto" (default), None, or the largest share b of the clients' work (rows
         read) the scheduled full-data evaluations may take, e.g. 0.15: one runs at a multiple
         of ``eval_every`` once the rounds since the last read N (1 - b) / b rows. None: one
@@ -173,21 +181,41 @@ AUTO_EVAL_BUDGET = 0.15
 
 #: the most floats of one function's curvature per client per round that hessian="auto" sends:
 #: d (d + 1) / 2 for d = 256, the floats of 128 gradients, where a Newton step saves the
-#: hundreds of first-order or quasi-Newton rounds an ill-conditioned problem costs
+#: hundreds of first-order or quasi-Newton rounds an ill-conditioned problem costs; above it
+#: the sketch's k d floats are held to the same budget (:func:`sketch_rank`)
 NEWTON_MAX_FLOATS = 256 * 257 // 2
+#: the fewest directions of the sketch (hessian="sketch"), whatever d
+SKETCH_MIN_RANK = 8
+#: the most directions of the sketch
+SKETCH_MAX_RANK = 64
+
+
+def sketch_rank(dim: int) -> int:
+    """k, the directions of the Hessian's sketch at ``dim`` variables: NEWTON_MAX_FLOATS / d
+    (the floats of the Newton model at d = 256), within [SKETCH_MIN_RANK, SKETCH_MAX_RANK]
+    and below d: 50 at d = 650, 32 at d = 1,000, 8 from d = 4,112 on."""
+    k = min(SKETCH_MAX_RANK, max(SKETCH_MIN_RANK, NEWTON_MAX_FLOATS // max(int(dim), 1)))
+    return max(1, min(k, int(dim) - 1))
 
 
 def _hessian(value, problem) -> str:
     """The model of the Lagrangian's Hessian the options ask for, "auto" resolved."""
     value = opt.choice("hessian", "none" if value is None else value,
-                       ("auto", "newton", "lbfgs", "none"))
-    missing = [f.name for f in problem.functions if f.hess is None]
-    if value == "newton" and missing:
-        raise ValueError(f"hessian='newton' needs every stochastic function's hess; "
-                         f"{', '.join(missing)} has none (SampleFunction(..., hess=...))")
+                       ("auto", "newton", "sketch", "lbfgs", "none"))
+    missing = [f.name for f in problem.functions if not has_curvature(f)]
+    if value in ("newton", "sketch") and missing:
+        raise ValueError(f"hessian={value!r} needs every stochastic function's hess or hessp; "
+                         f"{', '.join(missing)} has neither (SampleFunction(..., hess=...) or "
+                         "hessp=...)")
+    if value == "sketch" and problem.dim < 2:
+        raise ValueError("hessian='sketch' needs at least 2 variables (use 'newton')")
     if value == "auto":
+        # above NEWTON_MAX_FLOATS the quasi-Newton model, not the sketch: on the benchmarks'
+        # multinomial models the sketch took fewer rounds only where the Hessian's spectrum
+        # falls fast (docs/solver-settings.md has the figures)
         d = problem.dim
-        return "newton" if not missing and d * (d + 1) // 2 <= NEWTON_MAX_FLOATS else "lbfgs"
+        return ("newton" if all(f.hess is not None for f in problem.functions)
+                and d * (d + 1) // 2 <= NEWTON_MAX_FLOATS else "lbfgs")
     return value
 
 

@@ -15,7 +15,8 @@ from ...engine.options import ADAPTIVE_BATCHES
 from ...schedules import at_epochs, step_value
 from . import adaptive as ad
 from . import quasi_newton as qn
-from .newton import NewtonModel
+from .newton import NewtonModel, SketchModel
+from .options import sketch_rank
 from .quasi_newton import LBFGSModel
 
 
@@ -32,7 +33,8 @@ def first_batch(batch_size, sizes, dim: int) -> int:
 class ModelCache:
     """The model of the Lagrangian's Hessian the state holds, built once per state array (the
     solver, the rejection's tau and the fallback read it in the same round): the Newton model
-    of ``state.hess`` when it holds one, else the compact form of the quasi-Newton pairs. A
+    of ``state.hess`` when it holds one (its sketch, with ``state.hess_eig``), else the
+    compact form of the quasi-Newton pairs. A
     cache of a value derived from the state, not memory: dropping it changes nothing but
     time."""
 
@@ -42,8 +44,9 @@ class ModelCache:
     def __call__(self, state):
         source = state.hess if state.hess.size else state.qn_s
         if self._model is None or self._key is not source:
-            self.put(NewtonModel(state.hess) if state.hess.size
-                     else LBFGSModel(state.qn_s, state.qn_y))
+            self.put(LBFGSModel(state.qn_s, state.qn_y) if not state.hess.size
+                     else SketchModel(state.hess, state.hess_eig) if state.hess_eig.size
+                     else NewtonModel(state.hess))
         return self._model
 
     def put(self, model) -> None:
@@ -97,7 +100,7 @@ class Settings:
       unit_steps: rho = gamma = 1 on full batches (schedules not given).
       metric_ok, model_ok: the diagonal metric / a model of the Lagrangian's Hessian may
         apply; newton: that model is the clients' curvature (:mod:`.newton`), else the
-        quasi-Newton one.
+        quasi-Newton one; sketch_rank: the directions of its sketch (0: whole Hessians).
       qn_memory: the quasi-Newton pairs kept.
       rho, gamma: the resolved schedules; ``participation``: K / I.
       own_curvature: the builders with a curvature of their own (scaled by kappa).
@@ -128,6 +131,7 @@ class Settings:
     metric_ok: bool
     model_ok: bool
     newton: bool
+    sketch_rank: int
     qn_memory: int
     rho: Any
     gamma: Any
@@ -149,9 +153,9 @@ class Settings:
         adapt_tau = auto_tau and ad.adaptable(builders)
         unit_steps = bool(unit_steps)
         full_phase = auto_batch or batch_size is None
-        model_ok = (o.hessian in ("lbfgs", "newton") and unit_steps and adapt_tau
+        model_ok = (o.hessian in ("lbfgs", "newton", "sketch") and unit_steps and adapt_tau
                     and subproblem.supports_model and full_phase)
-        newton = model_ok and o.hessian == "newton"
+        newton = model_ok and o.hessian in ("newton", "sketch")
         return cls(
             problem=problem, builders=builders, subproblem=subproblem, options=o,
             penalties=tuple(float(c) for c in o.penalty), M=problem.num_constraints,
@@ -174,6 +178,7 @@ class Settings:
             # a model of the Lagrangian's Hessian in the backtracking regime, which keeps
             # every accepted step monotone in the exact penalty
             model_ok=model_ok, newton=newton,
+            sketch_rank=sketch_rank(problem.dim) if newton and o.hessian == "sketch" else 0,
             qn_memory=qn.memory_for(problem.dim), rho=rho, gamma=gamma,
             participation=float(participation),
             own_curvature=tuple(m for m, b in enumerate(builders) if ad.own_curvature(b)),

@@ -82,7 +82,10 @@ class SSCAState(NamedTuple):
       curvature: the probe's curvature along the gradient at x0 (NaN: not measured), from
         which round 1 sets ``kappa``.
       hess: the Newton model's Hessian of the Lagrangian at the last accepted full-batch point
-        (d x d; empty: none, or the quasi-Newton or first-order surrogates; :mod:`.newton`).
+        (d x d; empty: none, or the quasi-Newton or first-order surrogates; :mod:`.newton`),
+        or with ``hess_eig`` its sketch's eigenvectors (k x d, rows).
+      hess_eig: the sketch's k eigenvalues and the complement's (k + 1,; empty: no sketch;
+        :class:`~ssca_solver.methods.ssca.newton.SketchModel`).
       curv_top: under the Newton model, each constraint's largest Hessian eigenvalue (>= 0)
         there (M,; empty: none), the least curvature of its surrogate (:mod:`.acceptance`).
       memory: the adaptive defaults' counters and evidence (:class:`Memory`).
@@ -108,6 +111,7 @@ class SSCAState(NamedTuple):
     kappa: float = 1.0
     curvature: float = float("nan")
     hess: np.ndarray = np.zeros((0, 0))
+    hess_eig: np.ndarray = np.zeros(0)
     curv_top: np.ndarray = np.zeros(0)
     memory: Memory = Memory()
 
@@ -123,7 +127,9 @@ _SCALARS = {"t": int, "penalty": float, "batch": int, "tau": float, "noise": flo
             "since": int, "merit": float, "rejects": int, "shrink": float, "kappa": float,
             "curvature": float}
 #: the state's arrays of floats
-_ARRAYS = ("w", "nu", "prev_w", "metric", "qn_s", "qn_y", "hess", "curv_top")
+_ARRAYS = ("w", "nu", "prev_w", "metric", "qn_s", "qn_y", "hess", "hess_eig", "curv_top")
+#: arrays a checkpoint written before they existed lacks (their defaults are right there)
+_OPTIONAL = ("hess_eig",)
 #: the memory's scalar fields
 _MEMORY = {"tiny": int, "stall": int, "saturation": int, "c_too_small": bool,
            "corrected": bool, "nonfinite_trial": bool, "rejected_length": float,
@@ -175,7 +181,10 @@ def from_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[Sequence]) -> 
         return tuple(out)
 
     fields = {name: cast(need(name)) for name, cast in _SCALARS.items()}
-    fields.update({name: np.array(need(name), dtype=float) for name in _ARRAYS})
+    fields.update({name: np.array(need(name), dtype=float) for name in _ARRAYS
+                   if name not in _OPTIONAL})
+    fields.update({name: np.array(arrays[name], dtype=float) for name in _OPTIONAL
+                   if name in arrays})
     memory = Memory(**{name: cast(float(need(f"mem/{name}"))) for name, cast in _MEMORY.items()},
                     best_w=np.array(need("mem/best_w"), dtype=float),
                     best_stats=group("mem/best", False),
