@@ -592,6 +592,27 @@ def r_many_clients(d: dict) -> str:
             + figure("many_clients.png", "a round against the number of clients"))
 
 
+def r_sketch(d: dict) -> str:
+    def cell(rec):
+        if not rec:
+            return "not run"
+        err = rec.get("relative_error")
+        return (f"{rec['status']}, {rec['rounds']} rounds, {rec['wall']:.1f} s, "
+                f"{rec['floats_up'] / 1e6:.1f}M floats"
+                + (f", error {err:.1e}" if err is not None else ""))
+
+    rows = [[r["name"], str(r["k"]), cell(r["sketch"]), cell(r["lbfgs"]), cell(r.get("newton")),
+             num(r["rounds_sketch_over_lbfgs"])] for r in d.get("results", [])]
+    return ("`hessian=\"sketch\"` (k directions' Hessian products a round, a randomized "
+            "Nystrom model) against `\"lbfgs\"` (what `\"auto\"` picks above d = 256) and "
+            "the whole Hessians (`\"newton\"`, where d allows), full batches, 5 clients, one "
+            "run (`benchmarks/sketch.py`). Error: |x - x*| / |x*| against the pooled "
+            "optimum.\n\n"
+            + table(["problem", "k", "sketch", "lbfgs", "newton", "rounds sketch / lbfgs"],
+                    rows) + "\n\n"
+            + figure("sketch.png", "rounds and floats with each model of the Hessian"))
+
+
 def r_generic(d: dict) -> str:
     scalars = {k: v for k, v in d.items() if isinstance(v, (int, float, str))
                and k not in ("command", "date", "commit")}
@@ -610,6 +631,7 @@ SECTIONS = [
                     "Lagrangian", lambda d: r_constrained(d, "constrained.png")),
     ("constrained_network", None, lambda d: r_constrained(d, "constrained_network.png")),
     ("rounds", "Rounds against conditioning: the Newton model", r_rounds),
+    ("sketch", "The Hessian's sketch", r_sketch),
     ("batch_cost", "Batches chosen by cost: full passes where they are cheap", r_batch_cost),
     ("second_order", "The second-order phase (hessian)", r_second_order),
     ("second_order_cost", None, r_second_order_cost),

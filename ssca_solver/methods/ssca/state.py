@@ -128,8 +128,6 @@ _SCALARS = {"t": int, "penalty": float, "batch": int, "tau": float, "noise": flo
             "curvature": float}
 #: the state's arrays of floats
 _ARRAYS = ("w", "nu", "prev_w", "metric", "qn_s", "qn_y", "hess", "hess_eig", "curv_top")
-#: arrays a checkpoint written before they existed lacks (their defaults are right there)
-_OPTIONAL = ("hess_eig",)
 #: the memory's scalar fields
 _MEMORY = {"tiny": int, "stall": int, "saturation": int, "c_too_small": bool,
            "corrected": bool, "nonfinite_trial": bool, "rejected_length": float,
@@ -181,10 +179,7 @@ def from_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[Sequence]) -> 
         return tuple(out)
 
     fields = {name: cast(need(name)) for name, cast in _SCALARS.items()}
-    fields.update({name: np.array(need(name), dtype=float) for name in _ARRAYS
-                   if name not in _OPTIONAL})
-    fields.update({name: np.array(arrays[name], dtype=float) for name in _OPTIONAL
-                   if name in arrays})
+    fields.update({name: np.array(need(name), dtype=float) for name in _ARRAYS})
     memory = Memory(**{name: cast(float(need(f"mem/{name}"))) for name, cast in _MEMORY.items()},
                     best_w=np.array(need("mem/best_w"), dtype=float),
                     best_stats=group("mem/best", False),
