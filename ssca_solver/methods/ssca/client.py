@@ -113,9 +113,9 @@ class SSCARoundTask:
     batch halves' mean gradients, ``"noise:m"``: adaptive sampling), ``curvature`` (also send,
     per function, the sum over the batch's rows of its Hessian at w_t, packed: ``"curv:m"``,
     the statistics of the server's Newton model; with the request array ``"sketch"`` (k, d),
-    its Hessian times each of those k directions instead, (k, d) rows) and ``reject_nonfinite`` (a function that is
-    not finite at w_t is answered with the one array ``"nonfinite"`` instead of an error: the
-    backtracking's trial point is rejected).
+    its Hessian times each of those k directions instead, (k, d) rows) and
+    ``reject_nonfinite`` (a function that is not finite at w_t is answered with the one array
+    ``"nonfinite"`` instead of an error: the backtracking's trial point is rejected).
     """
 
     def __init__(self, functions: Sequence, builders: Sequence):
