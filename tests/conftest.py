@@ -55,6 +55,34 @@ def quadratic_function(name="quad"):
     return ss.SampleFunction(value, grad, name=name)
 
 
+def model_subproblem(rng, d: int, M: int, B: np.ndarray, c: float, tol: float = 1e-12):
+    """A random Problem 5 with a model of the Hessian: proximal-linear statistics of 1 + M
+    functions (curvature 0.3) at a random centre x, bounds U = 0, and its reference solution,
+    the problem written out in CVXPY with (w - x)' B (w - x) / 2 added to the objective's
+    surrogate and solved by Clarabel at tolerance ``tol``. Returns (stats, x, U, w_ref,
+    value_ref)."""
+    import cvxpy as cp
+
+    x = rng.standard_normal(d)
+    stats = []
+    for m in range(1 + M):
+        a, g, f = 0.3, rng.standard_normal(d), rng.normal() + (0.5 if m else 0.0)
+        stats.append({"const": np.asarray(f - g @ x + a * x @ x), "lin": g - 2 * a * x,
+                      "quad": np.asarray(a)})
+    U = np.zeros(M)
+    w, s = cp.Variable(d), cp.Variable(M, nonneg=True)
+
+    def p(m):
+        st = stats[m]
+        return float(st["quad"]) * cp.sum_squares(w) + st["lin"] @ w + float(st["const"])
+
+    ref = cp.Problem(cp.Minimize(p(0) + 0.5 * cp.quad_form(w - x, cp.psd_wrap(B))
+                                 + c * cp.sum(s)),
+                     [p(m) - U[m - 1] <= s[m - 1] for m in range(1, M + 1)])
+    ref.solve(solver="CLARABEL", tol_gap_abs=tol, tol_gap_rel=tol, tol_feas=tol)
+    return stats, x, U, w.value, ref.value
+
+
 def ssca_clients(prob, seed=0):
     """The clients a solve of ``prob`` by method "ssca" would build (round and evaluation
     tasks), for tests that drive rounds by hand."""

@@ -12,6 +12,7 @@ import pytest
 import ssca_solver as ss
 from ssca_solver.methods.ssca import SSCA
 from ssca_solver.methods.ssca.newton import NewtonModel
+from conftest import model_subproblem
 from problems import least_squares
 
 
@@ -79,13 +80,8 @@ def test_the_newton_model_in_the_closed_form_matches_cvxpy():
     model = NewtonModel(A + A.T)                      # indefinite: floored eigenvalues
     assert np.all(np.linalg.eigvalsh(model.B) > 0)
     builders = [ss.ProximalLinear()] * (1 + M)
-    x = rng.standard_normal(d)
-    stats = []
-    for m in range(1 + M):
-        a, g, f = 0.3, rng.standard_normal(d), rng.normal() + (0.5 if m else 0.0)
-        stats.append({"const": np.asarray(f - g @ x + a * x @ x), "lin": g - 2 * a * x,
-                      "quad": np.asarray(a)})
-    U = np.zeros(M)
+    # an independent reference: the problem written out in CVXPY, solved tightly
+    stats, x, U, w_ref, value_ref = model_subproblem(rng, d, M, model.B, c)
     closed = ClosedFormSubproblem(d, builders, True, U, 0.0)
     det = DeterministicPart([], [], d)
     cvx = CvxpySubproblem(d, builders, True, U, det,
@@ -93,24 +89,13 @@ def test_the_newton_model_in_the_closed_form_matches_cvxpy():
                                           "tol_feas": 1e-11})
     a = closed.with_model(model, x).solve(stats, c, 1)
     b = cvx.with_model(model, x).solve(stats, c, 1)
-    # an independent reference: the problem written out in CVXPY, solved tightly
-    w, s = cp.Variable(d), cp.Variable(M, nonneg=True)
-
-    def p(m):
-        st = stats[m]
-        return float(st["quad"]) * cp.sum_squares(w) + st["lin"] @ w + float(st["const"])
-
-    ref = cp.Problem(cp.Minimize(p(0) + 0.5 * cp.quad_form(w - x, cp.psd_wrap(model.B))
-                                 + c * cp.sum(s)), [p(m) - U[m - 1] <= s[m - 1]
-                                                    for m in range(1, M + 1)])
-    ref.solve(solver="CLARABEL", tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
-    np.testing.assert_allclose(a.w, w.value, atol=1e-7)
-    assert a.value == pytest.approx(ref.value, rel=1e-9)
+    np.testing.assert_allclose(a.w, w_ref, atol=1e-7)
+    assert a.value == pytest.approx(value_ref, rel=1e-9)
     # the library's CVXPY path, to its solver's accuracy (two eigenvalues near 0: the
     # proximal term alone makes the problem strongly convex along them)
-    np.testing.assert_allclose(b.w, w.value, atol=2e-5)
+    np.testing.assert_allclose(b.w, w_ref, atol=2e-5)
     np.testing.assert_allclose(a.multipliers, b.multipliers, atol=1e-4 * c)
-    assert b.value == pytest.approx(ref.value, rel=1e-8)
+    assert b.value == pytest.approx(value_ref, rel=1e-8)
 
 
 def test_under_secure_aggregation_the_newton_model_works_as_in_the_clear():

@@ -5,7 +5,6 @@ differences for every ``hessp``, secure aggregation, client processes and a chec
 
 from __future__ import annotations
 
-import cvxpy as cp
 import numpy as np
 import pytest
 
@@ -15,6 +14,7 @@ from ssca_solver.methods.ssca import SSCA
 from ssca_solver.methods.ssca.newton import SketchModel, sketch_directions, sketch_model
 from ssca_solver.methods.ssca.options import sketch_rank
 from ssca_solver.model.functions import checked_hessp
+from conftest import model_subproblem
 from problems import least_squares, suite
 
 
@@ -94,30 +94,13 @@ def test_the_sketch_model_in_the_closed_form_matches_cvxpy():
     d, M, c, k = 40, 2, 50.0, 5
     U, _ = np.linalg.qr(rng.standard_normal((d, k)))
     model = SketchModel(U.T, np.array([30.0, 10.0, 4.0, 2.0, 0.5, 0.5]))
-    B = model.matmat(np.eye(d))
+    stats, x, U0, w_ref, value_ref = model_subproblem(rng, d, M, model.matmat(np.eye(d)), c,
+                                                      tol=1e-10)
     builders = [ss.ProximalLinear()] * (1 + M)
-    x = rng.standard_normal(d)
-    stats = []
-    for m in range(1 + M):
-        a, g, f = 0.3, rng.standard_normal(d), rng.normal() + (0.5 if m else 0.0)
-        stats.append({"const": np.asarray(f - g @ x + a * x @ x), "lin": g - 2 * a * x,
-                      "quad": np.asarray(a)})
-    U0 = np.zeros(M)
     sol = ClosedFormSubproblem(d, builders, True, U0, 0.0).with_model(model, x).solve(
         stats, c, 1)
-    w, s = cp.Variable(d), cp.Variable(M, nonneg=True)
-
-    def p(m):
-        st = stats[m]
-        return float(st["quad"]) * cp.sum_squares(w) + st["lin"] @ w + float(st["const"])
-
-    ref = cp.Problem(cp.Minimize(p(0) + 0.5 * cp.quad_form(w - x, cp.psd_wrap(B))
-                                 + c * cp.sum(s)),
-                     [p(m) - U0[m - 1] <= s[m - 1] for m in range(1, M + 1)])
-    ref.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
-    np.testing.assert_allclose(sol.w, w.value, atol=1e-7)
-    assert sol.value == pytest.approx(ref.value, rel=1e-9)
-
+    np.testing.assert_allclose(sol.w, w_ref, atol=1e-7)
+    assert sol.value == pytest.approx(value_ref, rel=1e-9)
 
 def test_every_hessp_matches_finite_differences_of_its_gradient():
     """The products the clients send: the built-in softmax loss's and the sketch family's
