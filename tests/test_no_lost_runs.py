@@ -251,10 +251,11 @@ def test_a_failing_kkt_report_is_marked_failed_and_the_run_keeps_its_status(
     assert np.isfinite(res.fun) and len(res.history.t) == 20
 
 
-def test_a_kkt_report_that_fails_only_at_the_end_keeps_a_certificate_earned_there(
+def test_a_converged_run_ends_with_the_report_that_passed_without_computing_it_again(
         cancer_data, monkeypatch):
-    """The stop test passed at an evaluation; the final report at the same point fails: the
-    report that passed there stands in (the run is "converged" on it), never a NaN one."""
+    """The stop test passed at an evaluation: the run's final report is that test's report and
+    evaluation (no second full-data pass and no second fit at the same point), so a fit that
+    would fail if asked again at the end cannot turn the certificate into a NaN report."""
     original = DeterministicPart.linearized_step
     calls = {"n": 0, "limit": None}
 
@@ -267,12 +268,31 @@ def test_a_kkt_report_that_fails_only_at_the_end_keeps_a_certificate_earned_ther
     monkeypatch.setattr(DeterministicPart, "linearized_step", step)
     ref = _box_problem(cancer_data).solve(seed=0)
     assert ref.status == "converged" and not ref.kkt.failed
-    calls["limit"], calls["n"] = calls["n"] - 1, 0     # all but the final report's
+    calls["limit"], calls["n"] = calls["n"], 0     # one more fit would fail
     res = _box_problem(cancer_data).solve(seed=0)
-    assert calls["n"] == calls["limit"] + 1
+    assert calls["n"] == calls["limit"]
     assert res.status == "converged" and res.nit == ref.nit and not res.kkt.failed
     assert res.kkt.stationarity == pytest.approx(ref.kkt.stationarity, rel=1e-6)
     assert "could not be computed" not in res.message
+    assert res.fun == ref.fun and np.array_equal(res.x, ref.x)
+
+
+def test_no_point_is_fitted_twice(cancer_data, monkeypatch):
+    """The KKT fit runs once per tested point: the final report of a converged run does not
+    repeat the passing test's."""
+    from ssca_solver.engine.session import Session
+    original, points = Session.kkt, []
+
+    def kkt(self, state, ev):
+        points.append(np.array(state.w))
+        return original(self, state, ev)
+
+    monkeypatch.setattr(Session, "kkt", kkt)
+    res = _box_problem(cancer_data).solve(seed=0)
+    assert res.status == "converged" and len(points) >= 1
+    assert np.array_equal(points[-1], res.x)
+    assert not any(np.array_equal(points[i], points[j])
+                   for i in range(len(points)) for j in range(i))
 
 
 def test_the_linearised_kkt_step_retries_recentred(monkeypatch):

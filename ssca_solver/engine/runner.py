@@ -133,6 +133,7 @@ class Runner:
         self.stop_test = stop_test
         self.start_norm = None
         self.last_test = None        # what the stop test returned at the latest evaluation
+        self.last_tested = None      # (w, evaluation) of that test
         # the evaluations' schedule, kept in checkpoints (Session restores it, so that a
         # resumed run evaluates at the rounds an uninterrupted one does)
         self.free_since = None       # the round of the latest evaluation a round held
@@ -208,6 +209,7 @@ class Runner:
                             or new.t % opts.eval_every == 0)
                     if self.stop_test is not None and near:
                         converged, self.last_test = self.stop_test(point, ev)
+                        self.last_tested = (point.w, ev)
                         if converged:
                             new = point
                         new = alg.remember_report(new, self.last_test)
@@ -221,6 +223,7 @@ class Runner:
                         evaluated = (new.t, *self.evaluator.split(ev.values, new.w))
                     if ev is not None and self.stop_test is not None and ev.complete:
                         converged, self.last_test = self.stop_test(new, ev)
+                        self.last_tested = (new.w, ev)
                         new = alg.remember_report(new, self.last_test)
             except BaseException as exc:
                 diverged = self._diverged(exc, state)

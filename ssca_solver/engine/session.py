@@ -418,18 +418,27 @@ class Session:
 
     def final_report(self, state, reason=None):
         """(fun, constraints, kkt, communication, history) at ``state.w`` on the full data.
-        When the KKT report cannot be computed there but the run's stopping test passed at
-        this same point (``reason`` "converged"), that test's report stands in."""
-        try:
-            final = self.runner.evaluate(state.w, with_grad=True, round=state.t)
-        except BaseException as exc:
-            self.runner.failed(exc, state)
-            raise
-        fun, cons = self.evaluator.split(final.values, state.w)
-        kkt = self.kkt(state, final)
+        A run that converged ends at the point its stopping test passed: that test's
+        full-data evaluation and KKT report are the final ones (a second evaluation of the
+        same point on the same data would repeat them). Otherwise a new evaluation; when its
+        KKT report cannot be computed but the stopping test passed at this same point, that
+        test's report stands in."""
         last = self.runner.last_test
-        if kkt.failed and reason == st.CONVERGED and last is not None and not last.failed:
-            kkt = last
+        tested = self.runner.last_tested
+        if (reason == st.CONVERGED and last is not None and not last.failed
+                and tested is not None and tested[1].complete
+                and np.array_equal(tested[0], state.w)):
+            final, kkt = tested[1], last
+        else:
+            try:
+                final = self.runner.evaluate(state.w, with_grad=True, round=state.t)
+            except BaseException as exc:
+                self.runner.failed(exc, state)
+                raise
+            kkt = self.kkt(state, final)
+            if kkt.failed and reason == st.CONVERGED and last is not None and not last.failed:
+                kkt = last
+        fun, cons = self.evaluator.split(final.values, state.w)
         if self.evaluator.terms.convex and not kkt.failed:
             gap, note = objective_gap(state.w, final, self.evaluator.terms, kkt.multipliers,
                                       self.solver)
