@@ -119,7 +119,7 @@ class JaxSampleFunction(AutodiffSampleFunction):
 
     builder, returns = "from_jax", "scalar"
     _transient = AutodiffSampleFunction._transient + ("_programs", "_pid", "_lock", "traces",
-                                                      "hess")
+                                                      "hess", "hessp")
 
     def __init__(self, loss: Callable, name: Optional[str] = None, *, batched: bool = False,
                  buckets: str = "pow2", dtype: str = "float64", surrogate=None):
@@ -128,19 +128,30 @@ class JaxSampleFunction(AutodiffSampleFunction):
             raise ValueError(f"buckets must be one of {BUCKETS}, got {buckets!r}")
         self.buckets = buckets
         super().__init__(loss, name, batched=batched, dtype=dtype, surrogate=surrogate)
-        self.hess = self._hess
+        self.hess, self.hessp = self._hess, self._hessp
         import_jax()
         if dtype == "float64":
             ensure_x64(self.name)
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self.hess = self._hess
+        self.hess, self.hessp = self._hess, self._hessp
 
     def _hess(self, w, X, y):
         """The Hessian of the mean of the per-sample values over the rows of X: (d, d), by
         ``jax.hessian`` (forward over reverse), compiled once per bucket of batch sizes."""
         return self._run(2, w, X, y)
+
+    def _hessp(self, w, X, y, V):
+        """The Hessian of the batch mean times the columns of V (d, k): (d, k), forward-mode
+        derivatives of the gradient (``jax.jvp`` of ``jax.grad``, vmapped over the columns),
+        O(k) gradient passes instead of the d of the whole Hessian; compiled once per bucket
+        and k: what ``hessian="sketch"`` asks the clients for."""
+        V = np.asarray(V, dtype=DTYPES[self.dtype])
+        if V.ndim != 2 or V.shape[0] != np.size(w):
+            raise UserFunctionError(f"{self.name}.hessp: V must have shape (d, k) with d = "
+                                    f"{np.size(w)}, got {V.shape}")
+        return self._run(3, w, X, y, V)
 
     def _reset(self) -> None:
         self._programs = None
@@ -155,7 +166,8 @@ class JaxSampleFunction(AutodiffSampleFunction):
     # -- the compiled programs, one pair per process ------------------------------------------
 
     def _compiled(self):
-        """(values program, value-and-grad program), built on first use in this process."""
+        """(values, value-and-grad, Hessian, Hessian-times-V programs), built on first use in
+        this process."""
         pid = os.getpid()
         if self._programs is not None and self._pid == pid:
             if self.dtype == "float64" and not sys.modules["jax"].config.jax_enable_x64:
@@ -221,7 +233,12 @@ class JaxSampleFunction(AutodiffSampleFunction):
         def hessian(w, X, y, n):
             return jax.hessian(lambda u: mean_and_values(u, X, y, n)[0])(w)
 
-        return jax.jit(per_sample), jax.jit(value_and_grad), jax.jit(hessian)
+        def hessian_times(w, X, y, n, V):
+            grad = jax.grad(lambda u: mean_and_values(u, X, y, n)[0])
+            return jax.vmap(lambda v: jax.jvp(grad, (w,), (v,))[1], in_axes=1, out_axes=1)(V)
+
+        return (jax.jit(per_sample), jax.jit(value_and_grad), jax.jit(hessian),
+                jax.jit(hessian_times))
 
     # -- what the library calls --------------------------------------------------------------
 
@@ -234,16 +251,18 @@ class JaxSampleFunction(AutodiffSampleFunction):
         y = None if y is None else pad_rows(y, b)
         return w, X, y, n
 
-    def _run(self, which: int, w, X, y):
+    def _run(self, which: int, w, X, y, V=None):
         programs = self._compiled()
         w, X, y, n = self._inputs(w, X, y)
         if n == 0:
-            return self._empty(which, w.size)
+            return self._empty(which, w.size) if which < 3 else np.full(V.shape, np.nan)
         import jax
 
         try:
             if which == 2:
                 return np.array(programs[2](w, X, y, np.int32(n)), dtype=np.float64)
+            if which == 3:
+                return np.array(programs[3](w, X, y, np.int32(n), V), dtype=np.float64)
             if which == 0:
                 v = programs[0](w, X, y)
             else:
@@ -262,7 +281,9 @@ def from_jax(loss: Callable, name: Optional[str] = None, *, batched: bool = Fals
 
     Implements f(w, x_n) (eq. (Fs0) and the F_m of Problem 3) from ``loss``: values per sample
     by ``jax.vmap``, the gradient of the batch mean by ``jax.value_and_grad``, jit-compiled once
-    per bucket of batch sizes. Also reachable as ``ss.SampleFunction.from_jax``.
+    per bucket of batch sizes; its Hessian (``hess``, by ``jax.hessian``) and Hessian times a
+    block of vectors (``hessp``, forward over reverse) for the Newton and sketch models
+    (``hessian="newton"`` / ``"sketch"``). Also reachable as ``ss.SampleFunction.from_jax``.
 
     Args:
       loss: ``loss(w, x, y) -> scalar`` written in ``jax.numpy``: w the flat decision vector
