@@ -54,9 +54,12 @@ def squared_loss(exact: bool = False) -> ss.SampleFunction:
     def hess(w, X, y):
         return X.T @ X / len(y)
 
+    def hessp(w, X, y, V):
+        return X.T @ (X @ V) / len(y)
+
     return ss.SampleFunction(value, grad, name="squared loss",
                              surrogate=ExactQuadratic() if exact else None, hess=hess,
-                             convexity="convex")
+                             hessp=hessp, convexity="convex")
 
 
 def diabetes_regression():

@@ -66,9 +66,16 @@ def logistic_loss(only_label: Optional[int] = None, class_fraction: float = 1.0,
         p = expit(m)
         return (X * (weights(y) * p * (1 - p))[:, None]).T @ X / X.shape[0]
 
+    def hessp(w, X, y, V):
+        # the same Hessian times V's columns without forming it: X' (s * (X V)) / n
+        _, m = _margins(w, X, y)
+        p = expit(m)
+        return X.T @ ((weights(y) * p * (1 - p))[:, None] * (X @ V)) / X.shape[0]
+
     label = name or ("logistic" if only_label is None else f"logistic[y={only_label}]")
     sur = ss.DiagonalCurvature(hess_diag) if curvature else None
     fn = ss.SampleFunction(value, grad, name=label, surrogate=sur,
-                           value_and_grad=value_and_grad, hess=hess, convexity="convex")
+                           value_and_grad=value_and_grad, hess=hess, hessp=hessp,
+                           convexity="convex")
     fn.hess_diag = hess_diag
     return fn

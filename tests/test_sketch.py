@@ -16,6 +16,7 @@ from ssca_solver.methods.ssca.options import sketch_rank
 from ssca_solver.model.functions import checked_hessp
 from conftest import model_subproblem
 from problems import least_squares, suite
+from problems.logistic import logistic_loss
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +103,11 @@ def test_the_sketch_model_in_the_closed_form_matches_cvxpy():
     np.testing.assert_allclose(sol.w, w_ref, atol=1e-7)
     assert sol.value == pytest.approx(value_ref, rel=1e-9)
 
+
 def test_every_hessp_matches_finite_differences_of_its_gradient():
-    """The products the clients send: the built-in softmax loss's and the sketch family's
-    ``hessp`` against central differences of ``grad``; -f's against f's negated."""
+    """The products the clients send: the built-in softmax, logistic and squared losses' and
+    the sketch family's ``hessp`` against central differences of ``grad`` (and against
+    ``hess @ V`` where there is a ``hess``); -f's against f's negated."""
     rng = np.random.default_rng(4)
     X, y = suite._digits()
     X, y = X[:300], y[:300]
@@ -113,6 +116,9 @@ def test_every_hessp_matches_finite_differences_of_its_gradient():
     prob, Xs, ys, *_ = least_squares.spiked(d=30, n=200, clients=2)
     funcs += [(fn, Xs[:50], ys[:50]) for fn in prob.functions]
     funcs += [(-suite.softmax_loss(K, 3, 0.1), X, y)]
+    Xl, yl = X[:, :20] / 16.0, (y > 4).astype(float)
+    funcs += [(logistic_loss(), Xl, yl), (logistic_loss(1, 0.5), Xl, yl),
+              (least_squares.squared_loss(), Xl, yl)]
     for fn, A, b in funcs:
         d = K * A.shape[1] if fn.name.lstrip("-").startswith("cross") else A.shape[1]
         w = 0.05 * rng.standard_normal(d)
@@ -123,6 +129,9 @@ def test_every_hessp_matches_finite_differences_of_its_gradient():
                               / (2 * eps) for v in V.T])
         np.testing.assert_allclose(got, fd, atol=1e-7 * max(1.0, np.abs(fd).max()),
                                    err_msg=fn.name)
+        if fn.hess is not None:
+            np.testing.assert_allclose(got, fn.hess(w, A, b) @ V, rtol=1e-10, atol=1e-12,
+                                       err_msg=fn.name)
 
 
 def test_a_wrong_hessp_is_named():
