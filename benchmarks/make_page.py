@@ -311,6 +311,14 @@ def r_nlp(d: dict, png: str) -> str:
     cert = [p for p in d["problems"] if p["outcome"] == "certified"]
     rounds = _median([p["library"].get("rounds") for p in cert])
     nit = _median([(p["references"].get("SLSQP") or {}).get("nit") for p in cert])
+    nfev = _median([(p["references"].get("SLSQP") or {}).get("nfev") for p in cert])
+    # the problems SLSQP solved too (its own success, independent KKT residual <= 1e-6)
+    paired = [p for p in cert if (p["references"].get("SLSQP") or {}).get("message")
+              == "Optimization terminated successfully"
+              and p["references"]["SLSQP"].get("kkt", float("inf")) <= 1e-6]
+    p_rounds = _median([p["library"].get("rounds") for p in paired])
+    p_nit = _median([p["references"]["SLSQP"].get("nit") for p in paired])
+    p_nfev = _median([p["references"]["SLSQP"].get("nfev") for p in paired])
     ratio = _median([p["time_ratio"] for p in cert])
     return (f"SSCA's default options (`batch_size=\"full\"`, one client per problem, "
             f"{o['time_limit']:g} s per solve) against SciPy's SLSQP and trust-constr from the "
@@ -320,7 +328,16 @@ def r_nlp(d: dict, png: str) -> str:
             "*exception*: an exception or a killed solve.\n\n"
             + table(["problems"] + outcomes + ["total"], rows)
             + f"\nOn the certified problems: median rounds {num(rounds)} (SLSQP's median "
-              f"iterations on them: {num(nit)}), median wall time {num(ratio)} times SLSQP's.\n\n"
+              f"iterations on them: {num(nit)}"
+            + (f", function evaluations: {num(nfev)}" if nfev is not None else "")
+            + f"), median wall time {num(ratio)} times SLSQP's. "
+            + f"On the {len(paired)} of them that SLSQP solved too (its success and an "
+              f"independent KKT residual <= 1e-6): median rounds {num(p_rounds)}, SLSQP's "
+              f"median iterations {num(p_nit)}"
+            + (f" and function evaluations {num(p_nfev)}" if p_nfev is not None else "")
+            + ". A round is one exchange with the clients (values and gradients at one "
+              "point, a rejected trial point included); SLSQP's iterations do not count the "
+              "trial points of its line search, its function evaluations do.\n\n"
             + figure(png, "gap against time and against the independent KKT residual"))
 
 

@@ -454,7 +454,10 @@ def run_reference(s2mpj: Path, name: str, method: str) -> dict:
                              callback=capped(t0))
         wall = time.perf_counter() - t0
         x = np.asarray(r.x, float).ravel()
+        # nfev: the points at which the functions' values were asked for (its line searches'
+        # trial points included), the exchanges a federated run of the method would need
         rec = {"wall": wall, "message": str(r.message)[:300], "nit": int(getattr(r, "nit", -1)),
+               "nfev": int(getattr(r, "nfev", -1)), "njev": int(getattr(r, "njev", -1)),
                "x": x.tolist()}
         rec.update(assess(ev, x, xl, xu, cl, cu))
     except Exception as exc:  # noqa: BLE001
