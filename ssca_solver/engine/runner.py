@@ -35,6 +35,14 @@ DIVERGENCE_FACTOR = 1e3
 DIVERGENCE_STEP = 1e12
 
 
+class Tested(NamedTuple):
+    """The stop test at an evaluation: the point, its full-data evaluation and the KKT report
+    the test judged."""
+    w: np.ndarray
+    evaluation: Any
+    report: Any
+
+
 class Iteration(NamedTuple):
     """What the callback receives after each round (the same for every method).
 
@@ -132,8 +140,7 @@ class Runner:
         self.stage = int(meta.get("stage", 0))
         self.stop_test = stop_test
         self.start_norm = None
-        self.last_test = None        # what the stop test returned at the latest evaluation
-        self.last_tested = None      # (w, evaluation) of that test
+        self.last_test: Optional[Tested] = None      # the stop test at the latest evaluation
         # the evaluations' schedule, kept in checkpoints (Session restores it, so that a
         # resumed run evaluates at the rounds an uninterrupted one does)
         self.free_since = None       # the round of the latest evaluation a round held
@@ -208,11 +215,10 @@ class Runner:
                     near = (step <= FREE_TEST_STEP * max(1.0, float(np.linalg.norm(point.w)))
                             or new.t % opts.eval_every == 0)
                     if self.stop_test is not None and near:
-                        converged, self.last_test = self.stop_test(point, ev)
-                        self.last_tested = (point.w, ev)
+                        converged, report = self._test(point, ev)
                         if converged:
                             new = point
-                        new = alg.remember_report(new, self.last_test)
+                        new = alg.remember_report(new, report)
                 elif (opts.eval_every and new.t % opts.eval_every == 0
                       and (self.free_since is None
                            or new.t - self.free_since >= opts.eval_every)
@@ -222,9 +228,8 @@ class Runner:
                     if ev is not None:
                         evaluated = (new.t, *self.evaluator.split(ev.values, new.w))
                     if ev is not None and self.stop_test is not None and ev.complete:
-                        converged, self.last_test = self.stop_test(new, ev)
-                        self.last_tested = (new.w, ev)
-                        new = alg.remember_report(new, self.last_test)
+                        converged, report = self._test(new, ev)
+                        new = alg.remember_report(new, report)
             except BaseException as exc:
                 diverged = self._diverged(exc, state)
                 self.failed(diverged or exc, state)
@@ -266,6 +271,13 @@ class Runner:
         if opts.checkpoint and rounds and state.t % opts.checkpoint_every:
             self.save(state)              # the end of a run: resume can extend it
         return state, st.MAX_ITER
+
+    def _test(self, state, ev) -> tuple:
+        """(passed, report) of the stop test at ``state`` on the full-data evaluation ``ev``,
+        kept as :attr:`last_test`."""
+        passed, report = self.stop_test(state, ev)
+        self.last_test = Tested(state.w, ev, report)
+        return passed, report
 
     def _evaluation_affordable(self) -> bool:
         """A scheduled evaluation reads every row (N) with gradients; with the method's

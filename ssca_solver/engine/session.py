@@ -424,11 +424,10 @@ class Session:
         KKT report cannot be computed but the stopping test passed at this same point, that
         test's report stands in."""
         last = self.runner.last_test
-        tested = self.runner.last_tested
-        if (reason == st.CONVERGED and last is not None and not last.failed
-                and tested is not None and tested[1].complete
-                and np.array_equal(tested[0], state.w)):
-            final, kkt = tested[1], last
+        passed_here = (reason == st.CONVERGED and last is not None and not last.report.failed
+                       and np.array_equal(last.w, state.w))
+        if passed_here and last.evaluation.complete:
+            final, kkt = last.evaluation, last.report
         else:
             try:
                 final = self.runner.evaluate(state.w, with_grad=True, round=state.t)
@@ -436,8 +435,8 @@ class Session:
                 self.runner.failed(exc, state)
                 raise
             kkt = self.kkt(state, final)
-            if kkt.failed and reason == st.CONVERGED and last is not None and not last.failed:
-                kkt = last
+            if kkt.failed and passed_here:
+                kkt = last.report
         fun, cons = self.evaluator.split(final.values, state.w)
         if self.evaluator.terms.convex and not kkt.failed:
             gap, note = objective_gap(state.w, final, self.evaluator.terms, kkt.multipliers,
