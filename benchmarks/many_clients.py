@@ -19,6 +19,18 @@ statistics of every client and their weighted average. Its time is the median ov
 repetitions. The ratio of the two is what issue "thousands of
 clients" asks to bring to <= 1.5 at I = 1,000 and <= 2 at I = 10,000.
 
+Each I is run twice: every client answering for itself (the default), and with the clients
+in SHARDS shards (``shards=SHARDS``, :mod:`ssca_solver.federated.shards`: one summed reply
+per shard, the rows of equally weighted clients pooled into one call of each function);
+at I = 1,000 and 10,000 also with 1 and 16 shards. Both runs' final points are compared (the
+same iterates up to rounding).
+
+Then, without ``--quick``, 100,000 clients of 10 rows each (N = 1,000,000, d = 30, in a
+child process whose peak resident memory is read from ``getrusage``) run 50 rounds of
+Algorithm 2 with shards on mini-batches of 5 rows (``batch_size=5``, the default rho and
+gamma schedules): the target "without running out of memory" is recorded as the child's
+peak memory beside the rows' own size.
+
 Usage: ``python benchmarks/many_clients.py [--quick] [--publish | --results-dir DIR]``
 (``--quick``: I in {10, 100, 1000}). Writes many_clients.json and many_clients.png.
 """
@@ -39,6 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, log, machine, machine_title, write_json  # noqa: E402
 
 N, D, ALPHA, LAM, ROUNDS, TAU = 100_000, 30, 0.3, 1e-3, 8, 1.0
+SHARDS = 4                     # in process: pools of about 25,000 rows at I >= 1,000
+SWEEP = {1000: (1, 16), 10000: (1, 16)}
+BIG_CLIENTS, BIG_ROWS, BIG_ROUNDS, BIG_BATCH = 100_000, 10, 50, 5
 CLIENTS = (10, 100, 1000, 3000, 10000)
 QUICK = (10, 100, 1000)
 
@@ -51,14 +66,15 @@ def rows(seed: int = 0):
     return X, y
 
 
-def library_round(data, I: int) -> dict:
-    """The median time of a full-batch round of the library on ``data`` (I clients)."""
+def library_round(data, I: int, shards=None) -> dict:
+    """The median time of a full-batch round of the library on ``data`` (I clients; with
+    ``shards``: in that many shards)."""
     import ssca_solver as ss  # noqa: F401  (the problem module needs it imported)
     from problems.neyman_pearson import neyman_pearson
 
     prob = neyman_pearson(data, alpha=ALPHA, lam=LAM)
     opts = dict(seed=0, batch_size="full", eval_every=None, hessian="lbfgs",
-                check_gradients=False)
+                check_gradients=False, shards=shards)
     prob.solve(max_iter=1, **opts)                   # Numba's cache loaded outside the clock
     stamps = []
 
@@ -70,7 +86,7 @@ def library_round(data, I: int) -> dict:
     wall = time.perf_counter() - t0
     steps = np.diff(stamps)
     return {"round_s": float(statistics.median(steps)), "rounds": int(res.nit),
-            "wall": wall, "status": res.status}
+            "wall": wall, "status": res.status, "x": res.x.tolist()}
 
 
 def client_sums(starts, n: int):
@@ -122,6 +138,60 @@ def numpy_time(X, y, starts, pi) -> float:
     return float(statistics.median(times))
 
 
+def big_run() -> dict:
+    """100,000 clients of 10 rows: 50 rounds of Algorithm 2 with shards (module docstring);
+    run in a child process (:func:`big`), whose peak memory is its own."""
+    import resource
+
+    import ssca_solver as ss
+    from problems.neyman_pearson import neyman_pearson
+
+    rng = np.random.default_rng(1)
+    n = BIG_CLIENTS * BIG_ROWS
+    X = rng.standard_normal((n, D))
+    X[:, -1] = 1.0
+    y = (X @ rng.standard_normal(D) + rng.standard_normal(n) > 0).astype(float)
+    t0 = time.perf_counter()
+    data = ss.FederatedData.split(X, y, num_clients=BIG_CLIENTS, seed=0)
+    del X, y
+    split_s = time.perf_counter() - t0
+    prob = neyman_pearson(data, alpha=ALPHA, lam=LAM)
+    stamps = []
+
+    def callback(it):
+        stamps.append(time.perf_counter())
+        if it.t % 10 == 0:
+            log(f"  100,000 clients: round {it.t}")
+
+    t0 = time.perf_counter()
+    res = prob.solve(seed=0, max_iter=BIG_ROUNDS, batch_size=BIG_BATCH, shards=SHARDS,
+                     callback=callback)
+    wall = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"clients": BIG_CLIENTS, "rows_per_client": BIG_ROWS, "N": n, "d": D,
+            "batch_size": BIG_BATCH, "shards": SHARDS, "rounds": int(res.nit),
+            "status": res.status, "wall_s": wall, "split_s": split_s,
+            "first_round_s": stamps[0] - t0 if stamps else None,
+            "round_s": float(statistics.median(np.diff(stamps))) if len(stamps) > 1 else None,
+            "peak_rss_bytes": int(peak), "rows_bytes": int(n * (D + 1) * 8),
+            "objective": float(res.fun), "max_violation": float(np.max(res.constraint_violation))
+            if np.size(res.constraint_violation) else 0.0}
+
+
+def big() -> dict:
+    """:func:`big_run` in a child process (its PID recorded; waited for)."""
+    import json
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, __file__, "--big-child"],
+                             stdout=subprocess.PIPE, text=True)
+    log(f"100,000 clients: child process {child.pid}")
+    out, _ = child.communicate()
+    if child.returncode != 0:
+        return {"error": f"the child process {child.pid} exited with {child.returncode}"}
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def plot(results, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -129,12 +199,16 @@ def plot(results, path):
 
     I = [r["clients"] for r in results]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.loglog(I, [r["library"]["round_s"] * 1e3 for r in results], "o-", label="library round")
+    a.loglog(I, [r["library"]["round_s"] * 1e3 for r in results], "o-",
+             label="library, each client answers")
+    a.loglog(I, [r["sharded"]["round_s"] * 1e3 for r in results], "D-",
+             label=f"library, shards={SHARDS}")
     a.loglog(I, [r["numpy_round_s"] * 1e3 for r in results], "s--", label="NumPy round")
     a.set_xlabel("clients I")
     a.set_ylabel("ms per round")
     a.legend()
-    b.semilogx(I, [r["ratio"] for r in results], "o-")
+    b.loglog(I, [r["ratio_one_by_one"] for r in results], "o-", label="each client answers")
+    b.loglog(I, [r["ratio"] for r in results], "D-", label=f"shards={SHARDS}")
     b.axhline(1.5, color="gray", ls=":", label="target at I = 1,000")
     b.axhline(2.0, color="gray", ls="--", label="target at I = 10,000")
     b.set_xlabel("clients I")
@@ -147,6 +221,11 @@ def plot(results, path):
 
 
 def main() -> None:
+    if "--big-child" in sys.argv:
+        import json
+
+        print(json.dumps(big_run()))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="I in {10, 100, 1000} only")
     args = ap.parse_args()
@@ -162,16 +241,33 @@ def main() -> None:
         Xs = np.concatenate([c.X for c in data.clients])
         ys = np.concatenate([c.y for c in data.clients])
         starts = np.cumsum([0] + [c.X.shape[0] for c in data.clients[:-1]])
-        lib = library_round(data, I)
         ref = numpy_time(Xs, ys, starts, pi)
-        rec = {"clients": I, "library": lib, "numpy_round_s": ref,
-               "ratio": lib["round_s"] / ref}
+        lib = library_round(data, I)
+        sh = library_round(data, I, SHARDS)
+        sweep = {str(k): library_round(data, I, k)["round_s"] for k in SWEEP.get(I, ())}
+        gap = float(np.max(np.abs(np.subtract(lib.pop("x"), sh.pop("x")))))
+        rec = {"clients": I, "library": lib, "sharded": sh, "shards": SHARDS,
+               "numpy_round_s": ref, "ratio": sh["round_s"] / ref,
+               "ratio_one_by_one": lib["round_s"] / ref, "x_difference": gap,
+               "other_shards_round_s": sweep}
         results.append(rec)
-        log(f"I = {I:6d}: library {lib['round_s'] * 1e3:8.2f} ms a round, NumPy "
-            f"{ref * 1e3:7.2f} ms: ratio {rec['ratio']:.1f}")
+        log(f"I = {I:6d}: NumPy {ref * 1e3:6.2f} ms a round; library "
+            f"{lib['round_s'] * 1e3:8.2f} ms ({rec['ratio_one_by_one']:.1f}x), with "
+            f"{SHARDS} shards {sh['round_s'] * 1e3:6.2f} ms ({rec['ratio']:.2f}x); "
+            f"|x difference| {gap:.1e}"
+            + "".join(f"; {k} shards {v * 1e3:.2f} ms" for k, v in sweep.items()))
     out = {"description": __doc__.split("\n\n")[0], "command": " ".join(sys.argv),
-           "machine": machine(), "N": N, "d": D, "rounds": ROUNDS, "results": results,
-           "total_time": time.perf_counter() - t_all}
+           "machine": machine(), "N": N, "d": D, "rounds": ROUNDS, "shards": SHARDS,
+           "results": results}
+    if not args.quick:
+        out["hundred_thousand_clients"] = b = big()
+        if "error" not in b:
+            log(f"100,000 clients: {b['rounds']} rounds ({b['status']}), peak memory "
+                f"{b['peak_rss_bytes'] / 2 ** 20:.0f} MiB (rows {b['rows_bytes'] / 2 ** 20:.0f}"
+                f" MiB), median round {b['round_s']:.2f} s, wall {b['wall_s']:.0f} s")
+        else:
+            log(f"100,000 clients: {b['error']}")
+    out["total_time"] = time.perf_counter() - t_all
     write_json("many_clients", out)
     plot(results, RESULTS / "many_clients.png")
 

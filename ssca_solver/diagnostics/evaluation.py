@@ -40,16 +40,30 @@ class EvaluateTask:
     def __init__(self, functions):
         self.functions = tuple(functions)
 
+    def pooling(self, request):
+        """Every row (:mod:`ssca_solver.federated.shards` pools the rows of a shard's clients
+        into one evaluation: the values and gradients are sums over rows)."""
+        from ..federated.shards import Pooling
+
+        return Pooling(None)
+
+    def row_sums(self, request, X, y, where: str) -> dict:
+        """The arrays of the reply of one client holding the rows (X, y)."""
+        return self._arrays(request, X, y, where)
+
     def __call__(self, client, request):
-        X, y, n, w = client.X, client.y, client.num_rows, request.w
-        where = f"client {client.index}, full-data evaluation"
+        return client.reply(request, self._arrays(
+            request, client.X, client.y, f"client {client.index}, full-data evaluation"))
+
+    def _arrays(self, request, X, y, where: str) -> dict:
+        n, w = X.shape[0], request.w
         if not request.config.get("with_grad"):
             vals = np.array([checked_values(f, w, X, y, n, where).sum() for f in self.functions])
-            return client.reply(request, {"values": vals})
+            return {"values": vals}
         both = [checked_value_and_grad(f, w, X, y, where) for f in self.functions]
         vals = np.array([v.sum() for v, _ in both])
         grads = np.array([n * g for _, g in both]).reshape(len(self.functions), w.size)
-        return client.reply(request, {"values": vals, "grads": grads})
+        return {"values": vals, "grads": grads}
 
 
 class ProblemTerms(NamedTuple):

@@ -191,6 +191,16 @@ class RunOptions:
         fixed-point encoding modulo 2^64, dropouts recovered from Shamir-shared seeds as in
         Bonawitz et al. 2017; see docs/privacy.md). Needs at least 2 clients per round and the
         ``cryptography`` package. Default False.
+      shards: group the clients into this many shards of consecutive clients, each
+        answering for all its clients with one reply (None, the default: every client
+        answers for itself). A shard holds its clients' rows once, evaluates the clients
+        whose weights agree in one call of each function (their batches drawn as each
+        client's own), and sends the weighted sum of its clients' replies: the server's
+        work per round grows with the shards, not the clients, and the iterates equal the
+        one-client-at-a-time ones up to rounding (:mod:`ssca_solver.federated.shards`,
+        docs/running.md "Many clients"). ``transport="inprocess"`` only; not with
+        ``secure_aggregation``; methods whose server reads only weighted sums of replies
+        (ssca, fedavg, primal_dual, augmented_lagrangian). Messages are counted per shard.
       secure_range: the largest magnitude a client's weighted value may have under secure
         aggregation (default 2^20); a larger one stops the solve with SecureAggregationError
         naming the array (never clipped). The fixed-point step is 2^-f with
@@ -213,6 +223,7 @@ class RunOptions:
     on_client_failure: str = "raise"
     secure_aggregation: bool = False
     secure_range: float = 2.0 ** 20
+    shards: Optional[int] = None
     #: the chosen transport's own options, checked (set by :func:`parse`, not by the user)
     transport_options: dict = field(default_factory=dict, metadata={"internal": True})
 
@@ -228,6 +239,9 @@ def check_clients(opts: RunOptions, num_clients: int) -> None:
     if K is not None and K > num_clients:
         raise ValueError(f"clients_per_round must be between 1 and the number of clients "
                          f"({num_clients}), got {K}")
+    if opts.shards is not None and opts.shards > num_clients:
+        raise ValueError(f"shards must be between 1 and the number of clients "
+                         f"({num_clients}), got {opts.shards}")
     if opts.secure_aggregation and (K if K is not None else num_clients) < 2:
         raise ValueError("secure_aggregation needs at least 2 clients per round: the sum of "
                          "one client's reply is that reply (got "
@@ -272,11 +286,22 @@ def parse(cls, options: dict, method: str):
     if per_round is not None:
         per_round = integer("clients_per_round (None: every client)", per_round, low=1)
     transport = choice("transport", opts.transport, transport_names())
+    shards = opts.shards
+    if shards is not None:
+        shards = integer("shards (None: every client answers for itself)", shards, low=1)
+        if transport != "inprocess":
+            raise ValueError(f"shards applies to transport='inprocess' only (got transport="
+                             f"{transport!r}); with 'process' or 'flower' each client "
+                             "answers for itself")
+        if opts.secure_aggregation:
+            raise ValueError("shards and secure_aggregation cannot be combined: a shard "
+                             "sends its clients' sum in the clear (docs/running.md, "
+                             "'Many clients')")
     own = check_transport_options(transport, {k: v for k, v in options.items()
                                               if k in transport_only and k not in names})
     return replace(
         opts, max_iter=integer("max_iter", opts.max_iter), eval_every=every or 0,
-        clients_per_round=per_round,
+        clients_per_round=per_round, shards=shards,
         participation=choice("participation", opts.participation, PARTICIPATION),
         on_client_failure=choice("on_client_failure", opts.on_client_failure,
                                  ON_CLIENT_FAILURE),

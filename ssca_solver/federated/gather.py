@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import ReplyError, RoundFailedError
 from .messages import Dropout, Reply, Request
-from .replies import ReplyCheck, where
+from .replies import ReplyCheck, shard_layout, where
 
 
 #: When the iterates diverge at a round, a client whose reply to that round holds a number
@@ -84,20 +84,21 @@ class Gatherer:
         return out
 
     # -- counting ---------------------------------------------------------------------------------
-    def count(self, kind: str, up: int, down: int) -> None:
-        """One client's message pair of a round (``kind="round"``) or of an evaluation or
-        probe (``"eval"``): ``up`` words up, ``down`` words down."""
+    def count(self, kind: str, up: int, down: int, clients: int = 1) -> None:
+        """The message pairs of ``clients`` clients (one by default) in a round
+        (``kind="round"``) or an evaluation or probe (``"eval"``): ``up`` words up and
+        ``down`` words down each."""
         t = self.tally
-        if t is None:
+        if t is None or clients <= 0:
             return
         if kind == "round":
-            t.up += up
-            t.down += down
+            t.up += clients * up
+            t.down += clients * down
             t.up_per_client_round = max(t.up_per_client_round, up)
             t.down_per_client_round = down
         else:
-            t.eval_up += up
-            t.eval_down += down
+            t.eval_up += clients * up
+            t.eval_down += clients * down
 
     # -- what the replies of a round held ---------------------------------------------------------
     def _measure(self, reply: Reply, kind: str, top: float) -> None:
@@ -181,6 +182,9 @@ class Gatherer:
     def _collect(self, request: Request, participants, factors, kind) -> Iterator[Reply]:
         if self.secure is not None:
             yield from self.secure.collect(self, request, participants, factors, kind)
+            return
+        if getattr(self.transport, "sharded", False) and self.transport.sums(request.task):
+            yield from self._collect_shards(request, participants, factors, kind)
             return
         order = list(range(len(self.sizes))) if participants is None else list(participants)
         check = self.check.start(request, order)
@@ -282,6 +286,52 @@ class Gatherer:
         while answered:
             reply = answered.pop(0)
             yield replace(reply, weight=float(factor[reply.client] * s))
+            del reply
+
+    def _collect_shards(self, request: Request, participants, factors, kind) -> Iterator[Reply]:
+        """The shards' summed replies (:mod:`.shards`): each checked as it arrives (real,
+        finite, the same arrays as the other shards'), and with ``on_client_failure="drop"``
+        weighted by the renormalisation over the clients who answered (held until every
+        shard answered: it depends on who did). The messages are counted as the clients'
+        own: a shard's sum has the layout of each client's reply and stands for the replies
+        of the clients who answered (what a deployment without shards would send)."""
+        order = list(range(len(self.sizes))) if participants is None else list(participants)
+        h = np.ones(len(order)) if factors is None else np.asarray(factors, dtype=float)
+        down = request.num_floats()
+        answered, dropped, held = [], [], []
+        layout = None
+
+        def gather(who, hw):
+            nonlocal layout
+            for part in self.transport.aggregate(request, who, hw, self.drop):
+                up = 0 if part.reply is None else part.reply.num_floats()
+                self.count(kind, up, down, len(part.answered))
+                self.count(kind, 0, down, len(part.dropouts))
+                dropped.extend(part.dropouts)
+                if part.reply is None:
+                    continue
+                layout = shard_layout(part.reply, request, part.shard, layout) or layout
+                answered.extend(part.answered)
+                if self.drop:
+                    held.append(part.reply)
+                else:
+                    yield part.reply
+
+        yield from gather(order, h)
+        if not self.drop:
+            return
+        if dropped and kind == "eval":
+            # a full-data evaluation asks the failed clients once more
+            retry = [d.client for d in dropped]
+            dropped.clear()
+            factor = dict(zip(order, h))
+            for _ in gather(retry, np.array([factor[i] for i in retry])):
+                pass
+        self.pending.extend(dropped)
+        s = self.renormalisation(order, h, answered, request, dropped)
+        while held:
+            reply = held.pop(0)
+            yield reply if s == 1.0 else replace(reply, weight=float(s))
             del reply
 
     @staticmethod

@@ -138,14 +138,33 @@ def aggregation_weight(reply: Reply, num_samples: float, factor: Optional[float]
     return h * reply.num_rows / (reply.batch_size * num_samples)
 
 
+#: The request-config key of a request whose replies a shard weights and sums before they
+#: leave its worker (:mod:`ssca_solver.federated.shards`); with it, ``"num_samples"`` (N)
+#: and :data:`FACTOR`.
+SUMMED = "summed"
+#: The request-config key of h_i, the client's own factor, in a :data:`SUMMED` request.
+FACTOR = "factor"
+
+
 def secagg_active(request: Request) -> bool:
     """Whether ``request`` is the masked step of a secure aggregation (its reply will be
     weighted by the client, masked and summed: a task may then send pre-combined numbers)."""
     return SECAGG in request.config
 
 
+def summed(request: Request) -> bool:
+    """Whether the reply to ``request`` is weighted by a_i = h_i N_i / (B_i N) and summed with
+    other clients' replies before the server sees it (secure aggregation's masked step, or a
+    shard's sum, :mod:`ssca_solver.federated.shards`): a task may then send numbers
+    pre-combined so that the weighted sum is what the server needs (e.g. a variance share,
+    which is not linear in the client's statistics). ``config["num_samples"]`` is N then."""
+    return SECAGG in request.config or SUMMED in request.config
+
+
 def own_factor(client, request: Request) -> float:
-    """h_i, client i's factor (partial participation) in a masked request; 1 otherwise."""
+    """h_i, client i's factor (partial participation) in a summed request; 1 otherwise."""
+    if FACTOR in request.config:
+        return float(request.config[FACTOR])
     if SECAGG not in request.config:
         return 1.0
     ids = [int(i) for i in np.asarray(request.arrays["ids"]).ravel()]

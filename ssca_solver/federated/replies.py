@@ -285,6 +285,35 @@ class RequestCheck:
             self.owner.layouts[self.kind] = next(iter(self.seen[LAYOUT]))
 
 
+def shard_layout(reply: Reply, request: Request, shard: int,
+                 agreed: Optional[dict]) -> Optional[dict]:
+    """A shard's summed reply (:mod:`.shards`) checked: real finite arrays, and the arrays
+    and shapes ``agreed`` by the shards before it (None: the first). Returns its
+    {name: shape} (None for a stand-in reply, e.g. "nonfinite"); ReplyError naming the shard
+    otherwise (its clients' own replies were checked in the shard)."""
+    who = f"shard {shard}"
+
+    def fail(cause, kind, array=None):
+        return ReplyError(who, where(request), f"its summed reply to task {request.task!r} "
+                          f"{cause}", kind=kind, array=array)
+
+    if any(name in STAND_IN for name in reply.arrays):
+        return None
+    layout = {}
+    for name, value in reply.arrays.items():
+        a = np.asarray(value)
+        if a.dtype.kind not in _REAL:
+            raise fail(f"has array {name!r} of dtype {a.dtype}", "dtype", name)
+        if a.size and not np.isfinite(np.max(np.abs(a))):
+            raise fail(f"has non-finite values in array {name!r} (the sum of its clients' "
+                       "finite numbers overflowed?)", "nonfinite", name)
+        layout[name] = a.shape
+    if agreed is not None and layout != agreed:
+        raise fail(f"carries arrays {sorted(layout.items())}, the shards before it "
+                   f"{sorted(agreed.items())}", "layout")
+    return layout
+
+
 def request_kind(request: Request) -> tuple:
     """What makes two requests of a task ask for the same arrays: the task and its switches,
     the bool and text entries of ``config`` (numbers, such as a batch size or a step, set how

@@ -261,8 +261,18 @@ class FederatedData:
 
     @classmethod
     def _from_index_sets(cls, X, y, parts) -> "FederatedData":
+        """The clients of the index sets ``parts``: one copy of the rows in the clients'
+        order, each client a view of its block (shards then hold a shard's rows as one view,
+        :mod:`ssca_solver.federated.shards`)."""
         y = None if y is None else np.asarray(y)
-        return cls([(X[p], None if y is None else y[p]) for p in parts])
+        order = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+        X = np.asarray(X)[order]
+        if X.dtype.kind in "iu":         # as _as_client converts them, once for all clients
+            X = X.astype(np.float64)
+        y = None if y is None else y[order]
+        edges = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).tolist()
+        return cls([(X[a:b], None if y is None else y[a:b])
+                    for a, b in zip(edges[:-1], edges[1:])])
 
     # -- views -----------------------------------------------------------------------------------
     @property

@@ -163,6 +163,10 @@ class ProbeTask:
     itself (``config["check"]``, :func:`check_gradient`) and sends only B_i L_i / N, which the
     masked sum turns into the data-weighted mean sum_i N_i/N L_i of the secant curvatures."""
 
+    #: the server reads each client's reply (its gradient check, its gradient norm): a shard
+    #: passes the replies on one by one (:mod:`ssca_solver.federated.shards`)
+    per_client = True
+
     def __init__(self, functions):
         self.functions = tuple(functions)
 

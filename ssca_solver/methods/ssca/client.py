@@ -12,7 +12,7 @@ import numpy as np
 from ...errors import UserFunctionError, not_finite_at_point
 from ...model.functions import checked_hessp, whole_hessian
 from ...model.surrogates import ProximalLinear, proximal_linear_statistics
-from ...federated.messages import Request, optional_int, own_factor, secagg_active
+from ...federated.messages import Request, optional_int, own_factor, secagg_active, summed
 from . import adaptive as ad
 from .step import pack_statistics
 
@@ -123,11 +123,41 @@ class SSCARoundTask:
         self.builders = tuple(builders)
         self.blocks = component_blocks(self.functions, self.builders)
 
+    def pooling(self, request: Request):
+        """The batch the shards pool for ``request`` (:class:`~ssca_solver.federated.shards.
+        Pooling`), or None when a pooled evaluation would not give the sum of the clients'
+        replies: the noise numbers of a sampled round (the squared difference of each
+        client's batch halves), or a builder other than the proximal-linear one (whose
+        statistics need not be sums over rows, e.g. a curvature clipped at 0)."""
+        from ...federated.shards import Pooling
+
+        batch = optional_int(request.config.get("batch_size"))
+        if request.config.get("noise") and batch is not None:
+            return None
+        if any(type(b).statistics is not ProximalLinear.statistics for b in self.builders):
+            return None
+        return Pooling(batch)
+
+    def row_sums(self, request: Request, X, y, where: str) -> dict:
+        """The arrays of a reply from one client holding the rows (X, y) as its whole batch
+        (the shards' pooled evaluation, :meth:`pooling`)."""
+        n = X.shape[0]
+        return self._arrays(request, X, y, n, n, where, 1.0)
+
     def __call__(self, client, request: Request):
         X, y, b = client.batch(request.round, optional_int(request.config.get("batch_size")))
-        tau = float(request.config["tau"])
         where = f"client {client.index}, round {request.round}"
-        noisy = bool(request.config.get("noise")) and b < client.num_rows
+        combined = summed(request) and bool(request.config.get("noise"))
+        arrays = self._arrays(request, X, y, b, client.num_rows, where,
+                              own_factor(client, request) if combined else 1.0)
+        return client.reply(request, arrays, batch_size=b)
+
+    def _arrays(self, request: Request, X, y, b: int, rows: int, where: str,
+                factor: float) -> dict:
+        """The reply's arrays from the batch (X, y) of b of the client's ``rows`` rows
+        (``factor``: h_i in a summed request)."""
+        tau = float(request.config["tau"])
+        noisy = bool(request.config.get("noise")) and b < rows
         stats, noise, curvature = [], [], {}
         sketch = request.arrays.get(SKETCH) if request.config.get("curvature") else None
         omega = None if sketch is None else np.asarray(sketch, dtype=float).T     # (d, k)
@@ -160,20 +190,18 @@ class SSCARoundTask:
             if not (request.config.get(REJECT_NONFINITE) and not_finite_at_point(exc)
                     and not secagg_active(request)):
                 raise
-            return client.reply(request, {NONFINITE: np.ones(1)}, batch_size=b)
+            return {NONFINITE: np.ones(1)}
         arrays = pack_statistics(stats)
         arrays.update(curvature)
-        secure = secagg_active(request) and bool(request.config.get("noise"))
-        if secure and not noisy:          # every masked reply has the same arrays: a full
+        combined = summed(request) and bool(request.config.get("noise"))
+        if combined and not noisy:        # every summed reply has the same arrays: a full
             noise = [0.0] * len(self.functions)      # batch's share of the noise is 0
-        if noisy or secure:
+        if noisy or combined:
             noise = np.array(noise)
-            if secure:
-                # summed securely with weight a = h N_i / (B N) and scaled by N: send what
-                # becomes this client's share h^2 (N_i/N)^2 |m_A - m_B|^2 / 4 (1 - B/N_i)
+            if combined:
+                # weighted with a = h N_i / (B N), scaled by N and summed: send what becomes
+                # this client's share h^2 (N_i/N)^2 |m_A - m_B|^2 / 4 (1 - B/N_i)
                 N = float(request.config["num_samples"])
-                h = own_factor(client, request)
-                noise = (h * client.num_rows * b * noise * max(0.0, 1.0 - b / client.num_rows)
-                         / (4.0 * N * N))
+                noise = factor * rows * b * noise * max(0.0, 1.0 - b / rows) / (4.0 * N * N)
             arrays[ad.NOISE.rstrip(":")] = noise
-        return client.reply(request, arrays, batch_size=b)
+        return arrays

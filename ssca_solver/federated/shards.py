@@ -1,0 +1,308 @@
+"""Clients in shards: a worker answers for many clients with one reply.
+
+With thousands of clients, per-client work dominates a round: one Python call per client and
+function, one message per client, one check and one addition per reply on the server. The
+simulators that serve thousands of clients (pfl-research, FedML's Parrot, FLUTE) run many
+virtual clients per worker and send one reduced message per worker; so does this module.
+
+A :class:`Shard` holds consecutive clients and their rows once: a view of the rows when the
+clients' arrays are consecutive blocks of one array (as :meth:`FederatedData.split` and
+``dirichlet`` make them), else one concatenation. For a request whose replies the server
+reads only through their weighted sum sum_i a_i x_i, a_i = h_i N_i / (B_i N)
+(:func:`~.messages.aggregation_weight`; the methods that declare
+``supports_secure_aggregation``), the shard answers with one reply holding
+N sum_{i in shard} a_i x_i (``client == AGGREGATE``, num_rows = batch_size = N: the usual
+weight then gives back the sum, as for secure aggregation's one reply):
+
+* **pooled** where the task allows it (its ``pooling(request)`` gives a :class:`Pooling`):
+  each client's batch is drawn exactly as on its own (:meth:`Client.batch`: the same rows, a
+  pure function of seed, client and round), the clients with equal weights
+  c_i = h_i N_i / B_i are pooled and the task's ``row_sums`` evaluates each pool once (one
+  call of the user's functions per distinct weight: one per shard on full batches without
+  partial participation), and the shard sends sum_pools c x_pool. A task's arrays must be
+  sums over rows for this (the proximal-linear statistics, a Hessian's sum, the full-data
+  values and gradients), and the result equals the sum of the clients' own replies up to
+  rounding (the order of the additions);
+* **one by one** otherwise (the noise numbers of a sampled round, a custom surrogate
+  builder, another method's local steps): each client's task runs on its own, with
+  ``config["summed"]`` set so that it may send pre-combined numbers
+  (:func:`~.messages.summed`), its reply is checked here
+  (:class:`~.replies.ReplyCheck`, the server's checks, per worker) and added in.
+
+A pooled evaluation that raises is repeated one client at a time, which names the client at
+fault (and with ``on_client_failure="drop"`` leaves out that client alone). Tasks whose
+handler sets ``per_client = True`` (method "ssca"'s probe, whose gradient check the server
+reads client by client) are answered client by client, as by :class:`InProcessTransport`.
+
+Trust: the server sees one sum per shard, not the clients' replies; the worker that hosts a
+shard sees its clients' rows and replies (it is their host), so a shard is one trust domain
+(docs/running.md, "Many clients").
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterator, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from .client import Client
+from .messages import (AGGREGATE, FACTOR, SUMMED, Dropout, Reply, Request, aggregation_weight,
+                       describe_error)
+from .replies import STAND_IN, ReplyCheck
+from .transport import InProcessTransport, participant_order
+
+
+class Pooling(NamedTuple):
+    """How a task's batch is drawn when a shard pools its clients' rows: each client's rows
+    are ``Client.batch(request.round, batch_size, draw)`` (None: every row)."""
+
+    batch_size: Optional[int]
+    draw: int = 0
+
+
+class ShardAnswer(NamedTuple):
+    """A shard's answer to one request: ``reply`` (the weighted sum of the replies of
+    ``answered``, or None when none answered) and the ``dropouts`` of its other clients."""
+
+    shard: int
+    reply: Optional[Reply]
+    answered: list
+    dropouts: list
+
+
+def shard_bounds(num_clients: int, shards: int) -> list[tuple[int, int]]:
+    """The clients [lo, hi) of each of ``shards`` shards of consecutive clients, as equal in
+    number as they can be."""
+    shards = max(1, min(int(shards), int(num_clients)))
+    edges = np.linspace(0, num_clients, shards + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def stack_rows(arrays: Sequence[Optional[np.ndarray]]) -> Optional[np.ndarray]:
+    """The arrays one after the other along their first axis: a view when they are
+    consecutive blocks of one C-contiguous array (no copy), else one concatenation."""
+    if arrays[0] is None:
+        return None
+    first = arrays[0]
+    base = first.base if first.base is not None else first
+    if (isinstance(base, np.ndarray) and base.flags.c_contiguous and base.ndim == first.ndim
+            and all(a.base is base or a is base for a in arrays)
+            and all(a.flags.c_contiguous and a.dtype == base.dtype for a in arrays)):
+        row = base.strides[0] if base.ndim else 0
+        start = base.__array_interface__["data"][0]
+        at = first.__array_interface__["data"][0]
+        ok = row > 0 and (at - start) % row == 0
+        for a in arrays:
+            if a.__array_interface__["data"][0] != at or a.shape[1:] != base.shape[1:]:
+                ok = False
+                break
+            at += a.shape[0] * row
+        if ok:
+            lo = (first.__array_interface__["data"][0] - start) // row
+            hi = lo + sum(a.shape[0] for a in arrays)
+            view = base[lo:hi]
+            view.flags.writeable = False
+            return view
+    return np.concatenate(arrays, axis=0)
+
+
+class Shard:
+    """Consecutive clients held by one worker, and their rows once (module docstring).
+
+    Args:
+      index: the shard's number k.
+      clients: its clients (consecutive indices).
+      num_samples: N, the rows of every client of the run (the weights' denominator).
+    """
+
+    def __init__(self, index: int, clients: Sequence[Client], num_samples: int):
+        self.index = int(index)
+        self.clients = {c.index: c for c in clients}
+        self.num_samples = int(num_samples)
+        sizes = [c.num_rows for c in clients]
+        self.X = stack_rows([c.X for c in clients])
+        self.y = stack_rows([c.y for c in clients])
+        self.first = min(self.clients)
+        if list(self.clients) != list(range(self.first, self.first + len(sizes))):
+            raise ValueError("a shard holds consecutive clients, in index order")
+        #: N_i and the first row of each client in the shard's rows
+        self.sizes = np.array(sizes, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        everyone = np.zeros(max(self.clients) + 1, dtype=np.int64)
+        everyone[list(self.clients)] = sizes
+        self.check = ReplyCheck(everyone)
+
+    @property
+    def members(self) -> list[int]:
+        return list(self.clients)
+
+    def describe(self) -> str:
+        lo, hi = min(self.clients), max(self.clients)
+        return f"shard {self.index} (clients {lo}..{hi})"
+
+    def handler(self, task: str):
+        """The handler of ``task`` (every client of a run has the same task table)."""
+        return next(iter(self.clients.values())).tasks.get(task)
+
+    # -- answering --------------------------------------------------------------------------------
+    def answer(self, request: Request, members: Sequence[int], factors: Sequence[float],
+               tolerate: bool = False) -> ShardAnswer:
+        """The weighted sum of the replies of ``members`` (h_i = ``factors``) to ``request``
+        (read-only already); with ``tolerate`` a client that fails is a Dropout, else its
+        exception propagates."""
+        handler = self.handler(request.task)
+        if handler is None:
+            next(iter(self.clients.values())).handle(request)       # its error, unchanged
+        marked = replace(request, config={**request.config, SUMMED: True,
+                                          "num_samples": self.num_samples})
+        plan = getattr(handler, "pooling", None)
+        plan = plan(marked) if plan is not None else None
+        if plan is not None:
+            try:
+                arrays = self._pooled(handler, plan, marked, members, factors)
+            except Exception:
+                # whose failure: the clients one by one tell (and keep it to that client)
+                pass
+            else:
+                return ShardAnswer(self.index, self._reply(request, arrays), list(members), [])
+        return self._one_by_one(request, marked, members, factors, tolerate)
+
+    def _reply(self, request: Request, arrays: dict) -> Reply:
+        N = self.num_samples
+        return Reply(AGGREGATE, request.task, request.round, N, N, arrays)
+
+    def _pooled(self, handler, plan: Pooling, request: Request, members, factors) -> dict:
+        """sum over pools of c x_pool (module docstring)."""
+        members = np.asarray(members, dtype=np.int64)
+        h = np.asarray(factors, dtype=float)
+        n = self.sizes[members - self.first]
+        at = self.starts[members - self.first]
+        b = plan.batch_size
+        if b is None or b >= n.max():
+            c = h                       # full batches: c_i = h_i N_i / N_i
+            parts = None
+        else:
+            # each client's rows drawn as Client.batch draws them
+            c = h * n / np.minimum(n, b)
+            parts = [np.arange(a, a + k) if b >= k else
+                     a + self.clients[int(i)].rng(request.round, plan.draw).choice(
+                         k, size=b, replace=False)
+                     for i, a, k in zip(members.tolist(), at.tolist(), n.tolist())]
+        values, pool = np.unique(c, return_inverse=True)
+        total: dict = {}
+        for g, weight in enumerate(values.tolist()):
+            pick = np.flatnonzero(pool == g)
+            if parts is not None:
+                index = np.concatenate([parts[k] for k in pick.tolist()])
+            elif pick.size == 1 or np.all(at[pick[1:]] == at[pick[:-1]] + n[pick[:-1]]):
+                index = slice(int(at[pick[0]]), int(at[pick[-1]] + n[pick[-1]]))
+            else:                       # the pool's clients' blocks, one index array
+                lens = n[pick]
+                index = (np.repeat(at[pick] - np.cumsum(lens) + lens, lens)
+                         + np.arange(int(lens.sum())))
+            X = self.X[index]
+            y = None if self.y is None else self.y[index]
+            where = (f"{self.describe()}, {pick.size} clients pooled, "
+                     + ("full-data evaluation" if request.task == "evaluate"
+                        else f"round {request.round}"))
+            arrays = handler.row_sums(request, X, y, where)
+            if any(k in STAND_IN for k in arrays):
+                return {k: np.ones(1) for k in arrays if k in STAND_IN}
+            for k, v in arrays.items():
+                v = weight * np.asarray(v, dtype=float)
+                total[k] = v if k not in total else total[k] + v
+        return total
+
+    def _one_by_one(self, request: Request, marked: Request, members, factors,
+                    tolerate: bool) -> ShardAnswer:
+        N = self.num_samples
+        check = self.check.start(marked, members)
+        got, dropouts = [], []
+        for i, h in zip(members, factors):
+            ask = replace(marked, config={**marked.config, FACTOR: float(h)})
+            try:
+                reply = self.clients[i].handle(ask)
+                check.check(reply, i)
+            except Exception as exc:       # Ctrl-C and the like are not a client's failure
+                if not tolerate:
+                    raise
+                dropouts.append(Dropout(i, request.task, request.round, describe_error(exc)))
+                continue
+            got.append((i, float(h), reply))
+            if not tolerate:
+                odd = check.note(reply)
+                if odd is not None:
+                    raise check.shape_error(odd)
+        if tolerate:
+            good, bad = check.screen([r for _, _, r in got])
+            keep = {r.client for r in good}
+            dropouts += [Dropout(e.client, request.task, request.round,
+                                 f"ReplyError: {e.cause}") for e in bad]
+            got = [g for g in got if g[0] in keep]
+        if not got:
+            return ShardAnswer(self.index, None, [], dropouts)
+        check.done()
+        if any(k in STAND_IN for _, _, r in got for k in r.arrays):
+            names = {k for _, _, r in got for k in r.arrays if k in STAND_IN}
+            arrays = {k: np.ones(1) for k in names}
+        else:
+            arrays = {}
+            for i, h, reply in got:
+                a = N * aggregation_weight(reply, N, factor=h)
+                for k, v in reply.arrays.items():
+                    v = a * np.asarray(v, dtype=float)
+                    arrays[k] = v if k not in arrays else arrays[k] + v
+        return ShardAnswer(self.index, self._reply(request, arrays), [g[0] for g in got],
+                           dropouts)
+
+
+class ShardedTransport(InProcessTransport):
+    """Clients in ``shards`` shards in this process (module docstring): the server gets one
+    reply per shard for the tasks it reads only through their weighted sum
+    (:meth:`aggregate`), and the clients' own replies for the others (``stream``, as
+    :class:`InProcessTransport`).
+
+    Args:
+      clients: every client, in index order.
+      shards: the number of shards (at most the number of clients).
+    """
+
+    #: the gatherer asks :meth:`aggregate` for the tasks :meth:`sums` names
+    sharded = True
+
+    def __init__(self, clients: Sequence[Client], shards: int):
+        super().__init__(clients)
+        N = sum(c.num_rows for c in self._clients)
+        self.shards = [Shard(k, self._clients[lo:hi], N)
+                       for k, (lo, hi) in enumerate(shard_bounds(self.num_clients, shards))]
+        self.shard_of = np.concatenate([np.full(len(s.clients), s.index) for s in self.shards])
+
+    def sums(self, task: str) -> bool:
+        """Whether the shards answer ``task`` with one summed reply each (not for a task
+        whose handler sets ``per_client``)."""
+        handler = self.shards[0].handler(task)
+        return handler is not None and not getattr(handler, "per_client", False)
+
+    def aggregate(self, request: Request, participants: Optional[Sequence[int]] = None,
+                  factors: Optional[Sequence[float]] = None,
+                  tolerate_failures: bool = False) -> Iterator[ShardAnswer]:
+        """One :class:`ShardAnswer` per shard that holds a participant (None: every client),
+        in shard order; ``factors``: h_i of the participants (None: 1)."""
+        if participants is None:
+            order = np.arange(self.num_clients)
+        else:
+            order = np.asarray(participants)
+            if (order.ndim != 1 or order.dtype.kind not in "iu"
+                    or np.unique(order).size != order.size
+                    or (order.size and not 0 <= order.min() <= order.max() < self.num_clients)):
+                participant_order(list(participants), self.num_clients)   # its error
+                raise ValueError(f"participants must be distinct client indices, got "
+                                 f"{participants!r}")
+        h = np.ones(order.size) if factors is None else np.asarray(factors, dtype=float)
+        request = request.read_only()
+        which = self.shard_of[order]
+        for shard in self.shards:
+            pick = np.flatnonzero(which == shard.index)
+            if pick.size:
+                yield shard.answer(request, order[pick].tolist(), h[pick], tolerate_failures)

@@ -1,0 +1,226 @@
+"""Clients in shards (``shards=``, :mod:`ssca_solver.federated.shards`).
+
+* The iterates, rounds and status equal those of one client at a time up to rounding, on
+  full batches, growing and fixed mini-batches (the noise numbers go client by client),
+  partial participation (uniform and proportional), a custom surrogate builder and method
+  "fedavg".
+* A shard evaluates each function once per distinct client weight: on full batches one call
+  per shard and round, not one per client.
+* A client whose function raises is named (and with ``on_client_failure="drop"`` left out
+  alone, its shard's other clients still counted); a trial point outside a function's domain
+  is rejected as without shards.
+* The rows are held once: a shard of a split's clients is a view of the split's rows.
+* Bad values of the option are refused with a message naming it.
+"""
+
+from __future__ import annotations
+
+import cvxpy as cp
+import numpy as np
+import pytest
+
+import ssca_solver as ss
+from ssca_solver.federated import Request, build_clients
+from ssca_solver.federated.shards import Shard, ShardedTransport, shard_bounds, stack_rows
+from ssca_solver.methods.ssca.client import NONFINITE, REJECT_NONFINITE, TASK, SSCARoundTask
+
+D = 4
+
+
+def _rows(n=3000, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, D))
+    X[:, -1] = 1.0
+    y = (X @ np.array([1.0, -2.0, 0.5, 0.3]) + rng.standard_normal(n) > 0).astype(float)
+    return X, y
+
+
+class Counted:
+    """A logistic loss whose calls are counted (and which can fail on one client's rows)."""
+
+    def __init__(self, fail_on=None):
+        self.calls = 0
+        self.fail_on = fail_on
+
+    def value(self, w, X, y):
+        z = X @ w
+        return np.logaddexp(0.0, z) - y * z
+
+    def grad(self, w, X, y):
+        self.calls += 1
+        if self.fail_on is not None and np.any(np.all(X == self.fail_on, axis=1)):
+            raise RuntimeError("this client's disk is gone")
+        z = X @ w
+        return X.T @ (1.0 / (1.0 + np.exp(-z)) - y) / X.shape[0]
+
+
+def _problem(num_clients=60, fail_on=None, builder=None, data=None):
+    X, y = _rows()
+    data = data or ss.FederatedData.split(X, y, num_clients=num_clients, seed=0)
+    loss = Counted(fail_on)
+    kw = {} if builder is None else {"surrogate": builder}
+    f = ss.SampleFunction(loss.value, loss.grad, name="logistic", **kw)
+    c = ss.SampleFunction(lambda w, X, y: (X @ w) ** 2,
+                          lambda w, X, y: 2.0 * X.T @ (X @ w) / X.shape[0], name="energy")
+    prob = ss.Problem(f, constraints=[c <= 2.0], dim=D, data=data,
+                      regularizer=lambda w: 1e-3 * cp.sum_squares(w))
+    return prob, loss
+
+
+def _same(a, b, rounds_equal=True):
+    assert (a.status, a.nit) == (b.status, b.nit)
+    scale = max(1.0, float(np.max(np.abs(a.x))))
+    np.testing.assert_allclose(b.x, a.x, rtol=0, atol=1e-10 * scale)
+
+
+@pytest.mark.parametrize("opts", [
+    dict(batch_size="full"),
+    dict(),                                          # the default schedule
+    dict(batch_size=16),                             # sampled rounds: noise client by client
+    dict(clients_per_round=20),
+    dict(clients_per_round=20, participation="proportional"),
+    dict(batch_size=16, clients_per_round=20),
+], ids=["full", "default", "fixed-batch", "uniform-K", "proportional-K", "batch-and-K"])
+@pytest.mark.parametrize("shards", [1, 7])
+def test_same_iterates_as_one_client_at_a_time(opts, shards):
+    prob, _ = _problem()
+    a = prob.solve(seed=3, max_iter=30, **opts)
+    b = prob.solve(seed=3, max_iter=30, shards=shards, **opts)
+    _same(a, b)
+    # messages counted as the clients' own: the same as without shards
+    assert a.communication == b.communication
+    # the history's full-data evaluations too
+    np.testing.assert_allclose(b.history.objective, a.history.objective, rtol=1e-12,
+                               equal_nan=True)
+
+
+def test_custom_builder_goes_client_by_client_with_the_same_iterates():
+    builder = ss.DiagonalCurvature(lambda w, X, y: 0.25 * np.mean(X * X, axis=0))
+    prob, _ = _problem(builder=builder)
+    _same(prob.solve(seed=1, max_iter=15), prob.solve(seed=1, max_iter=15, shards=4))
+
+
+@pytest.mark.parametrize("method", ["fedavg", "primal_dual"])
+def test_other_methods_with_shards(method):
+    prob, _ = _problem()
+    if method == "fedavg":
+        prob = ss.Problem(prob.objective, dim=D, data=prob.data)
+    a = prob.solve(method=method, seed=2, max_iter=10)
+    b = prob.solve(method=method, seed=2, max_iter=10, shards=5)
+    np.testing.assert_allclose(b.x, a.x, rtol=0, atol=1e-12)
+
+
+def test_a_full_batch_round_calls_each_function_once_per_shard():
+    prob, loss = _problem(num_clients=60)
+    marks = []
+    prob.solve(seed=0, batch_size="full", eval_every=None, max_iter=6, shards=3,
+               callback=lambda it: marks.append(loss.calls))
+    per_round = np.diff(marks)
+    assert per_round.size >= 3
+    # rounds without a stop test: 3 calls (one per shard); a round with the KKT test's
+    # full-data evaluation: 3 more. Client by client it would be 60 and 120.
+    assert set(per_round.tolist()) <= {3, 6}, per_round
+
+
+def test_a_failing_client_is_named_and_dropped_alone():
+    X, _ = _rows()
+    data = ss.FederatedData.split(X, _rows()[1], num_clients=30, seed=0)
+    bad_row = data.clients[17].X[0].copy()
+    prob, _ = _problem(fail_on=bad_row, data=data)
+    with pytest.raises(ss.UserFunctionError, match="client 17"):
+        prob.solve(seed=0, max_iter=5, shards=4, batch_size="full", check_gradients=False)
+    res = prob.solve(seed=0, max_iter=5, shards=4, batch_size="full",
+                     on_client_failure="drop", check_gradients=False)
+    assert res.dropouts and {d.client for d in res.dropouts} == {17}
+    # the same run without shards drops the same client at the same rounds and lands on
+    # the same point
+    ref = prob.solve(seed=0, max_iter=5, batch_size="full", on_client_failure="drop",
+                     check_gradients=False)
+    assert [(d.client, d.round) for d in ref.dropouts] == [(d.client, d.round)
+                                                           for d in res.dropouts]
+    _same(ref, res)
+
+
+def test_a_trial_point_outside_the_domain_is_rejected_as_a_stand_in_reply():
+    X, y = _rows(200)
+    data = ss.FederatedData.split(X, y, num_clients=8, seed=0)
+
+    def value(w, X, y):
+        with np.errstate(all="ignore"):
+            return -np.log(1.0 - (X @ w) ** 2)
+
+    def grad(w, X, y):
+        z = X @ w
+        return X.T @ (2.0 * z / (1.0 - z ** 2)) / X.shape[0]
+
+    fn = ss.SampleFunction(value, grad, name="barrier")
+    task = SSCARoundTask([fn], [ss.ProximalLinear()])
+    clients = build_clients(data, 0, {TASK: task})
+    shard = Shard(0, clients, data.num_samples)
+    far = Request(TASK, 1, np.full(D, 5.0), {"tau": 1.0, "batch_size": None,
+                                             REJECT_NONFINITE: True})
+    got = shard.answer(far.read_only(), shard.members, [1.0] * 8)
+    assert set(got.reply.arrays) == {NONFINITE}
+    near = Request(TASK, 1, np.zeros(D), {"tau": 1.0, "batch_size": None,
+                                          REJECT_NONFINITE: True})
+    got = shard.answer(near.read_only(), shard.members, [1.0] * 8)
+    assert NONFINITE not in got.reply.arrays and got.answered == list(range(8))
+
+
+def test_the_shard_sum_equals_the_clients_weighted_replies():
+    """One request, every path: the pooled sum (full and sampled batches, weights that
+    differ between clients) equals sum_i N a_i x_i of the clients' own replies."""
+    X, y = _rows(500)
+    sizes = [30, 70, 45, 55, 100, 200]
+    cuts = np.cumsum([0] + sizes)
+    data = ss.FederatedData([(X[a:b], y[a:b]) for a, b in zip(cuts[:-1], cuts[1:])])
+    prob, _ = _problem(data=data)
+    f, c = prob.functions
+    task = SSCARoundTask([f, c], [ss.ProximalLinear(), ss.ProximalLinear()])
+    clients = build_clients(data, 11, {TASK: task})
+    shard = Shard(0, clients, data.num_samples)
+    h = [1.0, 2.5, 1.0, 0.5, 1.0, 2.5]
+    N = data.num_samples
+    for batch in (None, 20):
+        req = Request(TASK, 4, np.array([0.3, -0.2, 0.1, 0.05]),
+                      {"tau": 0.7, "batch_size": batch}).read_only()
+        got = shard.answer(req, shard.members, h)
+        for name, value in got.reply.arrays.items():
+            want = 0.0
+            for cl, hi in zip(clients, h):
+                r = cl.handle(req)
+                want = want + hi * r.num_rows / r.batch_size * np.asarray(r.arrays[name])
+            np.testing.assert_allclose(value, want, rtol=1e-12, atol=1e-12 * N)
+
+
+def test_rows_held_once():
+    X, y = _rows(1000)
+    data = ss.FederatedData.split(X, y, num_clients=50, seed=0)
+    t = ShardedTransport(build_clients(data, 0, {}), 3)
+    for s in t.shards:
+        assert s.X.base is data.clients[0].X.base and not s.X.flags.writeable
+        np.testing.assert_array_equal(
+            s.X, np.concatenate([data.clients[i].X for i in s.members]))
+    # clients whose arrays are not one block are concatenated once
+    parts = [data.clients[3], data.clients[1]]
+    assert not np.shares_memory(stack_rows([p.X for p in parts]), X)
+
+
+def test_shard_bounds_cover_every_client_once():
+    for n, k in [(10, 3), (1000, 7), (5, 5), (3, 1)]:
+        b = shard_bounds(n, k)
+        assert len(b) == k and b[0][0] == 0 and b[-1][1] == n
+        assert all(x[1] == y[0] and x[1] > x[0] for x, y in zip(b[:-1], b[1:]))
+
+
+@pytest.mark.parametrize("opts, match", [
+    (dict(shards=0), "shards"),
+    (dict(shards=True), "shards"),
+    (dict(shards=61), "between 1 and the number of clients"),
+    (dict(shards=2, transport="process"), "inprocess"),
+    (dict(shards=2, secure_aggregation=True), "secure_aggregation"),
+])
+def test_bad_shards_are_refused(opts, match):
+    prob, _ = _problem()
+    with pytest.raises((ValueError, TypeError), match=match):
+        prob.solve(max_iter=1, **opts)
