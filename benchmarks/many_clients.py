@@ -22,7 +22,7 @@ clients" asks to bring to <= 1.5 at I = 1,000 and <= 2 at I = 10,000.
 Each I is run twice: every client answering for itself (the default), and with the clients
 in SHARDS shards (``shards=SHARDS``, :mod:`ssca_solver.federated.shards`: one summed reply
 per shard, the rows of equally weighted clients pooled into one call of each function);
-at I = 1,000 and 10,000 also with 1 and 16 shards. Both runs' final points are compared (the
+at I = 1,000 and 10,000 also with 4 and 16 shards. Both runs' final points are compared (the
 same iterates up to rounding).
 
 Then, without ``--quick``, 100,000 clients of 10 rows each (N = 1,000,000, d = 30, in a
@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, log, machine, machine_title, write_json  # noqa: E402
 
 N, D, ALPHA, LAM, ROUNDS, TAU = 100_000, 30, 0.3, 1e-3, 8, 1.0
-SHARDS = 4                     # in process: pools of about 25,000 rows at I >= 1,000
-SWEEP = {1000: (1, 16), 10000: (1, 16)}
+SHARDS = 1                      # in process: one worker (pools in pieces of POOL_FLOATS)
+SWEEP = {1000: (4, 16), 10000: (4, 16)}
 BIG_CLIENTS, BIG_ROWS, BIG_ROUNDS, BIG_BATCH = 100_000, 10, 50, 5
 CLIENTS = (10, 100, 1000, 3000, 10000)
 QUICK = (10, 100, 1000)

@@ -224,3 +224,17 @@ def test_bad_shards_are_refused(opts, match):
     prob, _ = _problem()
     with pytest.raises((ValueError, TypeError), match=match):
         prob.solve(max_iter=1, **opts)
+
+
+def test_large_pools_go_in_pieces_with_the_same_iterates(monkeypatch):
+    from ssca_solver.federated import shards
+
+    prob, loss = _problem(num_clients=60)
+    a = prob.solve(seed=0, batch_size="full", eval_every=None, max_iter=6)
+    monkeypatch.setattr(shards, "POOL_FLOATS", 4 * 700)        # 700 rows of d = 4 a call
+    marks = []
+    b = prob.solve(seed=0, batch_size="full", eval_every=None, max_iter=6, shards=1,
+                   callback=lambda it: marks.append(loss.calls))
+    _same(a, b)
+    # 3,000 rows in pieces of 700: 5 calls a round (10 with the stop test's evaluation)
+    assert set(np.diff(marks).tolist()) <= {5, 10}, np.diff(marks)

@@ -295,8 +295,6 @@ class Gatherer:
         shard answered: it depends on who did). The messages are counted as the clients'
         own: a shard's sum has the layout of each client's reply and stands for the replies
         of the clients who answered (what a deployment without shards would send)."""
-        order = list(range(len(self.sizes))) if participants is None else list(participants)
-        h = np.ones(len(order)) if factors is None else np.asarray(factors, dtype=float)
         down = request.num_floats()
         answered, dropped, held = [], [], []
         layout = None
@@ -317,9 +315,11 @@ class Gatherer:
                 else:
                     yield part.reply
 
-        yield from gather(order, h)
+        yield from gather(participants, factors)
         if not self.drop:
             return
+        order = list(range(len(self.sizes))) if participants is None else list(participants)
+        h = np.ones(len(order)) if factors is None else np.asarray(factors, dtype=float)
         if dropped and kind == "eval":
             # a full-data evaluation asks the failed clients once more
             retry = [d.client for d in dropped]

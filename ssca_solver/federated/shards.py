@@ -53,6 +53,13 @@ from .replies import STAND_IN, ReplyCheck
 from .transport import InProcessTransport, participant_order
 
 
+#: The most floats of X one pooled call of a function reads (2^19: 4 MiB, about 17,000 rows
+#: of 30 features): a function's temporaries over that many rows (margins, activations) stay
+#: in the processor's caches, and a call over more rows ran slower per row, not faster
+#: (benchmarks/many_clients.py). The pieces' sums add up to the pool's.
+POOL_FLOATS = 2 ** 19
+
+
 class Pooling(NamedTuple):
     """How a task's batch is drawn when a shard pools its clients' rows: each client's rows
     are ``Client.batch(request.round, batch_size, draw)`` (None: every row)."""
@@ -138,8 +145,7 @@ class Shard:
         return list(self.clients)
 
     def describe(self) -> str:
-        lo, hi = min(self.clients), max(self.clients)
-        return f"shard {self.index} (clients {lo}..{hi})"
+        return f"shard {self.index} (clients {self.first}..{self.first + len(self.sizes) - 1})"
 
     def handler(self, task: str):
         """The handler of ``task`` (every client of a run has the same task table)."""
@@ -189,10 +195,13 @@ class Shard:
                      a + self.clients[int(i)].rng(request.round, plan.draw).choice(
                          k, size=b, replace=False)
                      for i, a, k in zip(members.tolist(), at.tolist(), n.tolist())]
-        values, pool = np.unique(c, return_inverse=True)
+        if np.all(c == c[0]):           # one pool (full batches, every h_i alike)
+            pools = [(float(c[0]), np.arange(c.size))]
+        else:
+            values, pool = np.unique(c, return_inverse=True)
+            pools = [(v, np.flatnonzero(pool == g)) for g, v in enumerate(values.tolist())]
         total: dict = {}
-        for g, weight in enumerate(values.tolist()):
-            pick = np.flatnonzero(pool == g)
+        for weight, pick in pools:
             if parts is not None:
                 index = np.concatenate([parts[k] for k in pick.tolist()])
             elif pick.size == 1 or np.all(at[pick[1:]] == at[pick[:-1]] + n[pick[:-1]]):
@@ -201,18 +210,29 @@ class Shard:
                 lens = n[pick]
                 index = (np.repeat(at[pick] - np.cumsum(lens) + lens, lens)
                          + np.arange(int(lens.sum())))
-            X = self.X[index]
-            y = None if self.y is None else self.y[index]
             where = (f"{self.describe()}, {pick.size} clients pooled, "
                      + ("full-data evaluation" if request.task == "evaluate"
                         else f"round {request.round}"))
-            arrays = handler.row_sums(request, X, y, where)
-            if any(k in STAND_IN for k in arrays):
-                return {k: np.ones(1) for k in arrays if k in STAND_IN}
-            for k, v in arrays.items():
-                v = weight * np.asarray(v, dtype=float)
-                total[k] = v if k not in total else total[k] + v
+            for chunk in self._chunks(index):
+                X = self.X[chunk]
+                y = None if self.y is None else self.y[chunk]
+                arrays = handler.row_sums(request, X, y, where)
+                if any(k in STAND_IN for k in arrays):
+                    return {k: np.ones(1) for k in arrays if k in STAND_IN}
+                for k, v in arrays.items():
+                    v = weight * np.asarray(v, dtype=float)
+                    total[k] = v if k not in total else total[k] + v
         return total
+
+    def _chunks(self, index):
+        """``index`` (a slice or an index array of rows) in pieces of at most
+        :data:`POOL_FLOATS` floats of X each."""
+        per_row = max(1, int(np.prod(self.X.shape[1:], dtype=np.int64)))
+        step = max(1, POOL_FLOATS // per_row)
+        if isinstance(index, slice):
+            lo, hi = index.start, index.stop
+            return [slice(a, min(a + step, hi)) for a in range(lo, hi, step)]
+        return [index[a:a + step] for a in range(0, index.size, step)]
 
     def _one_by_one(self, request: Request, marked: Request, members, factors,
                     tolerate: bool) -> ShardAnswer:

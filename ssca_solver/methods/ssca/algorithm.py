@@ -204,9 +204,8 @@ class SSCA(Method):
     def round_work(self, request) -> float:
         """Rows the round reads: sum_i min(B, N_i) (every row on full batches), times K / I
         with partial participation (the evaluations' budget, :attr:`eval_budget`)."""
-        B = request.config.get("batch_size")
-        rows = float(sum(n if B is None else min(int(B), int(n)) for n in self.config.sizes))
-        return rows * self.config.participation
+        return self.config.rows_read(request.config.get("batch_size")) * \
+            self.config.participation
 
     def step(self, state, replies):
         cfg = self.config

@@ -77,6 +77,11 @@ class FormsCache:
         return forms
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
 @dataclass(frozen=True)
 class Settings:
     """The fixed settings of one solve by SSCA (see the module docstring).
@@ -89,7 +94,9 @@ class Settings:
         constraint's statistics (1 when the objective is stochastic, else 0).
       equality: which constraints are equalities; ``bound_scale``: max(1, |U_m|).
       ridge: lambda when the deterministic part is lambda |w|^2 (else None).
-      sizes, num_samples: the clients' rows N_i and N.
+      sizes, num_samples: the clients' rows N_i and N; ``size_array`` the N_i as a
+        read-only array, ``largest`` max N_i (a round's bookkeeping stays O(1) in Python
+        with thousands of clients).
       auto_batch, batch_size: batch_size "auto" or "grow", or the fixed B (None: full
         batches).
       first_batch: round 1's rows per client when ``auto_batch`` (:func:`first_batch`).
@@ -119,6 +126,8 @@ class Settings:
     ridge: Optional[float]
     sizes: tuple
     num_samples: int
+    size_array: np.ndarray
+    largest: int
     auto_batch: bool
     batch_size: Optional[int]
     first_batch: int
@@ -163,6 +172,8 @@ class Settings:
             bound_scale=np.maximum(1.0, np.abs(problem.bounds)),
             ridge=problem.deterministic.norm2_coefficient(),
             sizes=tuple(problem.data.client_sizes), num_samples=problem.data.num_samples,
+            size_array=_read_only(np.asarray(problem.data.client_sizes, dtype=np.int64)),
+            largest=int(max(problem.data.client_sizes)),
             auto_batch=auto_batch, batch_size=batch_size,
             first_batch=first_batch(o.batch_size, problem.data.client_sizes, problem.dim),
             auto_tau=auto_tau,
@@ -194,7 +205,14 @@ class Settings:
         (the fixed B otherwise; None: every row)."""
         if not self.auto_batch:
             return self.batch_size
-        return None if adaptive_batch >= max(self.sizes) else int(adaptive_batch)
+        return None if adaptive_batch >= self.largest else int(adaptive_batch)
+
+    def rows_read(self, batch) -> float:
+        """sum_i min(B, N_i): the rows a round with ``batch`` rows per client reads from
+        every client (None: N)."""
+        if batch is None:
+            return float(self.num_samples)
+        return float(np.minimum(self.size_array, int(batch)).sum())
 
     def full(self, state) -> bool:
         """The next round reads every row of its clients."""
@@ -231,8 +249,7 @@ class Settings:
         """rho_t, gamma_t of eqs. (rho)/(gamma) with ``batch`` rows per client (None: all): an
         :class:`~ssca_solver.EpochStep` counts passes over the data, R = N / ((K/I) sum_i
         min(B, N_i)) rounds per epoch at that batch."""
-        rows = (float(self.num_samples) if batch is None
-                else float(sum(min(int(batch), int(n)) for n in self.sizes)))
+        rows = self.rows_read(batch)
         R = self.num_samples / max(rows * self.participation, 1e-300)
         return (step_value(at_epochs(self.rho, R), t, "rho"),
                 step_value(at_epochs(self.gamma, R), t, "gamma"))
