@@ -183,3 +183,21 @@ def test_box_constrained_logistic_regression_is_certified(cancer, cancer_data):
                      [cp.norm(w, "inf") <= 0.5])
     ref.solve(solver="CLARABEL")
     assert abs(res.fun - ref.value) <= 1e-6 * abs(ref.value)
+
+
+def test_neyman_pearson_in_one_pass_is_the_same_problem(cancer, cancer_data):
+    """``one_pass=True`` (both class losses from one VectorSampleFunction): the values,
+    gradients (against central differences) and Hessians of the two SampleFunctions, and
+    the same run up to rounding."""
+    X, y = cancer
+    two = neyman_pearson(cancer_data, 0.15, lam=1e-2)
+    one = neyman_pearson(cancer_data, 0.15, lam=1e-2, one_pass=True)
+    w = np.random.default_rng(0).normal(scale=0.1, size=X.shape[1])
+    for a, b in zip(two.functions, one.functions):
+        np.testing.assert_allclose(b.value(w, X, y), a.value(w, X, y), rtol=1e-13)
+        np.testing.assert_allclose(b.grad(w, X, y), a.grad(w, X, y), rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(b.hess(w, X, y), a.hess(w, X, y), rtol=1e-12, atol=1e-15)
+        assert ss.check_grad(b, w, X, y) < 1e-6
+    r2, r1 = two.solve(seed=0, max_iter=60), one.solve(seed=0, max_iter=60)
+    assert (r1.status, r1.nit) == (r2.status, r2.nit)
+    np.testing.assert_allclose(r1.x, r2.x, rtol=0, atol=1e-8 * np.max(np.abs(r2.x)))
