@@ -217,7 +217,7 @@ def test_shard_bounds_cover_every_client_once():
     (dict(shards=0), "shards"),
     (dict(shards=True), "shards"),
     (dict(shards=61), "between 1 and the number of clients"),
-    (dict(shards=2, transport="process"), "inprocess"),
+    (dict(transport="ray", secure_aggregation=True), "secure_aggregation"),
     (dict(shards=2, secure_aggregation=True), "secure_aggregation"),
 ])
 def test_bad_shards_are_refused(opts, match):
@@ -238,3 +238,100 @@ def test_large_pools_go_in_pieces_with_the_same_iterates(monkeypatch):
     _same(a, b)
     # 3,000 rows in pieces of 700: 5 calls a round (10 with the stop test's evaluation)
     assert set(np.diff(marks).tolist()) <= {5, 10}, np.diff(marks)
+
+
+# -- shards in other processes: forked workers (transport="process") and Ray actors ----------
+
+class PidOf:
+    """A gradient that, on the rows holding ``mark``, leaves a file named by its process's PID
+    in ``folder`` (which process holds that client)."""
+
+    def __init__(self, mark, folder):
+        self.mark, self.folder = mark, str(folder)
+
+    def __call__(self, X):
+        import os
+
+        if np.any(np.all(X == self.mark, axis=1)):
+            open(os.path.join(self.folder, f"pid-{os.getpid()}"), "w").close()
+
+
+def _marked_problem(tmp_path, num_clients=30):
+    X, y = _rows()
+    data = ss.FederatedData.split(X, y, num_clients=num_clients, seed=0)
+    hook = PidOf(data.clients[num_clients - 1].X[0].copy(), tmp_path)
+    loss = Counted()
+
+    def grad(w, X, y):
+        hook(X)
+        return loss.grad(w, X, y)
+
+    f = ss.SampleFunction(loss.value, grad, name="logistic")
+    return ss.Problem(f, dim=D, data=data), data
+
+
+def _kill_at(t, folder, killed):
+    import os
+    import signal
+
+    def callback(it):
+        if it.t == t:
+            pid = int(sorted(p.name for p in folder.glob("pid-*"))[0].split("-")[1])
+            killed.append(pid)
+            os.kill(pid, signal.SIGKILL)
+
+    return callback
+
+
+@pytest.mark.parametrize("opts", [dict(batch_size="full"), dict(batch_size=16),
+                                  dict(clients_per_round=12)], ids=["full", "batch", "K"])
+def test_process_shards_give_the_same_iterates(opts):
+    prob, _ = _problem(num_clients=40)
+    a = prob.solve(seed=4, max_iter=12, **opts)
+    b = prob.solve(seed=4, max_iter=12, transport="process", shards=2, **opts)
+    _same(a, b)
+    assert a.communication == b.communication
+
+
+def test_a_killed_worker_process_drops_its_clients_or_is_named(tmp_path):
+    prob, data = _marked_problem(tmp_path)
+    killed = []
+    opts = dict(seed=0, batch_size="full", max_iter=8, transport="process", shards=3,
+                check_gradients=False)
+    res = prob.solve(on_client_failure="drop", callback=_kill_at(3, tmp_path, killed), **opts)
+    assert killed
+    # shard 2 holds clients 20..29: all of them dropped at round 4, alone, and the run went on
+    at4 = sorted(d.client for d in res.dropouts if d.round == 4)
+    assert at4 == list(range(20, 30)), res.dropouts
+    assert all("worker" in d.error for d in res.dropouts) and res.nit == 8
+    for p in tmp_path.glob("pid-*"):
+        p.unlink()
+    killed.clear()
+    with pytest.raises(ss.ClientError, match=r"client 20\.\.29, round 4: the worker of "
+                                             r"shard 2 failed"):
+        prob.solve(callback=_kill_at(3, tmp_path, killed), **opts)
+
+
+def test_shards_refused_on_flower():
+    prob, _ = _problem()
+    with pytest.raises(ValueError, match="one client per node"):
+        prob.solve(max_iter=1, shards=2, transport="flower")
+
+
+def test_a_shard_survives_pickling_with_its_rows_once():
+    import pickle
+
+    X, y = _rows(600)
+    data = ss.FederatedData.split(X, y, num_clients=12, seed=0)
+    t = ShardedTransport(build_clients(data, 5, {}), 2)
+    shard = t.shards[1]
+    blob = pickle.dumps(shard)
+    assert len(blob) < 1.3 * (shard.X.nbytes + shard.y.nbytes)     # not twice the rows
+    back = pickle.loads(blob)
+    assert back.members == shard.members
+    for i in shard.members:
+        np.testing.assert_array_equal(back.clients[i].X, shard.clients[i].X)
+        assert np.shares_memory(back.clients[i].X, back.X)
+        assert back.clients[i].seed == shard.clients[i].seed
+        np.testing.assert_array_equal(back.clients[i].rng(3).integers(0, 10**9, 4),
+                                      shard.clients[i].rng(3).integers(0, 10**9, 4))

@@ -22,7 +22,8 @@ import numpy as np
 
 from ..errors import DataError
 from ..federated import DEFAULT_CLIENT_TIMEOUT, transport_names
-from ..federated.registry import check_transport_options, transport_option_names
+from ..federated.registry import (NOT_SHARDED, check_transport_options,
+                                  transport_option_names)
 from ..schedules import PowerStep
 # the value checks, here too for the methods' options (``opt.real``, ...)
 from ..validation import choice, flag, integer, is_real, path_or_none, real  # noqa: F401
@@ -135,8 +136,10 @@ class RunOptions:
       x0: starting point w_1 (default zeros).
       eval_every: evaluate the full-data objective and constraints every k rounds for the
         history (None or 0: never; the final point is always evaluated).
-      transport: "inprocess" (default), "process" (each client in its own process), or a
-        name given to :func:`ssca_solver.federated.register_transport`.
+      transport: "inprocess" (default), "process" (each client in its own process), "ray"
+        (the clients in shards, each a Ray actor, :mod:`ssca_solver.federated.raytransport`;
+        its option ``ray_address``: None starts a local cluster), "flower", or a name given
+        to :func:`ssca_solver.federated.register_transport`.
       client_timeout: how long a client may take to answer one request before the solve
         stops with ClientError (or, with ``on_client_failure="drop"``, leaves it out): seconds
         (honoured exactly), None (wait forever) or "auto" (the default), which follows the
@@ -198,9 +201,11 @@ class RunOptions:
         client's own), and sends the weighted sum of its clients' replies: the server's
         work per round grows with the shards, not the clients, and the iterates equal the
         one-client-at-a-time ones up to rounding (:mod:`ssca_solver.federated.shards`,
-        docs/running.md "Many clients"). ``transport="inprocess"`` only; not with
-        ``secure_aggregation``; methods whose server reads only weighted sums of replies
-        (ssca, fedavg, primal_dual, augmented_lagrangian). Messages are counted per shard.
+        docs/running.md "Many clients"). With ``transport="process"`` each shard is a forked
+        process, with ``"ray"`` a Ray actor (default there: one shard per CPU); not with
+        "flower" or ``secure_aggregation``; methods whose server reads only weighted sums of replies
+        (ssca, fedavg, primal_dual, augmented_lagrangian). Messages are counted as the
+        clients' own.
       secure_range: the largest magnitude a client's weighted value may have under secure
         aggregation (default 2^20); a larger one stops the solve with SecureAggregationError
         naming the array (never clipped). The fixed-point step is 2^-f with
@@ -289,14 +294,14 @@ def parse(cls, options: dict, method: str):
     shards = opts.shards
     if shards is not None:
         shards = integer("shards (None: every client answers for itself)", shards, low=1)
-        if transport != "inprocess":
-            raise ValueError(f"shards applies to transport='inprocess' only (got transport="
-                             f"{transport!r}); with 'process' or 'flower' each client "
-                             "answers for itself")
-        if opts.secure_aggregation:
-            raise ValueError("shards and secure_aggregation cannot be combined: a shard "
-                             "sends its clients' sum in the clear (docs/running.md, "
-                             "'Many clients')")
+        if transport in NOT_SHARDED:
+            raise ValueError(f"shards does not apply to transport={transport!r}: it keeps "
+                             "one client per node (use 'inprocess', 'process' or 'ray')")
+
+    if (shards is not None or transport == "ray") and opts.secure_aggregation:
+        raise ValueError(("shards" if shards is not None else "transport='ray' (shards)")
+                         + " and secure_aggregation cannot be combined: a shard sends its "
+                         "clients' sum in the clear (docs/running.md, 'Many clients')")
     own = check_transport_options(transport, {k: v for k, v in options.items()
                                               if k in transport_only and k not in names})
     return replace(

@@ -23,7 +23,6 @@ from ..diagnostics.kkt import StationarityFloor, kkt_report, objective_gap
 from ..diagnostics.certificate import Certificate, KKTReport
 from ..diagnostics.result import Communication
 from ..federated import build_clients, make_transport
-from ..federated.shards import ShardedTransport
 from ..federated.gather import Gatherer
 from ..federated.sampling import Sampler
 from . import checkpoint as ckpt
@@ -222,16 +221,14 @@ class Session:
             secure = secagg.SecureAggregation(problem.data.client_sizes, opts.secure_range)
             tasks = secagg.client_tasks(tasks)
         clients = build_clients(problem.data, seed, tasks)
-        if opts.shards is not None:
+        if opts.shards is not None or opts.transport == "ray":
             if not algorithm.supports_secure_aggregation:
                 raise ValueError(
                     f"method {algorithm.name!r} does not support shards: its server must "
                     "combine replies only as sum_i weight_i N_i/(B_i N) x_i (see "
                     "docs/architecture.md, 'Secure aggregation'); methods that do: ssca, "
                     "fedavg, primal_dual, augmented_lagrangian")
-            self.transport = ShardedTransport(clients, opts.shards)
-        else:
-            self.transport = make_transport(opts.transport, clients, opts.client_timeout, opts)
+        self.transport = make_transport(opts.transport, clients, opts.client_timeout, opts)
         sizes = problem.data.client_sizes
         gatherer = Gatherer(self.transport, sizes, drop=opts.on_client_failure == "drop",
                             secure=secure, tally=tally)

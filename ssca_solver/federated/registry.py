@@ -10,7 +10,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from . import flower_options
 from .client import Client
 from .processes import ProcessTransport
-from .threads import DEFAULT_CLIENT_THREADS, check_client_threads
+from .threads import DEFAULT_CLIENT_THREADS, available_cpus, check_client_threads
 from .timeouts import AUTO_FIRST
 from .transport import InProcessTransport, Transport
 
@@ -68,12 +68,26 @@ def _check_flower(given: dict) -> dict:
     return {**values, "client_threads": threads}
 
 
+def _ray(clients, timeout, ray_address=None):
+    """``transport="ray"``: imported when used (Ray is an optional extra)."""
+    from .raytransport import RayTransport
+
+    return RayTransport(clients, timeout, ray_address)
+
+
+def _check_ray(given: dict) -> dict:
+    from .raytransport import check_options
+
+    return check_options(given)
+
+
 #: name -> factory(clients, client_timeout, **its options) -> Transport
 _TRANSPORTS: dict[str, Callable[..., Transport]] = {
     "inprocess": _inprocess,
     "process": lambda clients, timeout, client_threads=DEFAULT_CLIENT_THREADS: ProcessTransport(
         clients, timeout, client_threads),
     "flower": _flower,
+    "ray": _ray,
 }
 
 #: the transports the library ships (they take client_timeout="auto" as it is)
@@ -86,7 +100,13 @@ _OPTIONS: dict[str, tuple[Mapping, Callable[[dict], dict]]] = {
     "process": ({"client_threads": DEFAULT_CLIENT_THREADS}, _check_process),
     "flower": ({**flower_options.DEFAULTS, "client_threads": FLOWER_CLIENT_THREADS},
                _check_flower),
+    "ray": ({"ray_address": None}, _check_ray),
 }
+
+#: transports whose clients are the shards' workers under ``shards`` (a registered transport
+#: too: its factory receives the workers as its clients); Flower keeps one client per
+#: SuperNode
+NOT_SHARDED = frozenset({"flower"})
 
 
 def _defaults(defaults: Mapping) -> Callable[[dict], dict]:
@@ -157,7 +177,10 @@ def check_transport_options(name: str, given: dict) -> dict:
 def make_transport(name: str, clients: Sequence[Client], timeout: Optional[float],
                    opts=None) -> Transport:
     """The transport registered as ``name`` over ``clients``; ``opts`` (the parsed
-    RunOptions) supplies the transport's own options, checked (``opts.transport_options``)."""
+    RunOptions) supplies the transport's own options, checked (``opts.transport_options``),
+    and ``shards``: the clients then go in that many shards (:mod:`.shards`), carried by the
+    transport as its clients ("inprocess": in this process, without a carrier). "ray"
+    without ``shards`` makes one shard per CPU of this machine (at most one per client)."""
     try:
         factory = _TRANSPORTS[name]
     except KeyError:
@@ -168,4 +191,14 @@ def make_transport(name: str, clients: Sequence[Client], timeout: Optional[float
         # a registered transport receives seconds or None (only the built-in ones adapt
         # the limit): the first-request allowance of the built-in ones
         timeout = AUTO_FIRST
-    return factory(clients, timeout, **extra)
+    shards = getattr(opts, "shards", None)
+    if shards is None and name == "ray":
+        shards = min(len(clients), available_cpus())
+    if shards is None:
+        return factory(clients, timeout, **extra)
+    from .shards import ShardedTransport
+
+    if name == "inprocess":
+        return ShardedTransport(clients, shards)
+    return ShardedTransport(clients, shards,
+                            carrier=lambda workers: factory(workers, timeout, **extra))

@@ -46,6 +46,8 @@ from typing import Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from ..errors import ClientError
+from ..model.data import ClientData
 from .client import Client
 from .messages import (AGGREGATE, FACTOR, SUMMED, Dropout, Reply, Request, aggregation_weight,
                        describe_error)
@@ -140,12 +142,44 @@ class Shard:
         everyone[list(self.clients)] = sizes
         self.check = ReplyCheck(everyone)
 
+    def __getstate__(self):
+        # the rows once (the shard's block), not again in every client's view of it
+        state = self.__dict__.copy()
+        state["clients"] = [(c.index, c.seed, c.tasks) for c in self.clients.values()]
+        return state
+
+    def __setstate__(self, state):
+        specs = state.pop("clients")
+        self.__dict__.update(state)
+        self.clients = {}
+        for (i, seed, tasks), a, n in zip(specs, self.starts.tolist(), self.sizes.tolist()):
+            rows = ClientData(self.X[a:a + n], None if self.y is None else self.y[a:a + n])
+            self.clients[i] = Client(i, rows, seed, tasks)
+
     @property
     def members(self) -> list[int]:
         return list(self.clients)
 
     def describe(self) -> str:
         return f"shard {self.index} (clients {self.first}..{self.first + len(self.sizes) - 1})"
+
+    def span(self) -> str:
+        """"first..last": the shard's clients, as a ClientError names them."""
+        return f"{self.first}..{self.first + len(self.sizes) - 1}"
+
+    def each(self, request: Request, members: Sequence[int], tolerate: bool = False) -> list:
+        """The clients' own replies to ``request`` (read-only already), in ``members``'
+        order; with ``tolerate`` a client that fails is a Dropout, else its exception
+        propagates."""
+        out = []
+        for i in members:
+            try:
+                out.append(self.clients[i].handle(request))
+            except Exception as exc:       # Ctrl-C and the like are not a client's failure
+                if not tolerate:
+                    raise
+                out.append(Dropout(i, request.task, request.round, describe_error(exc)))
+        return out
 
     def handler(self, task: str):
         """The handler of ``task`` (every client of a run has the same task table)."""
@@ -277,26 +311,83 @@ class Shard:
                            dropouts)
 
 
+#: Request config of a request to a shard's worker: "sum" (one ShardAnswer) or "each" (the
+#: clients' own replies, a list in the participants' order)
+SHARD_MODE = "shard:mode"
+#: Request config: the worker turns its clients' failures into Dropouts
+SHARD_TOLERATE = "shard:tolerate"
+#: Request arrays: the participants (client indices) and their factors h_i; absent: every
+#: client of the shard, h = 1
+SHARD_PARTICIPANTS, SHARD_FACTORS = "shard:participants", "shard:factors"
+
+
+class ShardWorker:
+    """A shard as a transport's client: ``handle(request)`` answers the shard's part of a
+    request to the shards (:data:`SHARD_MODE` and friends in its config and arrays), so any
+    transport that carries clients' requests (this process, forked processes, Ray actors)
+    carries shards. ``index`` is the shard's number."""
+
+    def __init__(self, shard: Shard):
+        self.shard = shard
+        self.index = shard.index
+
+    def handle(self, request: Request):
+        config, arrays = dict(request.config), dict(request.arrays)
+        mode = config.pop(SHARD_MODE)
+        tolerate = bool(config.pop(SHARD_TOLERATE, False))
+        p, f = arrays.pop(SHARD_PARTICIPANTS, None), arrays.pop(SHARD_FACTORS, None)
+        inner = replace(request, config=config, arrays=arrays)
+        shard = self.shard
+        if p is None:
+            members, factors = shard.members, np.ones(len(shard.sizes))
+        else:
+            p = np.asarray(p, dtype=np.int64)
+            mine = np.flatnonzero((p >= shard.first) & (p < shard.first + len(shard.sizes)))
+            members = p[mine].tolist()
+            factors = (np.ones(mine.size) if f is None
+                       else np.asarray(f, dtype=float)[mine])
+        if mode == "sum":
+            return shard.answer(inner, members, factors, tolerate)
+        return shard.each(inner, members, tolerate)
+
+
 class ShardedTransport(InProcessTransport):
-    """Clients in ``shards`` shards in this process (module docstring): the server gets one
-    reply per shard for the tasks it reads only through their weighted sum
-    (:meth:`aggregate`), and the clients' own replies for the others (``stream``, as
-    :class:`InProcessTransport`).
+    """Clients in ``shards`` shards (module docstring): the server gets one reply per shard
+    for the tasks it reads only through their weighted sum (:meth:`aggregate`), and the
+    clients' own replies for the others (``stream``).
 
     Args:
       clients: every client, in index order.
       shards: the number of shards (at most the number of clients).
+      carrier: None (the shards answer in this process), or ``carrier(workers) ->
+        Transport``: a transport whose clients are the shards' :class:`ShardWorker` s (the
+        process transport: one forked process per shard; Ray: one actor per shard). A
+        worker that fails (its process died, it did not answer in time) fails for its
+        clients: each is a Dropout with ``tolerate_failures``, else a ClientError names the
+        shard's clients.
     """
 
     #: the gatherer asks :meth:`aggregate` for the tasks :meth:`sums` names
     sharded = True
 
-    def __init__(self, clients: Sequence[Client], shards: int):
+    def __init__(self, clients: Sequence[Client], shards: int, carrier=None):
         super().__init__(clients)
         N = sum(c.num_rows for c in self._clients)
         self.shards = [Shard(k, self._clients[lo:hi], N)
                        for k, (lo, hi) in enumerate(shard_bounds(self.num_clients, shards))]
         self.shard_of = np.concatenate([np.full(len(s.clients), s.index) for s in self.shards])
+        self.workers = [ShardWorker(s) for s in self.shards]
+        self.carrier = None if carrier is None else carrier(self.workers)
+
+    @property
+    def timeout(self):
+        """The carrier's ``client_timeout`` (per shard's answer); None in this process."""
+        return None if self.carrier is None else getattr(self.carrier, "timeout", None)
+
+    @timeout.setter
+    def timeout(self, value) -> None:
+        if self.carrier is not None and hasattr(self.carrier, "timeout"):
+            self.carrier.timeout = value
 
     def sums(self, task: str) -> bool:
         """Whether the shards answer ``task`` with one summed reply each (not for a task
@@ -304,25 +395,77 @@ class ShardedTransport(InProcessTransport):
         handler = self.shards[0].handler(task)
         return handler is not None and not getattr(handler, "per_client", False)
 
+    def _order(self, participants) -> np.ndarray:
+        if participants is None:
+            return np.arange(self.num_clients)
+        order = np.asarray(participants)
+        if (order.ndim != 1 or order.dtype.kind not in "iu"
+                or np.unique(order).size != order.size
+                or (order.size and not 0 <= order.min() <= order.max() < self.num_clients)):
+            participant_order(list(participants), self.num_clients)   # its error
+            raise ValueError(f"participants must be distinct client indices, got "
+                             f"{participants!r}")
+        return order
+
+    def _ask(self, request: Request, mode: str, participants, factors,
+             tolerate: bool) -> Iterator[tuple]:
+        """(shard, its worker's answer or a Dropout of the worker) for every shard that
+        holds a participant, in shard order."""
+        order = self._order(participants)
+        ks = np.unique(self.shard_of[order]).tolist()
+        arrays = dict(request.arrays)
+        if participants is not None:
+            arrays[SHARD_PARTICIPANTS] = order.astype(np.int64)
+        if factors is not None:
+            arrays[SHARD_FACTORS] = np.asarray(factors, dtype=float)
+        asked = replace(request, config={**request.config, SHARD_MODE: mode,
+                                         SHARD_TOLERATE: bool(tolerate)},
+                        arrays=arrays).read_only()
+        if self.carrier is None:
+            for k in ks:
+                yield k, self.workers[k].handle(asked)
+            return
+        try:
+            yield from zip(ks, self.carrier.stream(asked, ks, tolerate))
+        except ClientError as exc:
+            if type(exc) is not ClientError or not isinstance(exc.client, int) \
+                    or exc.client not in ks:
+                raise
+            raise ClientError(self.shards[exc.client].span(), exc.round,
+                              f"the worker of shard {exc.client} failed: {exc.cause}",
+                              exc.remote_traceback) from exc
+
+    def _dropouts(self, k: int, request: Request, order: np.ndarray, error: str) -> list:
+        """A Dropout for each participant of shard k whose worker failed."""
+        mine = order[self.shard_of[order] == k].tolist()
+        return [Dropout(i, request.task, request.round,
+                        f"its shard's worker failed (shard {k}): {error}") for i in mine]
+
     def aggregate(self, request: Request, participants: Optional[Sequence[int]] = None,
                   factors: Optional[Sequence[float]] = None,
                   tolerate_failures: bool = False) -> Iterator[ShardAnswer]:
         """One :class:`ShardAnswer` per shard that holds a participant (None: every client),
         in shard order; ``factors``: h_i of the participants (None: 1)."""
-        if participants is None:
-            order = np.arange(self.num_clients)
-        else:
-            order = np.asarray(participants)
-            if (order.ndim != 1 or order.dtype.kind not in "iu"
-                    or np.unique(order).size != order.size
-                    or (order.size and not 0 <= order.min() <= order.max() < self.num_clients)):
-                participant_order(list(participants), self.num_clients)   # its error
-                raise ValueError(f"participants must be distinct client indices, got "
-                                 f"{participants!r}")
-        h = np.ones(order.size) if factors is None else np.asarray(factors, dtype=float)
-        request = request.read_only()
-        which = self.shard_of[order]
-        for shard in self.shards:
-            pick = np.flatnonzero(which == shard.index)
-            if pick.size:
-                yield shard.answer(request, order[pick].tolist(), h[pick], tolerate_failures)
+        for k, got in self._ask(request, "sum", participants, factors, tolerate_failures):
+            if isinstance(got, Dropout):
+                got = ShardAnswer(k, None, [], self._dropouts(
+                    k, request, self._order(participants), got.error))
+            yield got
+
+    def stream(self, request, participants=None, tolerate_failures=False):
+        if self.carrier is None:
+            yield from super().stream(request, participants, tolerate_failures)
+            return
+        order = self._order(participants)
+        got = {}
+        for k, answer in self._ask(request, "each", participants, None, tolerate_failures):
+            if isinstance(answer, Dropout):
+                answer = self._dropouts(k, request, order, answer.error)
+            for item in answer:
+                got[item.client] = item
+        for i in order.tolist():
+            yield got[i]
+
+    def close(self) -> None:
+        if self.carrier is not None:
+            self.carrier.close()
