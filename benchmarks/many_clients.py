@@ -27,6 +27,15 @@ per shard, the rows of equally weighted clients pooled into one call of each fun
 at I = 1,000 and 10,000 also with 4 and 16 shards. Both runs' final points are compared (the
 same iterates up to rounding).
 
+Without ``--quick``, the same round on other engines at I = ENGINE_CLIENTS = 10,000: 2 shards
+in forked processes (``transport="process", shards=2``) and 2 Ray actors
+(``transport="ray", shards=2``, a local cluster), against the in-process shards' round (the
+issue's target: within 2x); and Flower's simulation engine, which keeps one client per
+SuperNode, at I = 100 and 1,000 (FLOWER_ROUNDS rounds each).
+
+Without ``--quick`` also the paper's network (Section V, Fashion-MNIST) with I = 1,000 clients
+and K = 100 a round, with and without shards (:func:`network`).
+
 Then, without ``--quick``, 100,000 clients of 10 rows each (N = 1,000,000, d = 30, in a
 child process whose peak resident memory is read from ``getrusage``) run 50 rounds of
 Algorithm 2 with shards on mini-batches of 5 rows (``batch_size=5``, the default rho and
@@ -56,6 +65,9 @@ N, D, ALPHA, LAM, ROUNDS, TAU = 100_000, 30, 0.3, 1e-3, 16, 1.0
 SHARDS = 1                      # in process: one worker (pools in pieces of POOL_FLOATS)
 SWEEP = {1000: (4, 16), 10000: (4, 16)}
 BIG_CLIENTS, BIG_ROWS, BIG_ROUNDS, BIG_BATCH = 100_000, 10, 50, 5
+ENGINE_CLIENTS = 10_000        # process and Ray shards, 2 workers
+FLOWER_CLIENTS, FLOWER_ROUNDS, FLOWER_START = (100, 1000), 4, 1200.0
+NET_CLIENTS, NET_K, NET_BATCH, NET_ROUNDS = 1000, 100, 10, 300
 CLIENTS = (10, 100, 1000, 3000, 10000)
 QUICK = (10, 100, 1000)
 
@@ -68,23 +80,25 @@ def rows(seed: int = 0):
     return X, y
 
 
-def library_round(data, I: int, shards=None) -> dict:
+def library_round(data, I: int, shards=None, rounds=None, **transport) -> dict:
     """The median time of a full-batch round of the library on ``data`` (I clients; with
-    ``shards``: in that many shards)."""
+    ``shards``: in that many shards; ``transport``: its options, default in process)."""
     import ssca_solver as ss  # noqa: F401  (the problem module needs it imported)
     from problems.neyman_pearson import neyman_pearson
 
     prob = neyman_pearson(data, alpha=ALPHA, lam=LAM, one_pass=True)
     opts = dict(seed=0, batch_size="full", eval_every=None, hessian="lbfgs",
-                check_gradients=False, shards=shards)
-    prob.solve(max_iter=1, **opts)                   # Numba's cache loaded outside the clock
+                check_gradients=False, shards=shards, **transport)
+    rounds = ROUNDS if rounds is None else rounds
+    if not transport:
+        prob.solve(max_iter=1, **opts)               # Numba's cache loaded outside the clock
     stamps = []
 
     def callback(it):
         stamps.append(time.perf_counter())
 
     t0 = time.perf_counter()
-    res = prob.solve(max_iter=ROUNDS + 1, callback=callback, **opts)
+    res = prob.solve(max_iter=rounds + 1, callback=callback, **opts)
     wall = time.perf_counter() - t0
     steps = np.diff(stamps)
     return {"round_s": float(statistics.median(steps)), "rounds": int(res.nit),
@@ -138,6 +152,94 @@ def numpy_time(X, y, starts, pi) -> float:
         numpy_round(X, y, S, n_i, w, pi)
         times.append(time.perf_counter() - t)
     return float(statistics.median(times))
+
+
+def engines(X, y, inproc: dict) -> list:
+    """Other engines against the in-process shards (module docstring): 2 shards in forked
+    processes and as Ray actors at I = 10,000; Flower's simulation (one client per
+    SuperNode) at I = 100 and 1,000, FLOWER_ROUNDS rounds. Each is skipped (and said so)
+    where its package is missing."""
+    import importlib.util
+
+    import ssca_solver as ss
+
+    out = []
+    runs = [(ENGINE_CLIENTS, "process, 2 shards", dict(shards=2, transport="process"), ROUNDS)]
+    if importlib.util.find_spec("ray") is not None:
+        runs.append((ENGINE_CLIENTS, "ray, 2 shards", dict(shards=2, transport="ray"), ROUNDS))
+    else:
+        log("engines: Ray is not installed (pip install 'ssca-solver[ray]'): skipped")
+    if importlib.util.find_spec("flwr") is not None:
+        # a thousand SuperNodes take minutes to start here: more than the default
+        # flower_start_timeout (120 s), which they exceeded in a first try
+        runs += [(I, "flower simulation",
+                  dict(transport="flower", flower_start_timeout=FLOWER_START), FLOWER_ROUNDS)
+                 for I in FLOWER_CLIENTS]
+    else:
+        log("engines: Flower is not installed: skipped")
+    for I, name, opts, rounds in runs:
+        data = ss.FederatedData.split(X, y, num_clients=I, seed=0)
+        shards = opts.pop("shards", None)
+        t0 = time.perf_counter()
+        try:
+            got = library_round(data, I, shards, rounds=rounds, **opts)
+        except Exception as exc:              # recorded, not hidden: the engine failed
+            out.append({"clients": I, "engine": name, "error": f"{type(exc).__name__}: "
+                        f"{str(exc)[:300]}", "total_s": time.perf_counter() - t0})
+            log(f"engines: {name}, I = {I}: {out[-1]['error']}")
+            continue
+        got.pop("x")
+        base = inproc.get(I, {}).get("sharded", {}).get("round_s")
+        rec = {"clients": I, "engine": name, **got, "total_s": time.perf_counter() - t0,
+               "in_process_sharded_round_s": base,
+               "ratio_to_in_process": None if base is None else got["round_s"] / base}
+        out.append(rec)
+        log(f"engines: {name}, I = {I}: median round {got['round_s'] * 1e3:.1f} ms"
+            + ("" if base is None else f", {rec['ratio_to_in_process']:.2f}x the in-process "
+               f"shards' round") + f" ({rec['total_s']:.0f} s in all)")
+    return out
+
+
+def network() -> dict:
+    """The paper's network (Section V: 784-128-10, swish; Algorithm 1 with lambda = 1e-5) on
+    Fashion-MNIST's 60,000 training rows over I = 1,000 clients (60 rows each), K = 100
+    clients a round, B = 10 rows each, NET_ROUNDS rounds, each client answering for itself
+    and with the in-process shards: the median round, the final full-data cost, the test
+    accuracy and the largest difference of the two final points. Skipped (and said so)
+    without the Debian package's files."""
+    import ssca_solver as ss
+    from problems.mlp import MLP, classification_uncon
+    from ssca_solver.datasets import fashion_mnist
+
+    try:
+        (Xtr, ytr), (Xte, yte) = fashion_mnist()
+    except Exception as exc:          # the data set is not installed here
+        log(f"network: Fashion-MNIST not found ({exc}): skipped")
+        return {"skipped": str(exc)}
+    data = ss.FederatedData.split(Xtr, ytr, num_clients=NET_CLIENTS, seed=0)
+    net = MLP(784, 128, 10)
+    prob = classification_uncon(data, net, lam=1e-5)
+    out = {"clients": NET_CLIENTS, "clients_per_round": NET_K, "batch_size": NET_BATCH,
+           "rounds": NET_ROUNDS}
+    points = {}
+    for name, shards in (("each client answers", None), (f"shards={SHARDS}", SHARDS)):
+        stamps = []
+        t0 = time.perf_counter()
+        res = prob.solve(seed=0, max_iter=NET_ROUNDS, clients_per_round=NET_K,
+                         batch_size=NET_BATCH, eval_every=None, shards=shards,
+                         callback=lambda it: stamps.append(time.perf_counter()))
+        wall = time.perf_counter() - t0
+        loss, acc = net.evaluate(res.x, Xte, yte)
+        points[name] = res.x
+        out[name] = {"round_s": float(statistics.median(np.diff(stamps))), "wall_s": wall,
+                     "status": res.status, "rounds": int(res.nit),
+                     "training_cost": float(res.fun), "test_loss": float(loss),
+                     "test_accuracy": float(acc)}
+        log(f"network, {name}: median round {out[name]['round_s'] * 1e3:.1f} ms, training "
+            f"cost {res.fun:.4f}, test accuracy {acc:.4f} ({wall:.0f} s)")
+    a, b = points.values()
+    out["x_difference"] = float(np.max(np.abs(a - b)))
+    return out
 
 
 def big_run() -> dict:
@@ -194,13 +296,14 @@ def big() -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def plot(results, path):
+def plot(results, path, engine_runs=()):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     I = [r["clients"] for r in results]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3 if engine_runs else 2, figsize=(15 if engine_runs else 10, 4))
+    a, b = axes[0], axes[1]
     a.loglog(I, [r["library"]["round_s"] * 1e3 for r in results], "o-",
              label="library, each client answers")
     a.loglog(I, [r["sharded"]["round_s"] * 1e3 for r in results], "D-",
@@ -216,6 +319,19 @@ def plot(results, path):
     b.set_xlabel("clients I")
     b.set_ylabel("library round / NumPy round")
     b.legend()
+    if engine_runs:
+        c = axes[2]
+        base = {r["clients"]: r["sharded"]["round_s"] for r in results}
+        labels = [f"in process, shards={SHARDS}\nI = {ENGINE_CLIENTS:,}"] + [
+            f"{e['engine']}\nI = {e['clients']:,}" for e in engine_runs]
+        engine_runs = [e for e in engine_runs if "round_s" in e]
+        labels = labels[:1] + [f"{e['engine']}\nI = {e['clients']:,}" for e in engine_runs]
+        values = [base.get(ENGINE_CLIENTS, np.nan)] + [e["round_s"] for e in engine_runs]
+        c.barh(range(len(values)), np.array(values) * 1e3)
+        c.set_yticks(range(len(values)), labels, fontsize=7)
+        c.set_xscale("log")
+        c.set_xlabel("ms per round (median)")
+        c.invert_yaxis()
     fig.suptitle(f"Neyman-Pearson, N = {N:,}, d = {D}, full batches, in process\n"
                  + machine_title(machine()), fontsize=9)
     fig.tight_layout()
@@ -262,6 +378,9 @@ def main() -> None:
            "machine": machine(), "N": N, "d": D, "rounds": ROUNDS, "shards": SHARDS,
            "results": results}
     if not args.quick:
+        out["engines"] = engines(X, y, {r["clients"]: r for r in results})
+        out["network"] = network()
+    if not args.quick:
         out["hundred_thousand_clients"] = b = big()
         if "error" not in b:
             log(f"100,000 clients: {b['rounds']} rounds ({b['status']}), peak memory "
@@ -271,7 +390,7 @@ def main() -> None:
             log(f"100,000 clients: {b['error']}")
     out["total_time"] = time.perf_counter() - t_all
     write_json("many_clients", out)
-    plot(results, RESULTS / "many_clients.png")
+    plot(results, RESULTS / "many_clients.png", out.get("engines", ()))
 
 
 if __name__ == "__main__":

@@ -217,8 +217,6 @@ def test_shard_bounds_cover_every_client_once():
     (dict(shards=0), "shards"),
     (dict(shards=True), "shards"),
     (dict(shards=61), "between 1 and the number of clients"),
-    (dict(transport="ray", secure_aggregation=True), "secure_aggregation"),
-    (dict(shards=2, secure_aggregation=True), "secure_aggregation"),
 ])
 def test_bad_shards_are_refused(opts, match):
     prob, _ = _problem()
@@ -335,3 +333,42 @@ def test_a_shard_survives_pickling_with_its_rows_once():
         assert back.clients[i].seed == shard.clients[i].seed
         np.testing.assert_array_equal(back.clients[i].rng(3).integers(0, 10**9, 4),
                                       shard.clients[i].rng(3).integers(0, 10**9, 4))
+
+
+# -- secure aggregation between the shards ----------------------------------------------------
+
+@pytest.mark.parametrize("opts", [dict(batch_size="full"),
+                                  dict(batch_size=16, clients_per_round=12)], ids=["full", "K"])
+def test_secure_aggregation_between_shards_equals_it_between_clients(opts):
+    pytest.importorskip("cryptography")
+    prob, _ = _problem(num_clients=40)
+    a = prob.solve(seed=1, max_iter=12, secure_aggregation=True, **opts)
+    b = prob.solve(seed=1, max_iter=12, secure_aggregation=True, shards=3, **opts)
+    assert (a.status, a.nit) == (b.status, b.nit)
+    # the same sums, each decoded from 2^-f fixed point (f about 40 here)
+    np.testing.assert_allclose(b.x, a.x, rtol=0, atol=1e-8)
+
+
+def test_secure_shards_leave_out_a_failing_client_alone():
+    pytest.importorskip("cryptography")
+    X, y = _rows()
+    data = ss.FederatedData.split(X, y, num_clients=30, seed=0)
+    prob, _ = _problem(fail_on=data.clients[11].X[0].copy(), data=data)
+    opts = dict(seed=0, max_iter=5, batch_size="full", on_client_failure="drop",
+                check_gradients=False, secure_aggregation=True)
+    ref = prob.solve(**opts)
+    res = prob.solve(shards=3, **opts)
+    assert {d.client for d in res.dropouts} == {11}
+    assert [d.round for d in res.dropouts] == [d.round for d in ref.dropouts]
+    np.testing.assert_allclose(res.x, ref.x, rtol=0, atol=1e-8)
+
+
+def test_secure_shards_recover_from_a_killed_worker(tmp_path):
+    pytest.importorskip("cryptography")
+    prob, _ = _marked_problem(tmp_path)
+    killed = []
+    res = prob.solve(seed=0, batch_size="full", max_iter=8, transport="process", shards=3,
+                     check_gradients=False, secure_aggregation=True, on_client_failure="drop",
+                     callback=_kill_at(3, tmp_path, killed))
+    assert killed and res.nit == 8
+    assert sorted(d.client for d in res.dropouts if d.round == 4) == list(range(20, 30))

@@ -203,7 +203,8 @@ class RunOptions:
         one-client-at-a-time ones up to rounding (:mod:`ssca_solver.federated.shards`,
         docs/running.md "Many clients"). With ``transport="process"`` each shard is a forked
         process, with ``"ray"`` a Ray actor (default there: one shard per CPU); not with
-        "flower" or ``secure_aggregation``; methods whose server reads only weighted sums of replies
+        "flower". With ``secure_aggregation`` the shards are its participants (each masks
+        its clients' sum); methods whose server reads only weighted sums of replies
         (ssca, fedavg, primal_dual, augmented_lagrangian). Messages are counted as the
         clients' own.
       secure_range: the largest magnitude a client's weighted value may have under secure
@@ -298,10 +299,6 @@ def parse(cls, options: dict, method: str):
             raise ValueError(f"shards does not apply to transport={transport!r}: it keeps "
                              "one client per node (use 'inprocess', 'process' or 'ray')")
 
-    if (shards is not None or transport == "ray") and opts.secure_aggregation:
-        raise ValueError(("shards" if shards is not None else "transport='ray' (shards)")
-                         + " and secure_aggregation cannot be combined: a shard sends its "
-                         "clients' sum in the clear (docs/running.md, 'Many clients')")
     own = check_transport_options(transport, {k: v for k, v in options.items()
                                               if k in transport_only and k not in names})
     return replace(

@@ -219,7 +219,8 @@ class Session:
                 raise ImportError(f"secure_aggregation needs the cryptography package ({exc}): "
                                   "pip install 'ssca-solver[secure]'") from None
             secure = secagg.SecureAggregation(problem.data.client_sizes, opts.secure_range)
-            tasks = secagg.client_tasks(tasks)
+            if opts.shards is None and opts.transport != "ray":
+                tasks = secagg.client_tasks(tasks)     # (shards mask their clients' sums)
         clients = build_clients(problem.data, seed, tasks)
         if opts.shards is not None or opts.transport == "ray":
             if not algorithm.supports_secure_aggregation:

@@ -359,11 +359,21 @@ class SecureAggregation:
 
     def collect(self, gatherer, request: Request, participants: Optional[Sequence[int]],
                 factors, kind: str):
-        order = list(range(len(self.sizes))) if participants is None else list(participants)
-        h = np.ones(len(order)) if factors is None else np.asarray(factors, dtype=float)
-        factor = dict(zip(order, h))
+        clients = list(range(len(self.sizes))) if participants is None else list(participants)
+        hc = np.ones(len(clients)) if factors is None else np.asarray(factors, dtype=float)
         tolerate = gatherer.drop
         transport = gatherer.transport
+        sharded = getattr(transport, "sharded", False)
+        if sharded:
+            # the shards are the protocol's participants: each masks its clients' sum
+            # (:meth:`~.shards.ShardWorker._masked`); the clients' factors travel with the
+            # masked request, each shard's own factor is 1
+            order = transport.shards_holding(clients)
+            h = np.ones(len(order))
+            stream_of = transport.worker_stream
+        else:
+            order, h, stream_of = clients, hc, transport.stream
+        factor = dict(zip(order, h))
         agg = f"{request.task}|{request.round}|{secrets.token_hex(8)}"
         threshold = len(order) // 2 + 1
         bits = fraction_bits(self.range, len(order))
@@ -375,7 +385,7 @@ class SecureAggregation:
             """Replies of ``who`` to ``req`` by client; the failed ones go to ``failed``."""
             got = {}
             words = req.num_floats()
-            for item in _replies(transport.stream(req, who, tolerate), who, req):
+            for item in _replies(stream_of(req, who, tolerate), who, req):
                 down[item.client] += words
                 if isinstance(item, Dropout):
                     failed[item.client] = f"{label}: {item.error}"
@@ -390,7 +400,8 @@ class SecureAggregation:
             self._count(gatherer, kind, order, up, down)
             drops = self._dropouts(request, order, who, failed)
             if not who:
-                raise RoundFailedError(request, drops)
+                raise RoundFailedError(request, self._clients_of(transport, request, clients,
+                                                                 drops) if sharded else drops)
             raise SecureAggregationError(
                 f"secure aggregation of {request.task!r} at round {request.round}: only "
                 f"{len(who)} of the {len(order)} clients answered {label}, fewer than the "
@@ -412,14 +423,20 @@ class SecureAggregation:
         cipher = np.array([np.asarray(shares[i].arrays["cipher"])[pos1] for i in u2],
                           dtype=np.uint8)
         del shares
+        extra_config, extra_arrays = {}, {}
+        if sharded:
+            extra_config, extra_arrays = transport.shard_request(
+                clients, participants, factors, "sum", tolerate)
         masked_request = replace(
-            request, config={**request.config, ID: agg, "num_samples": self.num_samples,
-                             "bits": bits, "range": self.range},
-            arrays={**request.arrays, "ids": np.array(u2, dtype=np.int64), "cipher": cipher,
-                    "factor": np.array([factor[i] for i in u2])})
+            request, config={**request.config, **extra_config, ID: agg,
+                             "num_samples": self.num_samples, "bits": bits,
+                             "range": self.range},
+            arrays={**request.arrays, **extra_arrays, "ids": np.array(u2, dtype=np.int64),
+                    "cipher": cipher, "factor": np.array([factor[i] for i in u2])})
         total, layout, overflow = None, None, []
+        answered, inner_drops = [], []
         words = masked_request.num_floats()
-        stream = transport.stream(masked_request, u2, tolerate)
+        stream = stream_of(masked_request, u2, tolerate)
         for item in _replies(stream, u2, masked_request):              # summed as they come
             down[item.client] += words
             if isinstance(item, Dropout):
@@ -429,6 +446,8 @@ class SecureAggregation:
             if "overflow" in item.arrays:
                 overflow.append(item)
                 continue
+            if sharded:
+                item = transport.take_members(item, answered, inner_drops)
             if not (isinstance(item.arrays.get("masked"), np.ndarray)
                     and item.arrays["masked"].dtype == np.uint64
                     and item.arrays["masked"].ndim == 1
@@ -488,8 +507,17 @@ class SecureAggregation:
                     total += mask
         self._count(gatherer, kind, order, up, down)
         drops = self._dropouts(request, order, u3, failed)
-        gatherer.pending.extend(drops)
-        s = gatherer.renormalisation(order, h, u3, request, drops)
+        if sharded:
+            # the clients of the shards that failed, and those a surviving shard left out
+            kept = set(u3)
+            drops = self._clients_of(transport, request, clients, drops) + [
+                d for k, d in inner_drops if k in kept]
+            answered = [i for k, i in answered if k in kept]
+            gatherer.pending.extend(drops)
+            s = gatherer.renormalisation(clients, hc, answered, request, drops)
+        else:
+            gatherer.pending.extend(drops)
+            s = gatherer.renormalisation(order, h, u3, request, drops)
         sums = total.view(np.int64)
         # each survivor's weighted values are within secure_range (the clients check theirs),
         # so a sum beyond len(u3) times it means a masked reply was corrupted (or masked with
@@ -512,6 +540,13 @@ class SecureAggregation:
             at += size
         yield Reply(AGGREGATE, request.task, request.round, self.num_samples,
                     self.num_samples, arrays, weight=float(s))
+
+    @staticmethod
+    def _clients_of(transport, request, clients, drops) -> list[Dropout]:
+        """The Dropouts of the clients of the shards in ``drops`` (shard-level)."""
+        order = np.asarray(clients, dtype=np.int64)
+        return [d2 for d in drops for d2 in transport.member_dropouts(d.client, request, order,
+                                                                      d.error)]
 
     @staticmethod
     def _dropouts(request, order, kept, failed) -> list[Dropout]:

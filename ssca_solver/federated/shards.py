@@ -49,8 +49,8 @@ import numpy as np
 from ..errors import ClientError
 from ..model.data import ClientData
 from .client import Client
-from .messages import (AGGREGATE, FACTOR, SUMMED, Dropout, Reply, Request, aggregation_weight,
-                       describe_error)
+from .messages import (AGGREGATE, FACTOR, SECAGG, SUMMED, Dropout, Reply, Request,
+                       aggregation_weight, describe_error)
 from .replies import STAND_IN, ReplyCheck
 from .transport import InProcessTransport, participant_order
 
@@ -321,6 +321,15 @@ SHARD_TOLERATE = "shard:tolerate"
 SHARD_PARTICIPANTS, SHARD_FACTORS = "shard:participants", "shard:factors"
 
 
+#: Arrays of a shard's masked reply beside "masked" and "layout": the clients that answered
+#: (int64) and the dropouts of the others (JSON text, [[client, error], ...])
+SHARD_ANSWERED, SHARD_DROPPED = "shard:answered", "shard:dropped"
+#: the protocol steps of secure aggregation (:mod:`.secagg`), and the masked step's arrays
+#: that are the protocol's, not the task's
+SECAGG_STEPS = ("secagg.keys", "secagg.shares", "secagg.unmask")
+MASK_ARRAYS = ("ids", "cipher", "factor")
+
+
 class ShardWorker:
     """A shard as a transport's client: ``handle(request)`` answers the shard's part of a
     request to the shards (:data:`SHARD_MODE` and friends in its config and arrays), so any
@@ -331,7 +340,27 @@ class ShardWorker:
         self.shard = shard
         self.index = shard.index
 
+    @property
+    def num_rows(self) -> int:
+        return int(self.shard.sizes.sum())
+
+    def reply(self, request: Request, arrays, batch_size: Optional[int] = None) -> Reply:
+        """A reply of this worker itself (secure aggregation's protocol steps)."""
+        n = self.num_rows
+        return Reply(self.index, request.task, request.round, n,
+                     n if batch_size is None else int(batch_size), dict(arrays))
+
     def handle(self, request: Request):
+        if request.task in SECAGG_STEPS:             # secure aggregation between the shards
+            from . import secagg
+
+            return {secagg.KEYS: secagg.keys_task, secagg.SHARES: secagg.shares_task,
+                    secagg.UNMASK: secagg.unmask_task}[request.task](self, request)
+        if SECAGG in request.config:
+            return self._masked(request)
+        return self._answer(request)
+
+    def _answer(self, request: Request):
         config, arrays = dict(request.config), dict(request.arrays)
         mode = config.pop(SHARD_MODE)
         tolerate = bool(config.pop(SHARD_TOLERATE, False))
@@ -349,6 +378,41 @@ class ShardWorker:
         if mode == "sum":
             return shard.answer(inner, members, factors, tolerate)
         return shard.each(inner, members, tolerate)
+
+    def _masked(self, request: Request) -> Reply:
+        """The masked step of a secure aggregation between the shards: the shard's sum
+        N sum_i a_i x_i over its participants (the request's SHARD_PARTICIPANTS and
+        SHARD_FACTORS), weighted, encoded and masked by :class:`~.secagg.MaskedTask` as one
+        participant's reply (factor 1), with the clients who answered (``SHARD_ANSWERED``)
+        and the dropouts of the others (``SHARD_DROPPED``, JSON text) beside it: who
+        answered is what secure aggregation tells the server anyway."""
+        import json
+
+        from .secagg import MaskedTask, _text
+
+        found = {}
+
+        def summed_here(worker, req):
+            # the task's own config stays (under SECAGG its tasks act as under secure
+            # aggregation: a point where a function is not finite raises, for one)
+            arrays = {k: v for k, v in req.arrays.items() if k not in MASK_ARRAYS}
+            got = worker._answer(replace(req, config={**req.config, SHARD_MODE: "sum"},
+                                         arrays=arrays))
+            found["answer"] = got
+            if got.reply is None:
+                raise RuntimeError(f"{worker.shard.describe()}: none of its clients answered ("
+                                   + "; ".join(f"client {d.client}: {d.error}"
+                                               for d in got.dropouts[:3]) + ")")
+            return replace(got.reply, client=worker.index)
+
+        reply = MaskedTask(summed_here)(self, request)
+        got = found.get("answer")
+        if got is None or "masked" not in reply.arrays:
+            return reply
+        arrays = dict(reply.arrays)
+        arrays[SHARD_ANSWERED] = np.asarray(got.answered, dtype=np.int64)
+        arrays[SHARD_DROPPED] = _text(json.dumps([[d.client, d.error] for d in got.dropouts]))
+        return replace(reply, arrays=arrays)
 
 
 class ShardedTransport(InProcessTransport):
@@ -407,33 +471,79 @@ class ShardedTransport(InProcessTransport):
                              f"{participants!r}")
         return order
 
-    def _ask(self, request: Request, mode: str, participants, factors,
-             tolerate: bool) -> Iterator[tuple]:
-        """(shard, its worker's answer or a Dropout of the worker) for every shard that
-        holds a participant, in shard order."""
-        order = self._order(participants)
-        ks = np.unique(self.shard_of[order]).tolist()
-        arrays = dict(request.arrays)
+    def shards_holding(self, participants) -> list[int]:
+        """The shards that hold a participant (None: every client), in shard order."""
+        return np.unique(self.shard_of[self._order(participants)]).tolist()
+
+    def shard_request(self, clients, participants, factors, mode: str = "sum",
+                      tolerate: bool = False) -> tuple[dict, dict]:
+        """(config, arrays) that tell the workers what to answer: ``mode``, ``tolerate``
+        and, unless every client takes part with factor 1, the participants and their
+        factors."""
+        arrays = {}
         if participants is not None:
-            arrays[SHARD_PARTICIPANTS] = order.astype(np.int64)
+            arrays[SHARD_PARTICIPANTS] = self._order(participants).astype(np.int64)
         if factors is not None:
             arrays[SHARD_FACTORS] = np.asarray(factors, dtype=float)
-        asked = replace(request, config={**request.config, SHARD_MODE: mode,
-                                         SHARD_TOLERATE: bool(tolerate)},
-                        arrays=arrays).read_only()
+        return {SHARD_MODE: mode, SHARD_TOLERATE: bool(tolerate)}, arrays
+
+    def worker_stream(self, request: Request, shards: Sequence[int], tolerate: bool = False):
+        """The workers of ``shards`` answering ``request`` themselves, in that order: their
+        answers, or (``tolerate``) a Dropout of shard k for a worker that failed; without
+        ``tolerate`` a worker's failure raises (a ClientError names its clients)."""
+        request = request.read_only()
         if self.carrier is None:
-            for k in ks:
-                yield k, self.workers[k].handle(asked)
+            for k in shards:
+                try:
+                    yield self.workers[k].handle(request)
+                except Exception as exc:   # Ctrl-C and the like are not a worker's failure
+                    if not tolerate:
+                        raise
+                    yield Dropout(k, request.task, request.round, describe_error(exc))
             return
         try:
-            yield from zip(ks, self.carrier.stream(asked, ks, tolerate))
+            yield from self.carrier.stream(request, list(shards), tolerate)
         except ClientError as exc:
             if type(exc) is not ClientError or not isinstance(exc.client, int) \
-                    or exc.client not in ks:
+                    or exc.client not in shards:
                 raise
             raise ClientError(self.shards[exc.client].span(), exc.round,
                               f"the worker of shard {exc.client} failed: {exc.cause}",
                               exc.remote_traceback) from exc
+
+    def take_members(self, reply: Reply, answered: list, dropped: list) -> Reply:
+        """A shard's masked reply without its list of the clients who answered and its
+        dropouts, which go to ``answered`` ((shard, client) pairs) and ``dropped`` ((shard,
+        Dropout) pairs)."""
+        import json
+
+        from .secagg import _untext
+
+        arrays = dict(reply.arrays)
+        k = reply.client
+        got = arrays.pop(SHARD_ANSWERED, None)
+        text = arrays.pop(SHARD_DROPPED, None)
+        if got is not None:
+            answered.extend((k, int(i)) for i in np.asarray(got).ravel())
+        if text is not None:
+            dropped.extend((k, Dropout(int(i), reply.task, reply.round, str(e)))
+                           for i, e in json.loads(_untext(text)))
+        return replace(reply, arrays=arrays)
+
+    def _ask(self, request: Request, mode: str, participants, factors,
+             tolerate: bool) -> Iterator[tuple]:
+        """(shard, its worker's answer or a Dropout of the worker) for every shard that
+        holds a participant, in shard order."""
+        ks = self.shards_holding(participants)
+        config, arrays = self.shard_request(None, participants, factors, mode, tolerate)
+        asked = replace(request, config={**request.config, **config},
+                        arrays={**request.arrays, **arrays})
+        yield from zip(ks, self.worker_stream(asked, ks, tolerate))
+
+    def member_dropouts(self, k: int, request: Request, order: np.ndarray,
+                        error: str) -> list:
+        """A Dropout for each participant (``order``) of shard k, whose worker failed."""
+        return self._dropouts(k, request, order, error)
 
     def _dropouts(self, k: int, request: Request, order: np.ndarray, error: str) -> list:
         """A Dropout for each participant of shard k whose worker failed."""
