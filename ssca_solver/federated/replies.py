@@ -87,11 +87,13 @@ class ReplyCheck:
     """The server's checks of the replies of one run (module docstring).
 
     Args:
-      sizes: N_i of every client, as the server knows them.
+      sizes: N_i of every client, as the server knows them (from client ``first`` on).
     """
 
-    def __init__(self, sizes: Sequence[int]):
+    def __init__(self, sizes: Sequence[int], first: int = 0):
         self.sizes = [int(n) for n in sizes]
+        #: the index of the client whose N_i is ``sizes[0]`` (a shard's first client)
+        self.first = int(first)
         self.agreed: dict = {}        # task -> {array name: shape agreed in an earlier request}
         self.layouts: dict = {}       # request_kind -> the set of arrays agreed in the last
                                       # request of that kind (RequestCheck.alone)
@@ -133,7 +135,8 @@ class RequestCheck:
         if reply.task != r.task or reply.round != r.round:
             raise self.fail(client, f"says it answers task {reply.task!r} at round "
                             f"{reply.round!r} (the request was round {r.round})", "identity")
-        n = self.owner.sizes[client] if 0 <= client < len(self.owner.sizes) else None
+        at = client - self.owner.first
+        n = self.owner.sizes[at] if 0 <= at < len(self.owner.sizes) else None
         rows, batch = reply.num_rows, reply.batch_size
         if not _is_int(rows) or (n is not None and int(rows) != n):
             raise self.fail(client, f"gives num_rows={rows!r}, but the server's data gives "

@@ -138,9 +138,7 @@ class Shard:
         #: N_i and the first row of each client in the shard's rows
         self.sizes = np.array(sizes, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        everyone = np.zeros(max(self.clients) + 1, dtype=np.int64)
-        everyone[list(self.clients)] = sizes
-        self.check = ReplyCheck(everyone)
+        self.check = ReplyCheck(sizes, first=self.first)
 
     def __getstate__(self):
         # the rows once (the shard's block), not again in every client's view of it
