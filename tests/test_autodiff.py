@@ -337,6 +337,20 @@ def test_secure_aggregation_matches_the_plain_run(cancer_data):
     assert 0 < np.max(np.abs(secure.x - plain.x)) < 1e-8      # through the masks, same point
 
 
+def test_shards_evaluate_pooled_batches_in_one_compiled_call(cancer_data):
+    """A shard's clients' batches pooled into one call of the compiled loss (the batched
+    evaluation the issue asks of JAX): the same iterates as client by client."""
+    f = ss.from_jax(logistic, name="loss")
+    prob = ss.Problem(f, dim=cancer_data.clients[0].X.shape[1], data=cancer_data,
+                      regularizer=lambda w: 1e-2 * __import__("cvxpy").sum_squares(w))
+    for opts in (dict(batch_size=10, tau=0.5, max_iter=10, seed=3),
+                 dict(batch_size="full", max_iter=15, seed=3)):
+        one = prob.solve(**opts)
+        pooled = prob.solve(shards=2, **opts)
+        assert (one.status, one.nit) == (pooled.status, pooled.nit)
+        np.testing.assert_allclose(pooled.x, one.x, rtol=0, atol=1e-10)
+
+
 # -- errors users will make --------------------------------------------------------------------
 
 def test_a_loss_of_the_wrong_shape_or_dtype_is_named(batch):
