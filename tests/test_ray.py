@@ -77,3 +77,13 @@ def test_a_killed_actor_drops_its_clients_or_is_named(tmp_path):
     with pytest.raises(ss.ClientError, match=r"client 20\.\.29, round 4: the worker of "
                                              r"shard 2 failed: its Ray actor"):
         prob.solve(callback=_kill_at(3, tmp_path, killed), **opts)
+
+
+def test_secure_aggregation_between_actors():
+    pytest.importorskip("cryptography")
+    prob, _ = _problem(num_clients=30)
+    opts = dict(seed=1, max_iter=8, batch_size="full", secure_aggregation=True)
+    a = prob.solve(**opts)
+    b = prob.solve(transport="ray", shards=3, **opts)
+    assert (a.status, a.nit) == (b.status, b.nit)
+    np.testing.assert_allclose(b.x, a.x, rtol=0, atol=1e-8)

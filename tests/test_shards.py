@@ -372,3 +372,16 @@ def test_secure_shards_recover_from_a_killed_worker(tmp_path):
                      callback=_kill_at(3, tmp_path, killed))
     assert killed and res.nit == 8
     assert sorted(d.client for d in res.dropouts if d.round == 4) == list(range(20, 30))
+
+
+def test_checkpoint_and_resume_with_shards(tmp_path):
+    prob, _ = _problem(num_clients=40)
+    opts = dict(seed=5, batch_size=16, shards=3)
+    whole = prob.solve(max_iter=20, **opts)
+    path = tmp_path / "run.npz"
+    first = prob.solve(max_iter=20, checkpoint=str(path), callback=lambda it: it.t == 8,
+                       **opts)
+    assert first.status == "stopped" and first.nit == 8
+    resumed = prob.solve(max_iter=20, resume=str(path), **opts)
+    assert resumed.nit == whole.nit
+    np.testing.assert_array_equal(resumed.x, whole.x)
