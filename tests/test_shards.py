@@ -385,3 +385,21 @@ def test_checkpoint_and_resume_with_shards(tmp_path):
     resumed = prob.solve(max_iter=20, resume=str(path), **opts)
     assert resumed.nit == whole.nit
     np.testing.assert_array_equal(resumed.x, whole.x)
+
+
+def test_ray_options_are_checked_before_anything_starts():
+    prob, _ = _problem()
+    with pytest.raises(ValueError, match="ray_address"):
+        prob.solve(max_iter=1, transport="ray", ray_address=5)
+    with pytest.raises(ValueError, match="only apply to transport='ray'"):
+        prob.solve(max_iter=1, ray_address="auto")
+
+
+def test_without_ray_the_transport_says_how_to_install_it():
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("Ray is installed here (tests/test_ray.py runs the transport)")
+    prob, _ = _problem()
+    with pytest.raises(ImportError, match=r"ssca-solver\[ray\]"):
+        prob.solve(max_iter=1, transport="ray")
