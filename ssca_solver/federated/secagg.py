@@ -373,6 +373,7 @@ class SecureAggregation:
             stream_of = transport.worker_stream
         else:
             order, h, stream_of = clients, hc, transport.stream
+        party = "shard" if sharded else "client"
         factor = dict(zip(order, h))
         agg = f"{request.task}|{request.round}|{secrets.token_hex(8)}"
         threshold = len(order) // 2 + 1
@@ -404,7 +405,7 @@ class SecureAggregation:
                                                                  drops) if sharded else drops)
             raise SecureAggregationError(
                 f"secure aggregation of {request.task!r} at round {request.round}: only "
-                f"{len(who)} of the {len(order)} clients answered {label}, fewer than the "
+                f"{len(who)} of the {len(order)} {party}s answered {label}, fewer than the "
                 f"threshold {threshold} needed to remove the masks; failures: "
                 + "; ".join(f"client {d.client}: {d.error}" for d in drops[:5]))
 
@@ -475,7 +476,7 @@ class SecureAggregation:
             o = overflow[0]
             value, a = (float(v) for v in o.arrays["overflow"])
             raise SecureAggregationError(
-                f"secure aggregation: client {o.client}'s weighted value {value:.6g} in array "
+                f"secure aggregation: {party} {o.client}'s weighted value {value:.6g} in array "
                 f"{_untext(o.arrays['name'])!r} of task {request.task!r} (round "
                 f"{request.round}; its weight a = {a:.3g}) is outside secure_range = "
                 f"{self.range:g}; values are never clipped: pass a larger secure_range (the "
