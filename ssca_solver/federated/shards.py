@@ -268,9 +268,24 @@ class Shard:
 
     def _one_by_one(self, request: Request, marked: Request, members, factors,
                     tolerate: bool) -> ShardAnswer:
+        """Each client's handler on its own, its reply checked here and added in as it comes
+        (with ``tolerate`` the replies are held until all arrived: a reply whose shapes
+        differ from the others' is then left out as a dropout, as the server does)."""
         N = self.num_samples
         check = self.check.start(marked, members)
-        got, dropouts = [], []
+        sums: dict = {}
+        stand_in: set = set()
+        answered, held, dropouts = [], [], []
+
+        def add(h, reply):
+            if any(k in STAND_IN for k in reply.arrays):
+                stand_in.update(k for k in reply.arrays if k in STAND_IN)
+                return
+            a = N * aggregation_weight(reply, N, factor=h)
+            for k, v in reply.arrays.items():
+                v = a * np.asarray(v, dtype=float)
+                sums[k] = v if k not in sums else sums[k] + v
+
         for i, h in zip(members, factors):
             ask = replace(marked, config={**marked.config, FACTOR: float(h)})
             try:
@@ -281,32 +296,30 @@ class Shard:
                     raise
                 dropouts.append(Dropout(i, request.task, request.round, describe_error(exc)))
                 continue
-            got.append((i, float(h), reply))
-            if not tolerate:
-                odd = check.note(reply)
-                if odd is not None:
-                    raise check.shape_error(odd)
+            if tolerate:
+                held.append((float(h), reply))
+                continue
+            odd = check.note(reply)
+            if odd is not None:
+                raise check.shape_error(odd)
+            add(float(h), reply)
+            answered.append(i)
+            del reply
         if tolerate:
-            good, bad = check.screen([r for _, _, r in got])
+            good, bad = check.screen([r for _, r in held])
             keep = {r.client for r in good}
             dropouts += [Dropout(e.client, request.task, request.round,
                                  f"ReplyError: {e.cause}") for e in bad]
-            got = [g for g in got if g[0] in keep]
-        if not got:
+            for h, reply in held:
+                if reply.client in keep:
+                    add(h, reply)
+                    answered.append(reply.client)
+            held.clear()
+        if not answered:
             return ShardAnswer(self.index, None, [], dropouts)
         check.done()
-        if any(k in STAND_IN for _, _, r in got for k in r.arrays):
-            names = {k for _, _, r in got for k in r.arrays if k in STAND_IN}
-            arrays = {k: np.ones(1) for k in names}
-        else:
-            arrays = {}
-            for i, h, reply in got:
-                a = N * aggregation_weight(reply, N, factor=h)
-                for k, v in reply.arrays.items():
-                    v = a * np.asarray(v, dtype=float)
-                    arrays[k] = v if k not in arrays else arrays[k] + v
-        return ShardAnswer(self.index, self._reply(request, arrays), [g[0] for g in got],
-                           dropouts)
+        arrays = {k: np.ones(1) for k in stand_in} if stand_in else sums
+        return ShardAnswer(self.index, self._reply(request, arrays), answered, dropouts)
 
 
 #: Request config of a request to a shard's worker: "sum" (one ShardAnswer) or "each" (the
