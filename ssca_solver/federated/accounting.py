@@ -1,0 +1,131 @@
+"""Privacy accounting of what clients send: (epsilon, delta) of record-level differential
+privacy over the rounds of a run, from Google's ``dp-accounting`` (the ``privacy`` extra).
+
+Not in the paper. The mechanism it accounts for: in a round, every client sums over its batch
+of B_i rows, drawn uniformly without replacement from its N_i rows (:meth:`Client.batch`), a
+contribution per row clipped to norm C, and the sum (of all clients, or of one) receives
+Gaussian noise of standard deviation ``noise_multiplier * C``. Neighbouring data sets differ in
+one row *replaced* (the number of rows is public: the batch sizes and the weights N_i / N
+depend on it), so a clipped sum moves by up to 2 C: the Gaussian's multiplier in
+``dp-accounting``'s sense (sigma over the sensitivity under the neighbouring relation) is
+``noise_multiplier / 2``. Passing ``noise_multiplier`` itself understates epsilon: for 1,000
+rounds of 100 of 10,000 rows at noise 2 C, 1.45 instead of 3.58 at delta = 1e-5 (2.47x).
+
+A row of client i is in a round's batch with probability B_i / N_i: dp-accounting's
+``SampledWithoutReplacementDpEvent`` (Renyi accounting, Wang, Balle and Kasiviswanathan 2019,
+which requires the replace-one relation); a round that reads every row (B_i >= N_i) is the
+Gaussian mechanism itself. The rows of the client with the largest sampling ratio pay the
+most: its epsilon is the run's record-level epsilon.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+#: Renyi orders of the accountant (dp-accounting's defaults span 1.25 .. 256; a few larger
+#: ones serve small noise multipliers)
+ORDERS = tuple([1.0 + x / 10.0 for x in range(1, 100)] + list(range(11, 64))
+               + [128, 256, 512, 1024])
+
+
+def dp_accounting():
+    """``import dp_accounting``, or ImportError saying how to install it."""
+    try:
+        import dp_accounting as dpa
+    except ImportError as exc:
+        raise ImportError(f"privacy accounting needs dp-accounting ({exc}): pip install "
+                          "'ssca-solver[privacy]'") from None
+    return dpa
+
+
+def _check(noise_multiplier: float, delta: float) -> None:
+    if not (isinstance(noise_multiplier, (int, float)) and noise_multiplier > 0
+            and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier must be a positive number (the noise's standard "
+                         f"deviation over the clipping norm C), got {noise_multiplier!r}")
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+
+
+def round_event(noise_multiplier: float, rows: int, batch: Optional[int]):
+    """The DpEvent of one round for a row of a client with ``rows`` rows that reads
+    ``batch`` of them (None: all) and whose clipped sum gets Gaussian noise of standard
+    deviation ``noise_multiplier`` C (module docstring: the event's multiplier is half of
+    it, the replace-one sensitivity being 2 C)."""
+    dpa = dp_accounting()
+    rows = int(rows)
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    gaussian = dpa.GaussianDpEvent(noise_multiplier / 2.0)
+    if batch is None or int(batch) >= rows:
+        return gaussian
+    if int(batch) < 1:
+        raise ValueError(f"batch must be >= 1 or None (every row), got {batch}")
+    return dpa.SampledWithoutReplacementDpEvent(rows, int(batch), gaussian)
+
+
+def run_event(noise_multiplier: float, rows: int, batches: Sequence[Optional[int]]):
+    """The DpEvent of the rounds whose batches (rows read per client, None: all) are
+    ``batches``, for a client with ``rows`` rows: each distinct batch size's round event
+    composed with itself as often as it occurs."""
+    dpa = dp_accounting()
+    counts: dict = {}
+    for b in batches:
+        key = None if b is None or int(b) >= int(rows) else int(b)
+        counts[key] = counts.get(key, 0) + 1
+    events = [dpa.SelfComposedDpEvent(round_event(noise_multiplier, rows, b), k)
+              for b, k in counts.items()]
+    return events[0] if len(events) == 1 else dpa.ComposedDpEvent(events)
+
+
+def epsilon_of(event, delta: float) -> float:
+    """Epsilon at ``delta`` of ``event`` by Renyi accounting under the replace-one relation."""
+    dpa = dp_accounting()
+    accountant = dpa.rdp.RdpAccountant(
+        list(ORDERS), neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    accountant.compose(event)
+    return float(accountant.get_epsilon(delta))
+
+
+def record_epsilon(noise_multiplier: float, sizes: Sequence[int],
+                   batches: Sequence[Optional[int]], delta: float) -> float:
+    """Record-level epsilon at ``delta`` of a run whose rounds read ``batches`` rows per
+    client (None: every row) from clients of ``sizes`` rows, each round's clipped sums
+    noised with standard deviation ``noise_multiplier`` C: the largest over the clients
+    (the one with the largest sampling ratio pays the most; clients of equal size are
+    accounted once)."""
+    _check(noise_multiplier, delta)
+    batches = list(batches)
+    if not batches:
+        return 0.0
+    return max(epsilon_of(run_event(noise_multiplier, n, batches), delta)
+               for n in sorted(set(int(n) for n in sizes)))
+
+
+def calibrate_noise(target_epsilon: float, delta: float, sizes: Sequence[int],
+                    batches: Sequence[Optional[int]]) -> float:
+    """The smallest noise multiplier (standard deviation over C) whose
+    :func:`record_epsilon` over ``batches`` is at most ``target_epsilon`` (to dp-accounting's
+    calibration tolerance, then rounded up so that the bound holds)."""
+    if not (isinstance(target_epsilon, (int, float)) and target_epsilon > 0):
+        raise ValueError(f"target_epsilon must be > 0, got {target_epsilon!r}")
+    _check(1.0, delta)
+    dpa = dp_accounting()
+    batches = list(batches)
+    if not batches:
+        raise ValueError("no rounds to calibrate for")
+    worst = min(int(n) for n in sizes)
+
+    def fresh():
+        return dpa.rdp.RdpAccountant(
+            list(ORDERS), neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+
+    # the smallest client's rows are the most exposed when every client reads the same
+    # batch size; the check below covers the others
+    z = float(dpa.calibrate_dp_mechanism(fresh, lambda z: run_event(z, worst, batches),
+                                         float(target_epsilon), float(delta),
+                                         dpa.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4))
+    while record_epsilon(z, sizes, batches, delta) > target_epsilon:
+        z *= 1.0 + 1e-4
+    return z
