@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 import ssca_solver as ss  # noqa: E402
 from ssca_solver.federated.threads import available_cpus  # noqa: E402
 
-from test_shards import Counted, _kill_at, _marked_problem, _problem, _same  # noqa: E402
+from test_shards import _problem, _same, killed_worker_is_dropped_or_named  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -63,20 +63,9 @@ def test_a_clients_exception_arrives_as_itself():
 
 
 def test_a_killed_actor_drops_its_clients_or_is_named(tmp_path):
-    prob, _ = _marked_problem(tmp_path)
-    killed = []
-    opts = dict(seed=0, batch_size="full", max_iter=8, transport="ray", shards=3,
-                check_gradients=False)
-    res = prob.solve(on_client_failure="drop", callback=_kill_at(3, tmp_path, killed), **opts)
-    assert killed
-    assert sorted(d.client for d in res.dropouts if d.round == 4) == list(range(20, 30))
-    assert res.nit == 8
-    for p in tmp_path.glob("pid-*"):
-        p.unlink()
-    killed.clear()
-    with pytest.raises(ss.ClientError, match=r"client 20\.\.29, round 4: the worker of "
-                                             r"shard 2 failed: its Ray actor"):
-        prob.solve(callback=_kill_at(3, tmp_path, killed), **opts)
+    killed_worker_is_dropped_or_named(
+        tmp_path, r"client 20\.\.29, round 4: the worker of shard 2 failed: its Ray actor",
+        transport="ray")
 
 
 def test_secure_aggregation_between_actors():

@@ -291,23 +291,30 @@ def test_process_shards_give_the_same_iterates(opts):
     assert a.communication == b.communication
 
 
-def test_a_killed_worker_process_drops_its_clients_or_is_named(tmp_path):
-    prob, data = _marked_problem(tmp_path)
+def killed_worker_is_dropped_or_named(tmp_path, match, **engine):
+    """A worker (process or actor) killed after round 3 holding shard 2 (clients 20..29):
+    with on_client_failure="drop" all its clients are dropouts of round 4, alone, and the run
+    goes on; otherwise a ClientError names them and the round, matching ``match``."""
+    prob, _ = _marked_problem(tmp_path)
     killed = []
-    opts = dict(seed=0, batch_size="full", max_iter=8, transport="process", shards=3,
-                check_gradients=False)
+    opts = dict(seed=0, batch_size="full", max_iter=8, shards=3, check_gradients=False,
+                **engine)
     res = prob.solve(on_client_failure="drop", callback=_kill_at(3, tmp_path, killed), **opts)
     assert killed
-    # shard 2 holds clients 20..29: all of them dropped at round 4, alone, and the run went on
     at4 = sorted(d.client for d in res.dropouts if d.round == 4)
     assert at4 == list(range(20, 30)), res.dropouts
     assert all("worker" in d.error for d in res.dropouts) and res.nit == 8
     for p in tmp_path.glob("pid-*"):
         p.unlink()
     killed.clear()
-    with pytest.raises(ss.ClientError, match=r"client 20\.\.29, round 4: the worker of "
-                                             r"shard 2 failed"):
+    with pytest.raises(ss.ClientError, match=match):
         prob.solve(callback=_kill_at(3, tmp_path, killed), **opts)
+
+
+def test_a_killed_worker_process_drops_its_clients_or_is_named(tmp_path):
+    killed_worker_is_dropped_or_named(
+        tmp_path, r"client 20\.\.29, round 4: the worker of shard 2 failed",
+        transport="process")
 
 
 def test_shards_refused_on_flower():

@@ -296,7 +296,7 @@ class Gatherer:
         own: a shard's sum has the layout of each client's reply and stands for the replies
         of the clients who answered (what a deployment without shards would send)."""
         down = request.num_floats()
-        answered, dropped, held = [], [], []
+        answered, dropped = [], []
         layout = None
 
         def gather(who, hw):
@@ -306,18 +306,15 @@ class Gatherer:
                 self.count(kind, up, down, len(part.answered))
                 self.count(kind, 0, down, len(part.dropouts))
                 dropped.extend(part.dropouts)
-                if part.reply is None:
-                    continue
-                layout = shard_layout(part.reply, request, part.shard, layout) or layout
-                answered.extend(part.answered)
-                if self.drop:
-                    held.append(part.reply)
-                else:
+                if part.reply is not None:
+                    layout = shard_layout(part.reply, request, part.shard, layout) or layout
+                    answered.extend(part.answered)
                     yield part.reply
 
-        yield from gather(participants, factors)
         if not self.drop:
+            yield from gather(participants, factors)
             return
+        held = list(gather(participants, factors))
         order = list(range(len(self.sizes))) if participants is None else list(participants)
         h = np.ones(len(order)) if factors is None else np.asarray(factors, dtype=float)
         if dropped and kind == "eval":
@@ -325,8 +322,7 @@ class Gatherer:
             retry = [d.client for d in dropped]
             dropped.clear()
             factor = dict(zip(order, h))
-            for _ in gather(retry, np.array([factor[i] for i in retry])):
-                pass
+            held += gather(retry, np.array([factor[i] for i in retry]))
         self.pending.extend(dropped)
         s = self.renormalisation(order, h, answered, request, dropped)
         while held:

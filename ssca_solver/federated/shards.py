@@ -159,7 +159,7 @@ class Shard:
         return list(self.clients)
 
     def describe(self) -> str:
-        return f"shard {self.index} (clients {self.first}..{self.first + len(self.sizes) - 1})"
+        return f"shard {self.index} (clients {self.span()})"
 
     def span(self) -> str:
         """"first..last": the shard's clients, as a ClientError names them."""
@@ -196,14 +196,14 @@ class Shard:
                                           "num_samples": self.num_samples})
         plan = getattr(handler, "pooling", None)
         plan = plan(marked) if plan is not None else None
+        arrays = None
         if plan is not None:
             try:
                 arrays = self._pooled(handler, plan, marked, members, factors)
             except Exception:
-                # whose failure: the clients one by one tell (and keep it to that client)
-                pass
-            else:
-                return ShardAnswer(self.index, self._reply(request, arrays), list(members), [])
+                arrays = None    # whose failure: the clients one by one tell (that one alone)
+        if arrays is not None:
+            return ShardAnswer(self.index, self._reply(request, arrays), list(members), [])
         return self._one_by_one(request, marked, members, factors, tolerate)
 
     def _reply(self, request: Request, arrays: dict) -> Reply:
@@ -554,10 +554,6 @@ class ShardedTransport(InProcessTransport):
     def member_dropouts(self, k: int, request: Request, order: np.ndarray,
                         error: str) -> list:
         """A Dropout for each participant (``order``) of shard k, whose worker failed."""
-        return self._dropouts(k, request, order, error)
-
-    def _dropouts(self, k: int, request: Request, order: np.ndarray, error: str) -> list:
-        """A Dropout for each participant of shard k whose worker failed."""
         mine = order[self.shard_of[order] == k].tolist()
         return [Dropout(i, request.task, request.round,
                         f"its shard's worker failed (shard {k}): {error}") for i in mine]
@@ -569,7 +565,7 @@ class ShardedTransport(InProcessTransport):
         in shard order; ``factors``: h_i of the participants (None: 1)."""
         for k, got in self._ask(request, "sum", participants, factors, tolerate_failures):
             if isinstance(got, Dropout):
-                got = ShardAnswer(k, None, [], self._dropouts(
+                got = ShardAnswer(k, None, [], self.member_dropouts(
                     k, request, self._order(participants), got.error))
             yield got
 
@@ -581,7 +577,7 @@ class ShardedTransport(InProcessTransport):
         got = {}
         for k, answer in self._ask(request, "each", participants, None, tolerate_failures):
             if isinstance(answer, Dropout):
-                answer = self._dropouts(k, request, order, answer.error)
+                answer = self.member_dropouts(k, request, order, answer.error)
             for item in answer:
                 got[item.client] = item
         for i in order.tolist():
