@@ -199,8 +199,9 @@ class RunOptions:
         answers for itself). A shard holds its clients' rows once, evaluates the clients
         whose weights agree in one call of each function (their batches drawn as each
         client's own), and sends the weighted sum of its clients' replies: the server's
-        work per round grows with the shards, not the clients, and the iterates equal the
-        one-client-at-a-time ones up to rounding (:mod:`ssca_solver.federated.shards`,
+        work per round grows with the shards, not the clients, and each round's numbers equal
+        the one-client-at-a-time ones up to rounding (which a run may amplify, as a change of
+        BLAS threads does) (:mod:`ssca_solver.federated.shards`,
         docs/running.md "Many clients"). With ``transport="process"`` each shard is a forked
         process, with ``"ray"`` a Ray actor (default there: one shard per CPU); not with
         "flower". With ``secure_aggregation`` the shards are its participants (each masks
