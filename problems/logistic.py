@@ -55,6 +55,11 @@ def logistic_loss(only_label: Optional[int] = None, class_fraction: float = 1.0,
         wt = weights(y)
         return wt * np.logaddexp(0.0, -m), X.T @ (wt * (-s) * expit(-m)) / X.shape[0]
 
+    def per_sample_grad(w, X, y):
+        # row n's gradient: weight(y_n) (-s_n) sigmoid(-m_n) x_n
+        s, m = _margins(w, X, y)
+        return X * (weights(y) * (-s) * expit(-m))[:, None]
+
     def hess_diag(w, X, y):
         _, m = _margins(w, X, y)
         p = expit(m)
@@ -76,6 +81,6 @@ def logistic_loss(only_label: Optional[int] = None, class_fraction: float = 1.0,
     sur = ss.DiagonalCurvature(hess_diag) if curvature else None
     fn = ss.SampleFunction(value, grad, name=label, surrogate=sur,
                            value_and_grad=value_and_grad, hess=hess, hessp=hessp,
-                           convexity="convex")
+                           convexity="convex", per_sample_grad=per_sample_grad)
     fn.hess_diag = hess_diag
     return fn

@@ -18,6 +18,7 @@ from .errors import (CheckpointError, ClientError, DataError, DivergenceError, M
                      SecureAggregationError, SSCAError, SubproblemError, UserFunctionError)
 from .methods import (BUILTIN, AugmentedLagrangian, AugmentedLagrangianOptions, FedAvg,
                       FedAvgOptions, PrimalDual, PrimalDualOptions, SSCA, SSCAOptions)
+from .methods.ssca.privacy import Privacy
 from .model.autodiff import JaxSampleFunction, TorchSampleFunction, from_jax, from_torch
 from .model.data import ClientData, FederatedData
 from .model.functions import SampleFunction, StochasticConstraint, check_grad
@@ -51,5 +52,5 @@ __all__ = [
     "UserFunctionError", "ScheduleError", "SubproblemError", "ClientError", "ReplyError",
     "ResourceLimitError", "DivergenceError",
     "RoundFailedError", "SecureAggregationError", "CheckpointError", "load_result",
-    "ResultFileError", "__version__",
+    "ResultFileError", "Privacy", "__version__",
 ]

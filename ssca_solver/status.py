@@ -30,8 +30,11 @@ STOPPED = "stopped"
 #: and the message names what failed and where. User errors still raise
 #: (docs/running.md, "Errors")
 ERROR = "error"
+#: the rounds a differential-privacy budget paid for ran (``privacy=``); nothing reads the
+#: data without noise, so nothing is certified and the point is not evaluated
+PRIVATE = "private"
 #: every status a Result can have
-STATUSES = (CONVERGED, INFEASIBLE, MAX_ITER, STOPPED, ERROR)
+STATUSES = (CONVERGED, INFEASIBLE, MAX_ITER, STOPPED, ERROR, PRIVATE)
 
 #: a runner reason, not a status: the method's iterates stopped moving (``Method.settled``),
 #: so the stage ends early; the method decides what that means
@@ -69,6 +72,17 @@ def untested(t: int, residual: tuple, kkt=None) -> tuple[str, str]:
                   "evaluations no start-point scale is measured)")
     return MAX_ITER, (f"ran {t} rounds without a stopping test (eval_every=None): at the end "
                       f"{name} = {value:.3g} (tolerance {tol:g}){detail}")
+
+
+def private(t: int, spent) -> tuple[str, str]:
+    """(PRIVATE, message) for a run under differential privacy that ran ``t`` rounds and
+    spent ``spent`` (:class:`ssca_solver.methods.ssca.privacy.PrivacySpent`)."""
+    return PRIVATE, (f"ran {t} rounds under record-level differential privacy: epsilon = "
+                     f"{spent.epsilon:.4g} spent at delta = {spent.delta:g}"
+                     + (f" (budget {spent.budget:g})" if spent.budget is not None else "")
+                     + f", noise multiplier {spent.noise_multiplier:.4g}, clip "
+                     f"{spent.clip:g}. Nothing read the data without noise, so the point is "
+                     "neither evaluated nor certified: evaluate res.x on data of your own")
 
 
 def not_passed(t: int, residual: tuple, advice: str) -> tuple[str, str]:

@@ -140,6 +140,15 @@ class Result:
         up ``max_iter`` or was stopped by its callback)."""
         return self.status == st.CONVERGED
 
+    @property
+    def privacy(self) -> Optional[dict]:
+        """Under differential privacy (``privacy=``), what the run spent: ``epsilon`` and
+        ``delta`` over the rounds that ran, ``budget``, ``noise_multiplier``, ``clip``,
+        ``rounds``, ``planned``, ``batch_size``, ``mechanism``, ``level``
+        (:class:`ssca_solver.methods.ssca.privacy.PrivacySpent`); None otherwise. The
+        history's column ``epsilon`` holds it after each round."""
+        return self.extras.get("privacy")
+
     def report(self) -> str:
         """A readable account of the solve (what the demo prints)."""
         k = self.kkt
@@ -155,6 +164,11 @@ class Result:
                 f"{self.extras['diagonal_metric']:.2g})")
         if sampling:
             lines.append(f"sampling      {sampling}")
+        if self.privacy:
+            p = self.privacy
+            lines.append(f"privacy       record-level ({p['epsilon']:.4g}, {p['delta']:g})-DP "
+                         f"over {p['rounds']} rounds ({p['mechanism']} Gaussian noise, "
+                         f"multiplier {p['noise_multiplier']:.4g}, clip {p['clip']:g})")
         if self.stages and self.slack.size:
             lines.append("penalty steps")
             for j, s in enumerate(self.stages):

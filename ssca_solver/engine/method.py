@@ -126,6 +126,10 @@ class Method:
     #: :mod:`ssca_solver.diagnostics.certificate` runs at every evaluation, at the tolerances
     #: ``feas_tol`` and ``kkt_tol`` of its options (which it must then have)
     certifies: bool = False
+    #: the run ends with a full-data evaluation and KKT report at the returned point (False
+    #: under differential privacy, where nothing reads the data without noise: ``fun``,
+    #: ``constraints`` and the report are then NaN)
+    evaluates_result: bool = True
     #: rows of d floats its state arrays may fill in during a run (the checkpoints' size limit)
     state_rows: int = 16
     #: the parsed options (an instance of ``Options``), set by :meth:`build`

@@ -431,6 +431,10 @@ class Session:
         same point on the same data would repeat them). Otherwise a new evaluation; when its
         KKT report cannot be computed but the stopping test passed at this same point, that
         test's report stands in."""
+        if not self.algorithm.evaluates_result:
+            fun, cons, kkt = self.unevaluated()
+            self.final_evaluation = None
+            return fun, cons, kkt, self.communication(state.t), self.runner.recorder.history()
         last = self.runner.last_test
         passed_here = (reason == st.CONVERGED and last is not None and not last.report.failed
                        and np.array_equal(last.w, state.w))
@@ -453,6 +457,15 @@ class Session:
         self.final_evaluation = final
         return fun, cons, kkt, self.communication(state.t), self.runner.recorder.history()
 
+    def unevaluated(self):
+        """(fun, constraints, kkt) of a method that does not evaluate its result
+        (``evaluates_result`` False: differential privacy): NaN values and a report that
+        says why it was not computed."""
+        M = self.problem.num_constraints
+        kkt = KKTReport.failed_at("not evaluated: under differential privacy nothing reads "
+                                  "the data without noise", M)
+        return float("nan"), np.full(M, np.nan), kkt
+
     def error_report(self, state):
         """(fun, constraints, kkt, communication, history, note) for a run that ended with
         status "error" at ``state`` (its last good state): a full-data evaluation at
@@ -460,6 +473,10 @@ class Session:
         says why; Ctrl-C still raises)."""
         M = self.problem.num_constraints
         note = ""
+        if not self.algorithm.evaluates_result:
+            fun, cons, kkt = self.unevaluated()
+            return (fun, cons, kkt, self.communication(state.t),
+                    self.runner.recorder.history(), note)
         try:
             final = self.runner.evaluate(state.w, with_grad=True, round=state.t)
         except Exception as exc:

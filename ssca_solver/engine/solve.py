@@ -65,7 +65,8 @@ def _run(problem, algorithm, opts, started: float) -> Result:
             if reason != st.CONVERGED:
                 state = algorithm.returned_state(state)
             fun, cons, kkt, comm, history = session.final_report(state, reason)
-            complete = session.final_evaluation.complete
+            complete = (session.final_evaluation is not None
+                        and session.final_evaluation.complete)
             if certificate is not None:
                 reason = certificate.promote(reason, kkt, complete, bool(opts.eval_every))
             outcome = Outcome(reason, state, kkt, history, session)
@@ -77,7 +78,7 @@ def _run(problem, algorithm, opts, started: float) -> Result:
                 status, message = st.error("the status decision (its diagnostics at the "
                                            "returned point)", state.t, exc)
                 extras["error"] = exc
-            if kkt.failed and status != st.ERROR:
+            if kkt.failed and status not in (st.ERROR, st.PRIVATE):
                 message = kkt_failed(message, kkt)
             elif not complete and status == st.MAX_ITER and certificate is not None:
                 missing = sorted({d.client for d in session.runner.dropouts

@@ -51,6 +51,10 @@ class SampleFunction:
         convex and the result bounds the objective's suboptimality by weak duality
         (:func:`ssca_solver.diagnostics.kkt.objective_gap`). The library does not check the
         declaration; a wrong one makes that bound wrong.
+      per_sample_grad: optional ``per_sample_grad(w, X, y) -> ndarray (n, d)``, the gradient
+        of f(w, x_n) for each row (not divided by n). Only differential privacy needs it
+        (``solve(..., privacy=ss.Privacy(...))`` clips each row's contribution); without it
+        the clients call ``grad`` on each row alone.
 
     ``f <= U`` (or ``f >= L``) makes a stochastic constraint F(w) <= U of Problem 3, and
     ``f == b`` the equality F(w) = b.
@@ -59,11 +63,13 @@ class SampleFunction:
 
     convexity: Optional[str] = None
     hessp: Optional[Callable] = None
+    per_sample_grad: Optional[Callable] = None
 
     def __init__(self, value: Callable, grad: Callable, name: Optional[str] = None,
                  surrogate=None, value_and_grad: Optional[Callable] = None,
                  hess: Optional[Callable] = None, convexity: Optional[str] = None,
-                 hessp: Optional[Callable] = None):
+                 hessp: Optional[Callable] = None,
+                 per_sample_grad: Optional[Callable] = None):
         if not callable(value) or not callable(grad):
             raise TypeError("SampleFunction needs callables value(w, X, y) and grad(w, X, y)")
         self.value = value
@@ -79,6 +85,10 @@ class SampleFunction:
         if hessp is not None and not callable(hessp):
             raise TypeError("hessp must be callable(w, X, y, V) -> (d, k) Hessian times V")
         self.hessp = hessp
+        if per_sample_grad is not None and not callable(per_sample_grad):
+            raise TypeError("per_sample_grad must be callable(w, X, y) -> (n, d) gradients "
+                            "of the rows")
+        self.per_sample_grad = per_sample_grad
         self.convexity = checked_convexity(convexity)
 
     @classmethod
@@ -128,7 +138,7 @@ class SampleFunction:
                              f"({self.surrogate!r}) whose curvature would change sign; write "
                              "the constraint as g <= U with g and its surrogate defined directly")
         value, grad, vg, hess = self.value, self.grad, self.value_and_grad, self.hess
-        hessp = self.hessp
+        hessp, rows = self.hessp, self.per_sample_grad
 
         def neg_vg(w, X, y):
             v, g = vg(w, X, y)
@@ -142,7 +152,9 @@ class SampleFunction:
                               (lambda w, X, y: -np.asarray(hess(w, X, y), dtype=float)),
                               convexity=NEGATED[self.convexity],
                               hessp=None if hessp is None else
-                              (lambda w, X, y, V: -np.asarray(hessp(w, X, y, V), dtype=float)))
+                              (lambda w, X, y, V: -np.asarray(hessp(w, X, y, V), dtype=float)),
+                              per_sample_grad=None if rows is None else
+                              (lambda w, X, y: -np.asarray(rows(w, X, y), dtype=float)))
 
     __hash__ = object.__hash__
 

@@ -20,6 +20,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from ... import status as st
 from ...engine.method import Method
 from ...engine.options import describe_schedule
 from ...federated.messages import AGGREGATE, Request, aggregation_weight, array
@@ -31,12 +32,13 @@ from . import adaptive as ad
 from . import continuation
 from . import evidence
 from . import newton
+from . import privacy
 from . import probe
 from . import state as ssca_state
 from . import step as ssca_step
 from . import merit as merit_mod
 from .merit import lagrangian_gradient
-from .client import NONFINITE, REJECT_NONFINITE, SKETCH, TASK, SSCARoundTask
+from .client import DP_CLIP, NONFINITE, REJECT_NONFINITE, SKETCH, TASK, SSCARoundTask
 from .options import SSCAOptions
 from .settings import Settings
 from .state import SSCAState
@@ -90,6 +92,16 @@ class SSCA(Method):
                         "tau": (), "noise_ratio": (), "rejected": ()}
         #: what the probe found before round 1 about a fixed tau (for a DivergenceError)
         self.unstable_tau: Optional[tuple] = None
+        #: differential privacy's mechanism and accountant (None without privacy)
+        self.privacy: Optional[privacy.Plan] = None
+        if options.privacy is not None:
+            K = options.clients_per_round
+            I = problem.data.num_clients
+            self.privacy = privacy.Plan(options.privacy, problem.data.client_sizes,
+                                        options.batch_size, options.max_iter,
+                                        weight_factor=1.0 if K is None else I / K)
+            self.columns["epsilon"] = ()
+            self.evaluates_result = False
 
     # -- building (the front door) --------------------------------------------------------------
     @classmethod
@@ -105,11 +117,14 @@ class SSCA(Method):
         # steps (proportional draws are with replacement: random even with K = I)
         sampled = o.clients_per_round is not None and (
             o.clients_per_round < problem.data.num_clients or o.participation == "proportional")
+        # under differential privacy every round's statistics carry noise: the schedules of
+        # sampled rounds, whatever the batch
+        private = o.privacy is not None
         # "auto" schedules: the round-counted ones when every round has exact statistics (full
         # rows of every client), the epoch-counted ones otherwise (fixed B, "auto", K < I)
-        exact = o.batch_size is None and not sampled
+        exact = o.batch_size is None and not sampled and not private
         rho, gamma = resolve(o.rho, "rho", exact), resolve(o.gamma, "gamma", exact)
-        check_schedules(rho, gamma, stochastic=o.batch_size is not None)
+        check_schedules(rho, gamma, stochastic=o.batch_size is not None or private)
         builders = problem.builders             # the functions' surrogates as they are now
         subproblem = make_subproblem(problem, builders, o.subproblem, o.solver,
                                      o.solver_options)
@@ -119,7 +134,8 @@ class SSCA(Method):
                          else min(1.0, o.clients_per_round / problem.data.num_clients))
         return cls(problem, options=o, builders=builders, subproblem=subproblem, rho=rho,
                    gamma=gamma,
-                   unit_steps="rho" not in given and "gamma" not in given and not sampled,
+                   unit_steps=("rho" not in given and "gamma" not in given and not sampled
+                               and not private),
                    participation=participation, sampled_clients=sampled)
 
     @property
@@ -140,7 +156,11 @@ class SSCA(Method):
                 "rho": describe_schedule(cfg.rho), "gamma": describe_schedule(cfg.gamma),
                 "slack_tol": o.slack_tol, "solver": o.solver,
                 "solver_options": o.solver_options,
-                "builders": [repr(b) for b in cfg.builders]}
+                "builders": [repr(b) for b in cfg.builders],
+                **({} if o.privacy is None else {"privacy": {
+                    "epsilon": o.privacy.epsilon, "delta": o.privacy.delta,
+                    "clip": o.privacy.clip,
+                    "noise_multiplier": self.privacy.noise_multiplier}})}
 
     # -- before round 1 --------------------------------------------------------------------------
     def tasks(self) -> Mapping:
@@ -182,6 +202,9 @@ class SSCA(Method):
     def request(self, state) -> Request:
         cfg = self.config
         config = {"batch_size": cfg.batch(state), "tau": cfg.tau_of(state)}
+        if self.privacy is not None:
+            config[DP_CLIP] = float(self.privacy.privacy.clip)
+            return Request(TASK, state.t + 1, state.w, config, {})
         if cfg.auto_batch and not cfg.full(state):
             config["noise"] = True
         elif self.tentative(state):
@@ -220,6 +243,11 @@ class SSCA(Method):
                                                 1.0 if guarded else r, allow_empty=True)
         if stats is None and not nonfinite:
             raise ValueError("average_with_messages: no client messages")
+        if self.privacy is not None:
+            # the Gaussian mechanism on this round's weighted sum (in the average with
+            # weight rho), before anything reads it
+            stats = privacy.add_noise(stats, state.w, self.privacy.sigma,
+                                      1.0 if guarded else r, self.privacy.rng(t))
         if stats is not None and (guarded or r == 1.0):
             state, stats = self._own_curvature(state, stats)
         if full and cfg.adapt_tau and cfg.unit_steps:
@@ -361,6 +389,9 @@ class SSCA(Method):
         return state.penalty if self.config.M else None
 
     def status(self, outcome) -> tuple[str, str]:
+        if self.privacy is not None and outcome.reason != st.STOPPED:
+            spent = self.privacy.spent(outcome.state.t)
+            return st.private(outcome.state.t, spent)
         stages = continuation.stages_of(outcome.history, self.config.bound_scale)
         return evidence.decide(outcome, self.config, stages, bool(self.opts.eval_every))
 
@@ -373,12 +404,15 @@ class SSCA(Method):
                           RuntimeWarning, stacklevel=4)
         last_slack = history.slack[-1] if len(history.t) else np.zeros(cfg.M)
         sub = cfg.subproblem
+        extras = ({"diagonal_metric": float(1.0 / np.min(state.metric))}
+                  if state.metric.size else {})
+        if self.privacy is not None:
+            extras["privacy"] = self.privacy.spent(state.t).as_dict()
         return {"slack": np.array(last_slack),
                 "penalty": float(state.penalty) if cfg.M else None,
                 "stages": tuple(continuation.stages_of(history, cfg.bound_scale)),
                 "subproblem": sub.name,
-                "extras": ({"diagonal_metric": float(1.0 / np.min(state.metric))}
-                           if state.metric.size else {}),
+                "extras": extras,
                 "solver_info": {
                     "solver": o.solver if sub.name == "cvxpy" else "closed_form",
                     "retries": int(history.retries.sum()),
@@ -395,7 +429,9 @@ class SSCA(Method):
                 "retries": sol.retries, "inaccurate": float(sol.inaccurate),
                 "batch_size": np.nan if info.batch is None else info.batch,
                 "tau": info.tau, "noise_ratio": info.noise_ratio,
-                "rejected": info.rejected}
+                "rejected": info.rejected,
+                **({} if self.privacy is None else
+                   {"epsilon": self.privacy.epsilon_after(info.step.t)})}
 
     def describe(self, info) -> str:
         s = info.step

@@ -14,6 +14,7 @@ from ...model.functions import checked_hessp, whole_hessian
 from ...model.surrogates import ProximalLinear, proximal_linear_statistics
 from ...federated.messages import Request, optional_int, own_factor, secagg_active, summed
 from . import adaptive as ad
+from . import privacy
 from .step import pack_statistics
 
 #: the task name of a round
@@ -29,6 +30,9 @@ NONFINITE = "nonfinite"
 CURVATURE = "curv:"
 #: request array: the k directions (rows, (k, d)) of the Hessian's sketch (:mod:`.newton`)
 SKETCH = "sketch"
+#: request config: differential privacy: clip each row's contribution (every function's value
+#: and gradient at w_t) to this norm before the sums (:mod:`.privacy`)
+DP_CLIP = "dp_clip"
 
 
 @functools.lru_cache(maxsize=8)
@@ -113,8 +117,9 @@ class SSCARoundTask:
     batch halves' mean gradients, ``"noise:m"``: adaptive sampling), ``curvature`` (also send,
     per function, the sum over the batch's rows of its Hessian at w_t, packed: ``"curv:m"``,
     the statistics of the server's Newton model; with the request array ``"sketch"`` (k, d),
-    its Hessian times each of those k directions instead, (k, d) rows) and
-    ``reject_nonfinite`` (a function that is not finite at w_t is answered with the one array
+    its Hessian times each of those k directions instead, (k, d) rows), ``dp_clip`` (the
+    statistics of the rows' contributions clipped to this norm, :mod:`.privacy`; nothing
+    else is sent) and ``reject_nonfinite`` (a function that is not finite at w_t is answered with the one array
     ``"nonfinite"`` instead of an error: the backtracking's trial point is rejected).
     """
 
@@ -157,6 +162,10 @@ class SSCARoundTask:
         """The reply's arrays from the batch (X, y) of b of the client's ``rows`` rows
         (``factor``: h_i in a summed request)."""
         tau = float(request.config["tau"])
+        clip = request.config.get(DP_CLIP)
+        if clip is not None:          # differential privacy: the clipped statistics alone
+            return pack_statistics(privacy.clipped_statistics(
+                self.functions, self.builders, request.w, X, y, tau, float(clip), where))
         noisy = bool(request.config.get("noise")) and b < rows
         stats, noise, curvature = [], [], {}
         sketch = request.arrays.get(SKETCH) if request.config.get("curvature") else None

@@ -99,6 +99,14 @@ class SSCAOptions(opt.RunOptions):
         infeasible or stalled stage needs 4) or when ``eval_every`` is given. On full
         batches with tau="auto" the rounds' own statistics are the evaluations (free),
         whatever the budget.
+      privacy: None (default) or an :class:`~ssca_solver.Privacy`: record-level
+        (epsilon, delta) differential privacy (:mod:`ssca_solver.methods.ssca.privacy`,
+        docs/privacy.md). Each row's contribution is clipped on the client, the server adds
+        Gaussian noise calibrated by the accountant to the ``max_iter`` rounds (a request
+        that cannot meet the budget is refused before round 1), and nothing else reads the
+        data: it needs a fixed ``batch_size`` (B or "full") and a numeric ``tau``, and runs
+        without the probe, the gradient check, the full-data evaluations and the model of
+        the Hessian. Status "private"; ``res.privacy`` holds the (epsilon, delta) spent.
     """
 
     batch_size: Any = "auto"
@@ -116,6 +124,7 @@ class SSCAOptions(opt.RunOptions):
     surrogate_init: str = "tau"
     hessian: str = "auto"
     eval_budget: Any = "auto"
+    privacy: Any = None
 
     def checked(self, problem, given: dict) -> "SSCAOptions":
         """The options with SSCA's own values checked and normalised (after
@@ -138,6 +147,7 @@ class SSCAOptions(opt.RunOptions):
                 "more eagerly between penalty stages, but the run stops as soon as the KKT "
                 "test passes with violations up to feas_tol, whatever the slack; to ask for a "
                 "smaller violation lower feas_tol", UserWarning, stacklevel=5)
+        private = _private(self, problem, given)
         max_iter = self.max_iter
         if "max_iter" not in given and problem.num_constraints:
             # the default budget: ROUNDS_PER_STAGE rounds for each penalty value c_j
@@ -149,7 +159,7 @@ class SSCAOptions(opt.RunOptions):
             # (20 one-row clients at B = 1 ended 2e-4 from the optimum at a "noise floor")
             B = None
         return self.__class__(**{
-            **vars(self),
+            **vars(self), **private,
             "batch_size": B, "max_iter": max_iter,
             "tau": _tau(self.tau),
             "rho": as_schedule(self.rho, "rho"), "gamma": as_schedule(self.gamma, "gamma"),
@@ -157,12 +167,13 @@ class SSCAOptions(opt.RunOptions):
             "slack_tol": opt.real("slack_tol", self.slack_tol, low=0.0),
             "feas_tol": opt.real("feas_tol", self.feas_tol, low=0.0),
             "kkt_tol": opt.real("kkt_tol", self.kkt_tol, low=0.0),
-            "check_gradients": opt.flag("check_gradients", self.check_gradients),
+            "check_gradients": opt.flag("check_gradients", private.get(
+                "check_gradients", self.check_gradients)),
             "subproblem": opt.choice("subproblem", self.subproblem,
                                      ("auto", "closed_form", "cvxpy")),
             "surrogate_init": opt.choice("surrogate_init", self.surrogate_init,
                                          ("tau", "zero")),
-            "hessian": _hessian(self.hessian, problem),
+            "hessian": _hessian(private.get("hessian", self.hessian), problem),
             "eval_budget": _eval_budget(self.eval_budget, B, given,
                                         self.clients_per_round is None)})
 
@@ -196,6 +207,55 @@ def sketch_rank(dim: int) -> int:
     and below d: 50 at d = 650, 32 at d = 1,000, 8 from d = 4,112 on."""
     k = min(SKETCH_MAX_RANK, max(SKETCH_MIN_RANK, NEWTON_MAX_FLOATS // max(int(dim), 1)))
     return max(1, min(k, int(dim) - 1))
+
+
+def _private(o: SSCAOptions, problem, given: dict) -> dict:
+    """Under ``privacy``, the options it fixes (no gradient check, no evaluations, no model of
+    the Hessian), after refusing the ones that would read the data without noise or that the
+    accountant cannot follow; {} without privacy."""
+    from ...model.surrogates import ProximalLinear
+    from .privacy import Privacy
+
+    p = o.privacy
+    if p is None:
+        return {}
+    if not isinstance(p, Privacy):
+        raise TypeError(f"privacy must be None or an ss.Privacy(epsilon=..., delta=..., "
+                        f"clip=...), got {p!r}")
+
+    def refuse(why):
+        raise ValueError(f"privacy: {why}")
+
+    if isinstance(o.batch_size, str) and o.batch_size in opt.ADAPTIVE_BATCHES:
+        refuse(f"batch_size={o.batch_size!r} grows the batches by a test on the data; give "
+               "the rows each client draws per round (an integer B) or 'full', which fixes "
+               "the noise the accountant calibrates before round 1")
+    if isinstance(o.tau, str):
+        refuse("tau='auto' measures the curvature on the clients' data before round 1; give "
+               "tau as a number (the paper's choice is 0.1)")
+    if given.get("eval_every"):
+        refuse("full-data evaluations (eval_every) read the data without noise; leave "
+               "eval_every out (evaluate res.x on data of your own)")
+    if given.get("check_gradients"):
+        refuse("the gradient check reads the clients' data without noise; check your "
+               "gradients with ss.check_grad on data of your own")
+    if given.get("hessian", "none") not in ("none", None):
+        refuse(f"hessian={given['hessian']!r}: the curvature of the data is not privatised; "
+               "leave hessian out")
+    if o.on_client_failure == "drop":
+        refuse("on_client_failure='drop' renormalises the weights of the clients who "
+               "answered, which raises a row's weight beyond what the noise was calibrated "
+               "for")
+    if o.clients_per_round is not None and o.participation == "proportional":
+        refuse("participation='proportional' draws a client several times, which raises a "
+               "row's weight beyond what the noise was calibrated for; use 'uniform'")
+    other = [f.name for f, b in zip(problem.functions, problem.builders)
+             if type(b).statistics is not ProximalLinear.statistics]
+    if other:
+        raise ModelError(f"privacy: {', '.join(other)} has a surrogate other than the "
+                         "proximal-linear one, whose statistics are not the sums of per-row "
+                         "values and gradients that are clipped; use the default surrogate")
+    return {"check_gradients": False, "eval_every": 0, "hessian": "none"}
 
 
 def _hessian(value, problem) -> str:

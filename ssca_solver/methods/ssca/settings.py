@@ -104,6 +104,8 @@ class Settings:
       adapt_tau: tau="auto" and every builder's tau adaptable.
       sampled: the rounds' statistics are random (a fixed B, or K < I clients).
       sampled_clients: K < I clients per round, or proportional draws.
+      private: differential privacy (``options.privacy``): every round's statistics are
+        noised, so no round's statistics are the full data's (no guarded steps).
       unit_steps: rho = gamma = 1 on full batches (schedules not given).
       metric_ok, model_ok: the diagonal metric / a model of the Lagrangian's Hessian may
         apply; newton: that model is the clients' curvature (:mod:`.newton`), else the
@@ -136,6 +138,7 @@ class Settings:
     adapt_tau: bool
     sampled: bool
     sampled_clients: bool
+    private: bool
     unit_steps: bool
     metric_ok: bool
     model_ok: bool
@@ -181,6 +184,7 @@ class Settings:
             # sampled rounds: a fixed B, or a random set of clients (K < I, proportional)
             sampled=(not auto_batch and batch_size is not None) or bool(sampled_clients),
             sampled_clients=bool(sampled_clients), unit_steps=unit_steps,
+            private=o.privacy is not None,
             # a diagonal curvature where the data's scales differ, on full batches only
             # (where the backtracking guards every step): on mini-batches it made networks
             # diverge; the Newton model's curvature scales every direction itself
@@ -231,7 +235,7 @@ class Settings:
         builder with its own curvature such as DiagonalCurvature, or rho/gamma given): each
         round's statistics are the full data's at w_t, so the exact-penalty merit there is
         known and a step that raised it is taken back (:func:`.acceptance.guarded_step`)."""
-        return (self.full(state) and not self.sampled_clients
+        return (self.full(state) and not self.sampled_clients and not self.private
                 and not (self.adapt_tau and self.unit_steps))
 
     def model_on(self, state) -> bool:

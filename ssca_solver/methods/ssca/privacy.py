@@ -1,0 +1,319 @@
+"""Record-level differential privacy for method "ssca" (``solve(..., privacy=ss.Privacy(...))``).
+
+Not in the paper; it privatises the statistics of eqs. (Fs0bar)/(Fsmbar). A round of
+Algorithm 1 or 2 then runs as follows:
+
+* each client evaluates, for every row n of its batch, the values and gradients of every
+  stochastic function at w_t, r_n = (f_0(w_t, x_n), grad f_0(w_t, x_n), ..., f_M, grad f_M)
+  (M (d + 1) numbers), clips the row to norm C (r_n min(1, C / |r_n|)) and sends the
+  proximal-linear statistics of the clipped sums (:func:`clipped_statistics`): the
+  quadratic term n tau is public, the others are affine in the sums;
+* the server adds Gaussian noise of standard deviation sigma = z C a_max to the round's
+  weighted sum of the clients' statistics, where a_i = h_i N_i / (B_i N) is client i's weight
+  in eqs. (Fs0bar)/(Fsmbar) and z the noise multiplier (:func:`add_noise`): replacing one row
+  of client i moves the weighted sum by at most 2 C a_i, so every row is protected by the
+  Gaussian mechanism of multiplier z / 2 relative to its sensitivity, sampled with
+  probability B_i / N_i (:mod:`ssca_solver.federated.accounting`);
+* nothing else reads the data: no probe, no gradient check, no full-data evaluation, no
+  batch-size test. The run stops after the rounds the budget paid for, with status
+  "private" (nothing is certified), and reports the (epsilon, delta) spent.
+
+The server is trusted with the clipped sums (central differential privacy); with
+``secure_aggregation=True`` it sees only their sum. What the analyst and everyone after the
+server receive (the iterates, the history, the result) is a function of the noised sums
+alone.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ...errors import UserFunctionError
+from ...federated import accounting
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """Record-level (epsilon, delta) differential privacy of a solve by method "ssca".
+
+    Attributes:
+      epsilon: the budget. With ``noise_multiplier`` None the noise is calibrated so that the
+        ``max_iter`` rounds asked for spend at most epsilon (the accountant of
+        :mod:`ssca_solver.federated.accounting`); with both given, a request whose rounds
+        would spend more is refused before round 1. None: only account (``noise_multiplier``
+        must then be given).
+      delta: the delta of (epsilon, delta); default 1e-5 (below 1 / N for N up to 1e5 rows).
+      clip: C, the norm each row's contribution (the values and gradients of every
+        stochastic function at w_t, together) is clipped to. Rows whose contributions are
+        larger are shrunk, which biases the statistics: choose C near the typical norm.
+      noise_multiplier: z, the Gaussian noise's standard deviation over C times the largest
+        client weight (None: calibrated to ``epsilon``).
+      seed: the noise's seed (None: fresh entropy from the operating system, the private
+        choice; a number makes the noise reproducible, and anyone who knows it can remove
+        the noise: for experiments only). The run's ``seed`` draws the batches, not the noise.
+    """
+
+    epsilon: Optional[float] = None
+    delta: float = 1e-5
+    clip: float = 1.0
+    noise_multiplier: Optional[float] = None
+    seed: Any = None
+
+    def __post_init__(self):
+        if self.epsilon is None and self.noise_multiplier is None:
+            raise ValueError("Privacy needs epsilon (the budget; the noise is calibrated to "
+                             "it) or noise_multiplier (the noise; the epsilon it gives is "
+                             "reported)")
+        if self.epsilon is not None and not _positive(self.epsilon):
+            raise ValueError(f"Privacy: epsilon must be a positive number, got "
+                             f"{self.epsilon!r}")
+        if not (_number(self.delta) and 0 < self.delta < 1):
+            raise ValueError(f"Privacy: delta must be in (0, 1), got {self.delta!r}")
+        if not _positive(self.clip):
+            raise ValueError(f"Privacy: clip must be a positive number (the norm of a row's "
+                             f"contribution), got {self.clip!r}")
+        if self.noise_multiplier is not None and not _positive(self.noise_multiplier):
+            raise ValueError(f"Privacy: noise_multiplier must be a positive number, got "
+                             f"{self.noise_multiplier!r}")
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _positive(x) -> bool:
+    return _number(x) and math.isfinite(float(x)) and float(x) > 0
+
+
+@dataclass(frozen=True)
+class PrivacySpent:
+    """What a private run spent (``res.privacy``).
+
+    Attributes:
+      epsilon, delta: the record-level (epsilon, delta) of the rounds that ran (by the
+        accountant, over the rounds actually run).
+      budget: the epsilon asked for (None: none was given).
+      noise_multiplier: z (the noise's standard deviation is z C a_max).
+      clip: C.
+      rounds: the rounds that ran; ``planned``: the rounds the noise was calibrated for.
+      batch_size: rows per client per round (None: every row).
+      mechanism: "central" (the server adds the noise to the sum of clipped statistics).
+      level: "record" (neighbouring data sets differ in one row of one client).
+    """
+
+    epsilon: float
+    delta: float
+    budget: Optional[float]
+    noise_multiplier: float
+    clip: float
+    rounds: int
+    planned: int
+    batch_size: Optional[int]
+    mechanism: str = "central"
+    level: str = "record"
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+
+class Plan:
+    """The mechanism of a private solve, fixed before round 1: the noise multiplier (given,
+    or calibrated to the budget over ``rounds`` rounds), the noise's scale and the accountant
+    (:meth:`epsilon_after`).
+
+    Args:
+      privacy: the user's :class:`Privacy`.
+      sizes: the clients' row counts N_i.
+      batch: B (rows per client per round; None: every row).
+      rounds: the rounds the run may take (``max_iter``).
+      weight_factor: h, the participation weight of a client in a round (I / K with
+        ``clients_per_round=K``, else 1).
+
+    Raises ValueError before round 1 when ``noise_multiplier`` and ``epsilon`` are both given
+    and the rounds would spend more than epsilon (naming the rounds that fit, or the noise
+    that would do).
+    """
+
+    def __init__(self, privacy: Privacy, sizes: Sequence[int], batch: Optional[int],
+                 rounds: int, weight_factor: float = 1.0):
+        self.privacy = privacy
+        self.sizes = tuple(int(n) for n in sizes)
+        self.batch = None if batch is None else int(batch)
+        self.rounds = int(rounds)
+        N = float(sum(self.sizes))
+        # a_i = h N_i / (B_i N): the weight of one row of client i in the round's sum
+        self.max_weight = float(weight_factor) * max(
+            n / (min(self.batch, n) if self.batch is not None else n) / N for n in self.sizes)
+        batches = [self.batch] * self.rounds
+        if privacy.noise_multiplier is None:
+            z = accounting.calibrate_noise(float(privacy.epsilon), float(privacy.delta),
+                                           self.sizes, batches)
+        else:
+            z = float(privacy.noise_multiplier)
+            if privacy.epsilon is not None:
+                spent = accounting.record_epsilon(z, self.sizes, batches, privacy.delta)
+                if spent > privacy.epsilon:
+                    fit = self.rounds_within(z, float(privacy.epsilon))
+                    need = accounting.calibrate_noise(float(privacy.epsilon),
+                                                      float(privacy.delta), self.sizes,
+                                                      batches)
+                    raise ValueError(
+                        f"privacy: {self.rounds} rounds at noise_multiplier={z:g} spend "
+                        f"epsilon = {spent:.3g} > the budget {privacy.epsilon:g} (delta = "
+                        f"{privacy.delta:g}): ask for at most {fit} rounds (max_iter), or "
+                        f"noise_multiplier >= {need:.4g}, or leave noise_multiplier=None to "
+                        "have it calibrated")
+        self.noise_multiplier = z
+        self.sigma = z * float(privacy.clip) * self.max_weight
+        self._rdp = self._round_rdp()
+        self.entropy = (secrets.randbits(128) if privacy.seed is None
+                        else np.random.SeedSequence(privacy.seed).entropy)
+
+    def _round_rdp(self) -> list:
+        """One round's Renyi DP at the accountant's orders, for each distinct client size."""
+        dpa = accounting.dp_accounting()
+        out = []
+        for n in sorted(set(self.sizes)):
+            acc = dpa.rdp.RdpAccountant(list(accounting.ORDERS),
+                                        neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+            acc.compose(accounting.round_event(self.noise_multiplier, n, self.batch))
+            out.append(np.asarray(acc._rdp, dtype=float))
+        return out
+
+    def epsilon_after(self, rounds: int) -> float:
+        """The record-level epsilon (at the plan's delta) after ``rounds`` rounds: Renyi DP
+        composes additively, so one round's curve times the rounds, converted (the largest
+        over the clients' sizes)."""
+        if rounds <= 0:
+            return 0.0
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+        return max(float(compute_epsilon(list(accounting.ORDERS), rounds * rdp,
+                                          float(self.privacy.delta))[0])
+                   for rdp in self._rdp)
+
+    def rounds_within(self, z: float, epsilon: float) -> int:
+        """The most rounds at noise multiplier z whose epsilon stays within ``epsilon``."""
+        lo, hi = 0, self.rounds
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if accounting.record_epsilon(z, self.sizes, [self.batch] * mid,
+                                         self.privacy.delta) <= epsilon:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def rng(self, t: int) -> np.random.Generator:
+        """The noise generator of round t (independent across rounds, and across resumes
+        when no seed was given)."""
+        return np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=(int(t),)))
+
+    def spent(self, rounds: int) -> PrivacySpent:
+        p = self.privacy
+        return PrivacySpent(epsilon=self.epsilon_after(rounds), delta=float(p.delta),
+                            budget=None if p.epsilon is None else float(p.epsilon),
+                            noise_multiplier=self.noise_multiplier, clip=float(p.clip),
+                            rounds=int(rounds), planned=self.rounds, batch_size=self.batch)
+
+
+# -- the client's side ---------------------------------------------------------------------------
+def row_gradients(fn, w, X, y, where: str) -> np.ndarray:
+    """(n, d): the gradient of f(w, x_n) for each row of X: ``fn.per_sample_grad`` when the
+    function has one, else its ``grad`` on each row alone."""
+    n, d = X.shape[0], w.size
+    own = getattr(fn, "per_sample_grad", None)
+    if own is not None:
+        try:
+            G = np.asarray(own(w, X, y), dtype=float)
+        except Exception as exc:
+            raise UserFunctionError(f"{fn.name}.per_sample_grad raised at {where}: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+        if G.shape != (n, d):
+            raise UserFunctionError(f"{fn.name}.per_sample_grad returned shape {G.shape} at "
+                                    f"{where}; expected ({n}, {d}): one gradient per row")
+    else:
+        G = np.empty((n, d))
+        for i in range(n):
+            yi = None if y is None else y[i:i + 1]
+            try:
+                g = np.asarray(fn.grad(w, X[i:i + 1], yi), dtype=float)
+            except Exception as exc:
+                raise UserFunctionError(f"{fn.name}.grad raised at {where} (row {i} alone): "
+                                        f"{type(exc).__name__}: {exc}") from exc
+            if g.shape != (d,):
+                raise UserFunctionError(f"{fn.name}.grad returned shape {g.shape} at {where};"
+                                        f" expected ({d},)")
+            G[i] = g
+    if not np.all(np.isfinite(G)):
+        raise UserFunctionError(f"{fn.name}: a row's gradient is not finite at {where} "
+                                "(non-finite value)")
+    return G
+
+
+def row_values(fn, w, X, y, where: str) -> np.ndarray:
+    """(n,): f(w, x_n) for each row."""
+    n = X.shape[0]
+    try:
+        v = np.asarray(fn.value(w, X, y), dtype=float)
+    except Exception as exc:
+        raise UserFunctionError(f"{fn.name}.value raised at {where}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+    if v.shape != (n,):
+        raise UserFunctionError(f"{fn.name}.value returned shape {v.shape} at {where}; "
+                                f"expected ({n},)")
+    if not np.all(np.isfinite(v)):
+        raise UserFunctionError(f"{fn.name}: a value is not finite at {where} "
+                                "(non-finite value)")
+    return v
+
+
+def clipped_sums(functions, w, X, y, clip: float, where: str) -> tuple:
+    """(value sums (M,), gradient sums (M, d), rows clipped) over the rows of (X, y): each
+    row's contribution (every function's value and gradient at w, one vector of M (d + 1)
+    numbers) scaled to norm at most ``clip`` before the sums."""
+    values = np.stack([row_values(fn, w, X, y, where) for fn in functions], axis=1)  # (n, M)
+    grads = np.stack([row_gradients(fn, w, X, y, where) for fn in functions], axis=1)
+    norms = np.sqrt(np.einsum("nm,nm->n", values, values)
+                    + np.einsum("nmd,nmd->n", grads, grads))
+    scale = np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+    return (scale @ values, np.einsum("n,nmd->md", scale, grads),
+            int(np.count_nonzero(norms > clip)))
+
+
+def clipped_statistics(functions, builders, w, X, y, tau: float, clip: float,
+                       where: str) -> list:
+    """The proximal-linear statistics (eqs. (fs0bar)/(fsmbar)) of every function from the
+    clipped sums of :func:`clipped_sums` (quad = n tau, lin = g - 2 n tau w_t,
+    const = v - g.w_t + n tau |w_t|^2 with v, g the clipped value and gradient sums)."""
+    from ...model.surrogates import proximal_linear_statistics
+
+    n = X.shape[0]
+    v, g, _ = clipped_sums(functions, w, X, y, clip, where)
+    taus = np.array([b.tau if b.tau is not None else tau for b in builders], dtype=float)
+    const, lin, quad = proximal_linear_statistics(v, g / max(n, 1), n, w, n * taus)
+    return [{"const": np.asarray(const[m]), "lin": lin[m], "quad": np.asarray(quad[m])}
+            for m in range(len(functions))]
+
+
+# -- the server's side ---------------------------------------------------------------------------
+def add_noise(stats: tuple, w: np.ndarray, sigma: float, scale: float,
+              rng: np.random.Generator) -> tuple:
+    """``stats`` plus ``scale`` times Gaussian noise of standard deviation ``sigma`` on each
+    function's value sum and gradient sum, written in the proximal-linear statistics: lin
+    gets xi_g, const gets xi_v - xi_g.w (``w``: the point the statistics were taken at);
+    quad (n tau, no data) is unchanged."""
+    out = []
+    for st in stats:
+        xi_v = float(rng.normal(0.0, sigma))
+        xi_g = rng.normal(0.0, sigma, size=np.shape(st["lin"]))
+        new = dict(st)
+        new["lin"] = np.asarray(st["lin"], dtype=float) + scale * xi_g
+        new["const"] = np.asarray(st["const"], dtype=float) + scale * (xi_v - xi_g @ w)
+        out.append(new)
+    return tuple(out)
