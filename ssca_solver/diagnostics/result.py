@@ -156,7 +156,10 @@ class Result:
                  f"rounds        {self.nit}   method: {self.method}"
                  + (f"   subproblem solver: {self.subproblem}" if self.subproblem else "")
                  + f"   time: {self.time:.2f} s",
-                 f"objective     {self.fun:.6g}   (full data, with deterministic terms)"]
+                 (f"objective     {self.fun:.6g}   (full data, with deterministic terms)"
+                  if not self.privacy else
+                  "objective     not evaluated (differential privacy: nothing reads the data "
+                  "without noise)")]
         sampling = _sampling(self.history)
         if self.extras.get("diagonal_metric"):
             sampling = (sampling + "; " if sampling else "") + (
@@ -177,7 +180,9 @@ class Result:
                              f"|slack| = {s.slack_norm:.3g}"
                              + ("   (c kept: no evidence that it was too small)" if kept
                                 else ""))
-        if self.constraints.size:
+        if self.constraints.size and self.privacy:
+            lines.append(f"constraints   {self.constraints.size}, not evaluated")
+        elif self.constraints.size:
             lines.append("constraints   (full data; F_m - U_m <= 0 is feasible, = 0 for ==)")
             names = self.constraint_names or tuple(f"#{m + 1}" for m in range(self.slack.size))
             for m, name in enumerate(names):

@@ -1,0 +1,362 @@
+"""Record-level differential privacy of method "ssca" (``privacy=ss.Privacy(...)``,
+:mod:`ssca_solver.methods.ssca.privacy`).
+
+* Options that would read the data without noise, or that the accountant cannot follow, are
+  refused with a message; a request whose rounds exceed the budget at a given noise is refused
+  before round 1, naming the rounds that fit.
+* The noise: the multiplier is the accountant's calibration (dp-accounting), the epsilon
+  reported is the accountant's over the rounds that ran, round by round in the history; the
+  noise's standard deviation is z C max_i N_i / (B_i N), drawn as the mechanism says.
+* Clipping bounds every row's contribution (against a row-by-row reference), and
+  ``per_sample_grad`` agrees with central differences.
+* Every message the server receives under privacy is a round's clipped statistics (no probe,
+  evaluation or gradient check), on every transport installed here; without privacy the same
+  inspection finds contributions above C (the check can fail).
+* A membership test on a tiny problem: at epsilon = 0.1 an attacker who sees the result does
+  no better than chance within its confidence interval; without privacy it always wins.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import ssca_solver as ss
+from ssca_solver.federated import accounting
+from ssca_solver.federated.gather import Gatherer
+from ssca_solver.federated.messages import aggregation_weight
+from ssca_solver.methods.ssca import privacy as dp
+from ssca_solver.methods.ssca.client import DP_CLIP, TASK
+
+pytest.importorskip("dp_accounting")
+
+D = 3
+
+
+def _data(sizes=(40, 60, 80), scale=1.0, seed=0):
+    rng = np.random.default_rng(seed)
+    clients = []
+    for n in sizes:
+        X = rng.standard_normal((n, D)) * scale
+        X[:, -1] = 1.0
+        y = (X[:, 0] - X[:, 1] + 0.3 * rng.standard_normal(n) > 0).astype(float)
+        clients.append(ss.ClientData(X, y))
+    return ss.FederatedData(clients)
+
+
+def _problem(data=None, constrained=True):
+    from problems.logistic import logistic_loss
+
+    data = data or _data()
+    f = logistic_loss(name="logistic")
+    energy = ss.SampleFunction(lambda w, X, y: (X @ w) ** 2 / 10.0,
+                               lambda w, X, y: 2.0 * X.T @ (X @ w) / (10.0 * X.shape[0]),
+                               name="energy")
+    return ss.Problem(f, constraints=[energy <= 1.0] if constrained else [], dim=D, data=data)
+
+
+PRIVATE = dict(batch_size=10, tau=0.1, max_iter=20, seed=0)
+
+
+# -- options ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, match", [
+    ({}, "epsilon .* or noise_multiplier"),
+    ({"epsilon": -1.0}, "epsilon must be a positive"),
+    ({"epsilon": 1.0, "delta": 1.0}, "delta must be in"),
+    ({"epsilon": 1.0, "clip": 0.0}, "clip must be a positive"),
+    ({"noise_multiplier": float("inf")}, "noise_multiplier must be a positive"),
+])
+def test_bad_privacy_values_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ss.Privacy(**kwargs)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"batch_size": "auto"}, "batch_size='auto' grows"),
+    ({"tau": "auto"}, "tau='auto' measures"),
+    ({"eval_every": 5}, "eval_every"),
+    ({"check_gradients": True}, "gradient check"),
+    ({"hessian": "lbfgs"}, "curvature of the data"),
+    ({"on_client_failure": "drop"}, "renormalises"),
+    ({"clients_per_round": 2, "participation": "proportional"}, "proportional"),
+])
+def test_options_that_read_the_data_in_clear_are_refused(options, match):
+    opts = {**PRIVATE, **options}
+    with pytest.raises(ValueError, match=match):
+        _problem().solve(method="ssca", privacy=ss.Privacy(epsilon=1.0), **opts)
+
+
+def test_other_surrogates_and_types_are_refused():
+    prob = _problem()
+    prob.objective.surrogate = ss.DiagonalCurvature(lambda w, X, y: np.ones(D))
+    with pytest.raises(ss.ModelError, match="proximal-linear"):
+        prob.solve(method="ssca", privacy=ss.Privacy(epsilon=1.0), **PRIVATE)
+    with pytest.raises(TypeError, match="ss.Privacy"):
+        _problem().solve(method="ssca", privacy={"epsilon": 1.0}, **PRIVATE)
+    with pytest.raises(TypeError, match="unknown solve option 'privacy'"):
+        _problem().solve(method="fedavg", privacy=ss.Privacy(epsilon=1.0))
+
+
+def test_a_budget_the_rounds_exceed_is_refused_before_round_1(monkeypatch):
+    asked = []
+    monkeypatch.setattr(Gatherer, "collect", lambda self, request, *a, **k: asked.append(1))
+    sizes, B = (40, 60, 80), 10
+    with pytest.raises(ValueError, match=r"spend epsilon = .* > the budget 1 .*at most (\d+) "
+                                         r"rounds") as err:
+        _problem().solve(method="ssca", privacy=ss.Privacy(epsilon=1.0, noise_multiplier=2.0),
+                         **{**PRIVATE, "max_iter": 500})
+    assert asked == []                       # no client was asked anything
+    fit = int(__import__("re").search(r"at most (\d+) rounds", str(err.value)).group(1))
+    assert accounting.record_epsilon(2.0, sizes, [B] * fit, 1e-5) <= 1.0
+    assert accounting.record_epsilon(2.0, sizes, [B] * (fit + 1), 1e-5) > 1.0
+
+
+# -- the noise and the accountant ------------------------------------------------------------------
+def test_noise_is_calibrated_and_the_spent_epsilon_accounted():
+    sizes, B, T = (40, 60, 80), 10, 20
+    res = _problem().solve(method="ssca", privacy=ss.Privacy(epsilon=2.0, clip=2.0, seed=3),
+                           **PRIVATE)
+    assert res.status == ss.status.PRIVATE and not res.success
+    p = res.privacy
+    z = accounting.calibrate_noise(2.0, 1e-5, sizes, [B] * T)
+    assert p["noise_multiplier"] == pytest.approx(z, rel=1e-12)
+    spent = accounting.record_epsilon(z, sizes, [B] * res.nit, 1e-5)
+    assert p["epsilon"] == pytest.approx(spent, rel=1e-9) and p["epsilon"] <= 2.0
+    assert (p["rounds"], p["planned"], p["batch_size"], p["clip"]) == (T, T, B, 2.0)
+    eps = res.history.epsilon
+    assert np.all(np.diff(eps) > 0) and eps[-1] == pytest.approx(p["epsilon"], rel=1e-12)
+    for t in (1, 7):
+        assert eps[t - 1] == pytest.approx(
+            accounting.record_epsilon(z, sizes, [B] * t, 1e-5), rel=1e-9)
+    # nothing was evaluated, and the report says so
+    assert math.isnan(res.fun) and np.all(np.isnan(res.constraints)) and res.kkt.failed
+    assert res.communication.eval_up_total == 0 and res.communication.eval_down_total == 0
+    assert "privacy" in res.report() and "epsilon = " in res.message
+
+
+def test_the_noise_scale_follows_the_largest_row_weight():
+    sizes, B = (40, 60, 8), 10
+    plan = dp.Plan(ss.Privacy(noise_multiplier=1.5, clip=0.5, seed=0), sizes, B, 30)
+    N = sum(sizes)
+    # the 8-row client reads all its rows: weight 8 / (8 N); the others N_i / (10 N)
+    assert plan.sigma == pytest.approx(1.5 * 0.5 * max(40 / 10, 60 / 10, 8 / 8) / N)
+    half = dp.Plan(ss.Privacy(noise_multiplier=1.5, clip=0.5, seed=0), sizes, B, 30,
+                   weight_factor=2.0)
+    assert half.sigma == pytest.approx(2.0 * plan.sigma)
+
+
+def test_the_noise_is_the_gaussian_mechanism_on_the_sums():
+    rng = np.random.default_rng(0)
+    w = np.array([0.5, -1.0, 2.0])
+    zero = ({"const": np.array(0.0), "lin": np.zeros(D), "quad": np.array(1.0)},)
+    draws = [dp.add_noise(zero, w, 2.0, 0.25, rng)[0] for _ in range(20000)]
+    lin = np.array([d["lin"] for d in draws])
+    const = np.array([float(d["const"]) for d in draws])
+    # lin += rho xi_g; const += rho (xi_v - xi_g . w): std rho sigma and rho sigma sqrt(1+|w|^2)
+    assert np.std(lin, axis=0) == pytest.approx([0.5] * D, rel=0.03)
+    assert np.std(const) == pytest.approx(0.5 * math.sqrt(1 + w @ w), rel=0.03)
+    assert np.corrcoef(lin[:, 0], const)[0, 1] == pytest.approx(
+        -w[0] / math.sqrt(1 + w @ w), abs=0.03)
+    assert all(float(d["quad"]) == 1.0 for d in draws[:10])
+
+
+def test_rounds_noise_is_independent_and_seeded():
+    plan = dp.Plan(ss.Privacy(noise_multiplier=1.0, seed=7), (50,), 5, 10)
+    again = dp.Plan(ss.Privacy(noise_multiplier=1.0, seed=7), (50,), 5, 10)
+    fresh = dp.Plan(ss.Privacy(noise_multiplier=1.0), (50,), 5, 10)
+    assert plan.rng(3).normal() == again.rng(3).normal()
+    assert plan.rng(3).normal() != plan.rng(4).normal()
+    assert plan.rng(3).normal() != fresh.rng(3).normal()
+
+
+# -- clipping --------------------------------------------------------------------------------------
+def _rows_reference(functions, w, X, y, C):
+    """Each row's contribution, its own grad on one row, clipped: the sums by a loop."""
+    v_sum, g_sum = np.zeros(len(functions)), np.zeros((len(functions), w.size))
+    for i in range(X.shape[0]):
+        vals = np.array([f.value(w, X[i:i + 1], y[i:i + 1])[0] for f in functions])
+        grads = np.array([f.grad(w, X[i:i + 1], y[i:i + 1]) for f in functions])
+        norm = math.sqrt(vals @ vals + np.sum(grads * grads))
+        s = min(1.0, C / norm)
+        assert s * norm <= C * (1 + 1e-12)
+        v_sum += s * vals
+        g_sum += s * grads
+    return v_sum, g_sum
+
+
+@pytest.mark.parametrize("C", [0.05, 1.0, 1e6])
+def test_clipping_bounds_every_row(C):
+    prob = _problem(_data(scale=3.0))
+    X, y = prob.data.clients[1].X, prob.data.clients[1].y
+    w = np.array([0.3, -0.7, 0.2])
+    fns = prob.functions
+    v, g, clipped = dp.clipped_sums(fns, w, X, y, C, "test")
+    v_ref, g_ref = _rows_reference(fns, w, X, y, C)
+    np.testing.assert_allclose(v, v_ref, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g, g_ref, rtol=1e-10, atol=1e-12)
+    assert math.sqrt(v @ v + np.sum(g * g)) <= X.shape[0] * C * (1 + 1e-12)
+    assert (clipped == X.shape[0]) if C == 0.05 else (clipped == 0) if C == 1e6 else True
+    if C == 1e6:                          # nothing clipped: the plain sums
+        np.testing.assert_allclose(g[0], X.shape[0] * fns[0].grad(w, X, y), rtol=1e-10)
+
+
+def test_per_sample_grad_matches_central_differences():
+    from problems.logistic import logistic_loss
+
+    f = logistic_loss(only_label=1, class_fraction=0.4)
+    X, y = _data().clients[0].X, _data().clients[0].y
+    w = np.array([0.2, 0.1, -0.4])
+    G = f.per_sample_grad(w, X, y)
+    h = 1e-6
+    for j in range(D):
+        e = np.zeros(D)
+        e[j] = h
+        fd = (f.value(w + e, X, y) - f.value(w - e, X, y)) / (2 * h)
+        np.testing.assert_allclose(G[:, j], fd, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(G.mean(axis=0), f.grad(w, X, y), rtol=1e-12)
+    np.testing.assert_allclose((-f).per_sample_grad(w, X, y), -G)
+
+
+def test_a_wrong_per_sample_grad_is_named():
+    f = ss.SampleFunction(lambda w, X, y: X @ w, lambda w, X, y: X.mean(axis=0),
+                          name="lin", per_sample_grad=lambda w, X, y: X[:, :2])
+    prob = ss.Problem(f, dim=D, data=_data(), regularizer=lambda w: __import__(
+        "cvxpy").sum_squares(w))
+    with pytest.raises(ss.UserFunctionError, match=r"lin.per_sample_grad returned shape"):
+        prob.solve(method="ssca", privacy=ss.Privacy(epsilon=1.0), **PRIVATE)
+
+
+# -- what reaches the server -----------------------------------------------------------------------
+def _inspect(monkeypatch):
+    """Record every request the server sends and every reply it receives."""
+    seen = []
+    collect = Gatherer.collect
+
+    def spy(self, request, *args, **kwargs):
+        for reply in collect(self, request, *args, **kwargs):
+            seen.append((request, reply))
+            yield reply
+
+    monkeypatch.setattr(Gatherer, "collect", spy)
+    return seen
+
+
+def _contribution_norms(seen, N):
+    """Per reply: its weight in the round's sum times the norm of the (value, gradient) sums
+    it carries (read back from the proximal-linear statistics), and the rows it stands for
+    over N."""
+    out = []
+    for request, reply in seen:
+        w, tau = request.w, float(request.config["tau"])
+        a = aggregation_weight(reply, N)
+        norm2 = 0.0
+        for m in range(2):
+            lin, const = reply.arrays[f"{m}:lin"], float(reply.arrays[f"{m}:const"])
+            nt = float(reply.arrays[f"{m}:quad"])
+            g = lin + 2.0 * nt * w
+            v = const + g @ w - nt * (w @ w)
+            norm2 += v * v + g @ g
+        out.append(a * math.sqrt(norm2))
+    return np.array(out)
+
+
+ENGINES = {
+    "inprocess": {},
+    "process": {"transport": "process"},
+    "shards": {"shards": 2},
+    "process shards": {"transport": "process", "shards": 2},
+    "secure aggregation": {"secure_aggregation": True},
+}
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_never_an_unprotected_message(monkeypatch, engine):
+    if engine == "secure aggregation":
+        pytest.importorskip("cryptography")
+    data = _data(scale=3.0)
+    N = data.num_samples
+    C = 0.5
+    seen = _inspect(monkeypatch)
+    res = _problem(data).solve(method="ssca", privacy=ss.Privacy(epsilon=4.0, clip=C, seed=0),
+                               **{**PRIVATE, "batch_size": 1, "max_iter": 6},
+                               **ENGINES[engine])
+    assert res.status == ss.status.PRIVATE and res.nit == 6
+    assert seen and {r.task for r, _ in seen} == {TASK}          # rounds only
+    assert all(r.config.get(DP_CLIP) == C for r, _ in seen)
+    # one row per client and round: each client's contribution is at most C, so the weighted
+    # sum of a round at most C sum_i N_i / N = C
+    norms = _contribution_norms(seen, N)
+    assert np.all(norms <= C * (1 + 1e-9))
+    per_round = {}
+    for (r, _), x in zip(seen, norms):
+        per_round[r.round] = per_round.get(r.round, 0.0) + x
+    assert max(per_round.values()) <= C * (1 + 1e-9) and len(per_round) == 6
+
+
+def test_the_inspection_finds_contributions_above_the_clip_without_privacy(monkeypatch):
+    data = _data(scale=3.0)
+    seen = _inspect(monkeypatch)
+    _problem(data).solve(method="ssca", **{**PRIVATE, "batch_size": 1, "max_iter": 6},
+                         eval_every=0, check_gradients=False)
+    rounds = [(r, rep) for r, rep in seen if r.task == TASK]
+    assert max(_contribution_norms(rounds, data.num_samples)) > 0.5
+
+
+@pytest.mark.parametrize("engine", ["ray", "flower"])
+def test_never_an_unprotected_message_on_optional_engines(monkeypatch, engine):
+    pytest.importorskip("ray" if engine == "ray" else "flwr")
+    data = _data(sizes=(20, 30), scale=3.0)
+    seen = _inspect(monkeypatch)
+    res = _problem(data).solve(method="ssca", privacy=ss.Privacy(epsilon=4.0, clip=0.5),
+                               **{**PRIVATE, "batch_size": 1, "max_iter": 3},
+                               transport=engine)
+    assert res.status == ss.status.PRIVATE
+    assert {r.task for r, _ in seen} == {TASK}
+    assert np.all(_contribution_norms(seen, data.num_samples) <= 0.5 * (1 + 1e-9))
+
+
+# -- membership ------------------------------------------------------------------------------------
+def _mean_problem(outlier: float):
+    """1-D mean estimation: f(w, x) = (w - x)^2 / 2 over 2 clients of 4 rows; the neighbouring
+    data sets differ in one row (0 or ``outlier``)."""
+    xs = [np.array([[-0.2], [0.1], [0.3], [0.0]]), np.array([[0.2], [-0.1], [0.05],
+                                                              [outlier]])]
+    data = ss.FederatedData([ss.ClientData(x, None) for x in xs])
+    f = ss.SampleFunction(lambda w, X, y: 0.5 * (w[0] - X[:, 0]) ** 2,
+                          lambda w, X, y: np.array([np.mean(w[0] - X[:, 0])]), name="sq",
+                          per_sample_grad=lambda w, X, y: (w[0] - X[:, :1]))
+    return ss.Problem(f, dim=1, data=data)
+
+
+def _attack(privacy, trials):
+    """The membership attacker's accuracy: it sees x of runs on either data set (chosen by a
+    fair coin) and guesses the one with the outlier when x is past the midpoint of the two
+    noise-free results (the same rounds with a negligible noise: for Gaussian noise of one
+    variance, the best cut). ``privacy(k, outlier)``: the Privacy of run k."""
+    opts = dict(batch_size="full", tau=0.5, max_iter=5)
+    runs = {}
+    for outlier in (0.0, 4.0):
+        prob = _mean_problem(outlier)
+        runs[outlier] = np.array([prob.solve(method="ssca", seed=k, privacy=privacy(k, outlier),
+                                             **opts).x[0] for k in range(trials)])
+    clean = {o: _mean_problem(o).solve(method="ssca", privacy=ss.Privacy(
+        noise_multiplier=1e-9, clip=1.0), **opts).x[0] for o in (0.0, 4.0)}
+    cut = 0.5 * (clean[0.0] + clean[4.0])
+    sign = 1.0 if clean[4.0] > clean[0.0] else -1.0
+    right = np.sum(sign * (runs[4.0] - cut) > 0) + np.sum(sign * (runs[0.0] - cut) <= 0)
+    return right / (2 * trials)
+
+
+def test_membership_is_no_better_than_chance_at_small_epsilon():
+    trials = 400
+    acc = _attack(lambda k, o: ss.Privacy(epsilon=0.1, clip=1.0, seed=(k, int(o))), trials)
+    se = math.sqrt(0.25 / (2 * trials))
+    # (epsilon, delta)-DP bounds any attacker's accuracy by e^eps / (1 + e^eps) + delta
+    # (0.525 at 0.1): within its 95 % interval the attack is at chance
+    assert acc - 1.96 * se <= 0.5, acc
+    assert acc <= math.exp(0.1) / (1 + math.exp(0.1)) + 1.96 * se
+    # with a negligible noise the same attacker always wins
+    assert _attack(lambda k, o: ss.Privacy(noise_multiplier=1e-6, clip=1.0,
+                                           seed=(k, int(o))), 5) == 1.0
