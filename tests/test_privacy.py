@@ -360,3 +360,20 @@ def test_membership_is_no_better_than_chance_at_small_epsilon():
     # with a negligible noise the same attacker always wins
     assert _attack(lambda k, o: ss.Privacy(noise_multiplier=1e-6, clip=1.0,
                                            seed=(k, int(o))), 5) == 1.0
+
+
+def test_batches_are_drawn_from_a_secret_not_from_the_run_seed():
+    """Amplification by sampling needs the server not to know which rows a batch holds: it
+    knows the run's seed, so under privacy the batches follow the mechanism's own secret."""
+    prob = _problem(constrained=False)
+    quiet = dict(PRIVATE, max_iter=5)
+
+    def x(seed):
+        return prob.solve(method="ssca", privacy=ss.Privacy(noise_multiplier=1e-9, clip=10.0,
+                                                            seed=seed), **quiet).x
+
+    assert not np.array_equal(x(None), x(None))          # same run seed, new secrets
+    np.testing.assert_array_equal(x(5), x(5))             # a privacy seed reproduces the run
+    assert not np.array_equal(x(5), x(6))
+    plain = prob.solve(method="ssca", eval_every=0, check_gradients=False, **quiet).x
+    assert not np.allclose(plain, x(5), atol=1e-6)        # other batches than the seed's

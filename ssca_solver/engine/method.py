@@ -130,6 +130,13 @@ class Method:
     #: under differential privacy, where nothing reads the data without noise: ``fun``,
     #: ``constraints`` and the report are then NaN)
     evaluates_result: bool = True
+    def client_seed(self, seed):
+        """The seed of the clients' batch draws (:meth:`ssca_solver.federated.Client.rng`):
+        the run's ``seed`` by default; a secret of the method's own where the server must
+        not know which rows a batch holds (differential privacy's amplification by
+        sampling)."""
+        return seed
+
     #: rows of d floats its state arrays may fill in during a run (the checkpoints' size limit)
     state_rows: int = 16
     #: the parsed options (an instance of ``Options``), set by :meth:`build`

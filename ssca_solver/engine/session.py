@@ -221,7 +221,7 @@ class Session:
             secure = secagg.SecureAggregation(problem.data.client_sizes, opts.secure_range)
             if opts.shards is None and opts.transport != "ray":
                 tasks = secagg.client_tasks(tasks)     # (shards mask their clients' sums)
-        clients = build_clients(problem.data, seed, tasks)
+        clients = build_clients(problem.data, algorithm.client_seed(seed), tasks)
         if opts.shards is not None or opts.transport == "ray":
             if not algorithm.supports_secure_aggregation:
                 raise ValueError(

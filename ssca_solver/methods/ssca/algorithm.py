@@ -194,6 +194,11 @@ class SSCA(Method):
                               found.curvature)
         return state
 
+    def client_seed(self, seed):
+        """Under privacy the batches are drawn from the mechanism's secret
+        (:attr:`.privacy.Plan.batch_seed`), not from the run's seed, which the server knows."""
+        return seed if self.privacy is None else self.privacy.batch_seed
+
     def divergence_cause(self, state=None) -> Optional[str]:
         return (probe.divergence_cause(self.unstable_tau)
                 or (None if state is None else evidence.no_minimiser(self.config, state)))

@@ -172,6 +172,11 @@ class Plan:
                     "have it calibrated")
         self.entropy = (secrets.randbits(128) if privacy.seed is None
                         else np.random.SeedSequence(privacy.seed).entropy)
+        #: the seed of the clients' batch draws: the accountant's amplification by sampling
+        #: holds only if the server does not know which rows a batch holds, and it knows the
+        #: run's seed (a number of its own, independent of the noise's streams)
+        self.batch_seed = int.from_bytes(np.random.SeedSequence(
+            self.entropy, spawn_key=(1 << 32,)).generate_state(4, np.uint32).tobytes(), "little")
 
     def _round_rdp(self) -> list:
         """One round's Renyi DP at the accountant's orders, for each distinct client size."""
