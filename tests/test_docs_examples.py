@@ -35,14 +35,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))] if p.exists()]
-MARK = re.compile(r"^<!--\s*test:\s*([A-Za-z0-9_.-]+)((?:\s+[a-z:-]+)*)\s*-->$")
+MARK = re.compile(r"^<!--\s*test:\s*([A-Za-z0-9_.-]+)((?:\s+[a-z_:-]+)*)\s*-->$")
 SKIP = re.compile(r"^<!--\s*test:\s*skip\s+(.*?)\s*-->$")
 OUTPUT = re.compile(r"^<!--\s*output\s*-->$")
 FENCE = re.compile(r"^```\s*([A-Za-z0-9_+-]*)")
 FLAGS = {"slow"}
 # what a block may need and a machine may lack: the modules of optional extras (CI installs
 # them) and the Fashion-MNIST files of the Debian package; without it the block is skipped
-NEEDS = {"flwr", "jax", "matplotlib", "torch", "fashion-mnist"}
+NEEDS = {"flwr", "jax", "matplotlib", "torch", "fashion-mnist", "dp_accounting"}
 # what a test machine cannot be expected to have: a data set that is not shipped, machines
 # of a real deployment, a framework the library does not depend on
 SKIP_REASONS = ("needs Fashion-MNIST", "needs MNIST", "needs a Flower deployment",

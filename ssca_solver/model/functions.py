@@ -1,8 +1,8 @@
 """Per-sample functions f_m(w, x_n) and the stochastic constraints built from them.
 
 F_m(w) = (1/N) sum_n f_m(w, x_n) (eq. (Fs0) and the F_m of Problem 3). The user supplies the
-per-sample values and the gradient of their mean over a set of rows; the library never needs
-per-sample gradients.
+per-sample values and the gradient of their mean over a set of rows; only differential privacy
+needs per-sample gradients (``per_sample_grad``, or ``grad`` on each row alone).
 """
 
 from __future__ import annotations
