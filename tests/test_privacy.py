@@ -245,12 +245,22 @@ def _inspect(monkeypatch):
 
 def _contribution_norms(seen, N):
     """Per reply: its weight in the round's sum times the norm of the (value, gradient) sums
-    it carries (read back from the proximal-linear statistics), and the rows it stands for
-    over N."""
+    it carries."""
     out = []
     for request, reply in seen:
-        w, tau = request.w, float(request.config["tau"])
-        a = aggregation_weight(reply, N)
+        assert sorted(reply.arrays) == ["0:g", "0:quad", "0:v", "1:g", "1:quad", "1:v"]
+        norm2 = sum(float(reply.arrays[f"{m}:v"]) ** 2 + float(np.sum(reply.arrays[f"{m}:g"]
+                                                                       ** 2))
+                    for m in range(2))
+        out.append(aggregation_weight(reply, N) * math.sqrt(norm2))
+    return np.array(out)
+
+
+def _plain_norms(seen, N):
+    """The same, for replies without privacy (proximal-linear statistics, read back)."""
+    out = []
+    for request, reply in seen:
+        w = request.w
         norm2 = 0.0
         for m in range(2):
             lin, const = reply.arrays[f"{m}:lin"], float(reply.arrays[f"{m}:const"])
@@ -258,7 +268,7 @@ def _contribution_norms(seen, N):
             g = lin + 2.0 * nt * w
             v = const + g @ w - nt * (w @ w)
             norm2 += v * v + g @ g
-        out.append(a * math.sqrt(norm2))
+        out.append(aggregation_weight(reply, N) * math.sqrt(norm2))
     return np.array(out)
 
 
@@ -301,7 +311,7 @@ def test_the_inspection_finds_contributions_above_the_clip_without_privacy(monke
     _problem(data).solve(method="ssca", **{**PRIVATE, "batch_size": 1, "max_iter": 6},
                          eval_every=0, check_gradients=False)
     rounds = [(r, rep) for r, rep in seen if r.task == TASK]
-    assert max(_contribution_norms(rounds, data.num_samples)) > 0.5
+    assert max(_plain_norms(rounds, data.num_samples)) > 0.5
 
 
 @pytest.mark.parametrize("engine", ["ray", "flower"])
@@ -377,3 +387,17 @@ def test_batches_are_drawn_from_a_secret_not_from_the_run_seed():
     assert not np.array_equal(x(5), x(6))
     plain = prob.solve(method="ssca", eval_every=0, check_gradients=False, **quiet).x
     assert not np.allclose(plain, x(5), atol=1e-6)        # other batches than the seed's
+
+
+def test_unclipped_sums_give_the_statistics_of_a_round_without_privacy():
+    prob = _problem(_data())
+    X, y = prob.data.clients[0].X, prob.data.clients[0].y
+    w = np.array([0.4, -0.3, 0.1])
+    fns, builders = prob.functions, prob.builders
+    arrays = dp.clipped_arrays(fns, builders, w, X, y, 0.3, 1e9, "test")
+    template = [b.initial_statistics(D, 0.3, "tau") for b in builders]
+    got = dp.to_statistics(arrays, w, template)
+    for m, (f, b) in enumerate(zip(fns, builders)):
+        want = b.statistics(f, w, X, y, 0.3, "test")
+        for name in ("const", "lin", "quad"):
+            np.testing.assert_allclose(got[f"{m}:{name}"], want[name], rtol=1e-10, atol=1e-12)

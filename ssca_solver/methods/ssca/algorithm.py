@@ -242,6 +242,8 @@ class SSCA(Method):
         r, g = acceptance.round_steps(cfg, state, t)
         noise = np.zeros(len(cfg.builders))
         nonfinite, curvature = [], {}
+        if self.privacy is not None:
+            replies = self._private_statistics(replies, state)
         replies = self._screened(replies, t, noise, nonfinite, curvature, state.stats)
         guarded = cfg.guarded(state)
         stats = ssca_step.average_with_messages(state.stats, replies, cfg.num_samples,
@@ -301,6 +303,19 @@ class SSCA(Method):
                     if b.strongly_convex:            # not an equality's affine surrogate
                         check_strongly_convex(b, first[m], p.dim, fn.name)
             yield reply
+            del reply
+
+    def _private_statistics(self, replies, state):
+        """Under privacy the replies carry the clipped value and gradient sums
+        (:func:`.privacy.clipped_arrays`); their statistics at w_t, as a reply without
+        privacy would carry them (the map is linear, so a weighted sum converts alike)."""
+        for reply in replies:
+            try:
+                arrays = privacy.to_statistics(reply.arrays, state.w, state.stats)
+            except KeyError as exc:
+                array(reply, exc.args[0])          # the client's fault: ReplyError
+                raise
+            yield replace(reply, arrays=arrays)
             del reply
 
     def _own_curvature(self, state, stats):

@@ -117,9 +117,9 @@ class SSCARoundTask:
     batch halves' mean gradients, ``"noise:m"``: adaptive sampling), ``curvature`` (also send,
     per function, the sum over the batch's rows of its Hessian at w_t, packed: ``"curv:m"``,
     the statistics of the server's Newton model; with the request array ``"sketch"`` (k, d),
-    its Hessian times each of those k directions instead, (k, d) rows), ``dp_clip`` (the
-    statistics of the rows' contributions clipped to this norm, :mod:`.privacy`; nothing
-    else is sent) and ``reject_nonfinite`` (a function that is not finite at w_t is answered with the one array
+    its Hessian times each of those k directions instead, (k, d) rows), ``dp_clip`` (the sums
+    of the rows' values and gradients, each row clipped to this norm, :mod:`.privacy`;
+    nothing else is sent) and ``reject_nonfinite`` (a function that is not finite at w_t is answered with the one array
     ``"nonfinite"`` instead of an error: the backtracking's trial point is rejected).
     """
 
@@ -164,8 +164,8 @@ class SSCARoundTask:
         tau = float(request.config["tau"])
         clip = request.config.get(DP_CLIP)
         if clip is not None:          # differential privacy: the clipped statistics alone
-            return pack_statistics(privacy.clipped_statistics(
-                self.functions, self.builders, request.w, X, y, tau, float(clip), where))
+            return privacy.clipped_arrays(self.functions, self.builders, request.w, X, y, tau,
+                                          float(clip), where)
         noisy = bool(request.config.get("noise")) and b < rows
         stats, noise, curvature = [], [], {}
         sketch = request.arrays.get(SKETCH) if request.config.get("curvature") else None

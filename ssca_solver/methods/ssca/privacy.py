@@ -291,19 +291,43 @@ def clipped_sums(functions, w, X, y, clip: float, where: str) -> tuple:
             int(np.count_nonzero(norms > clip)))
 
 
-def clipped_statistics(functions, builders, w, X, y, tau: float, clip: float,
-                       where: str) -> list:
-    """The proximal-linear statistics (eqs. (fs0bar)/(fsmbar)) of every function from the
-    clipped sums of :func:`clipped_sums` (quad = n tau, lin = g - 2 n tau w_t,
-    const = v - g.w_t + n tau |w_t|^2 with v, g the clipped value and gradient sums)."""
-    from ...model.surrogates import proximal_linear_statistics
+def clipped_arrays(functions, builders, w, X, y, tau: float, clip: float,
+                   where: str) -> dict:
+    """A private reply's arrays: per function m, ``"m:v"`` and ``"m:g"``, the clipped sums of
+    :func:`clipped_sums` over the rows of (X, y), and ``"m:quad"`` = n tau (public: no data),
+    packed as :func:`~.step.pack_statistics` packs statistics. The server turns them into the
+    proximal-linear statistics (:func:`to_statistics`) after the noise."""
+    from .step import pack_statistics
 
     n = X.shape[0]
     v, g, _ = clipped_sums(functions, w, X, y, clip, where)
     taus = np.array([b.tau if b.tau is not None else tau for b in builders], dtype=float)
-    const, lin, quad = proximal_linear_statistics(v, g / max(n, 1), n, w, n * taus)
-    return [{"const": np.asarray(const[m]), "lin": lin[m], "quad": np.asarray(quad[m])}
-            for m in range(len(functions))]
+    return pack_statistics([{"v": np.asarray(v[m]), "g": g[m], "quad": np.asarray(n * taus[m])}
+                            for m in range(len(functions))])
+
+
+def sums_template(stats_template: Sequence[dict]) -> list:
+    """The layout of a private reply (:func:`clipped_arrays`) for statistics laid out as
+    ``stats_template`` (the state's)."""
+    return [{"v": np.zeros(()), "g": np.zeros(np.shape(st["lin"])), "quad": np.zeros(())}
+            for st in stats_template]
+
+
+def to_statistics(arrays: dict, w: np.ndarray, stats_template: Sequence[dict]) -> dict:
+    """The proximal-linear statistics (eqs. (fs0bar)/(fsmbar)) of a private reply's (or of a
+    weighted sum of them: the map is linear) value sums v, gradient sums g and quad = n tau,
+    at the point w they were taken at: lin = g - 2 quad w, const = v - g.w + quad |w|^2, in
+    the layout of ``stats_template``. A missing array raises KeyError naming it."""
+    from .step import pack_statistics, unpack_statistics
+
+    sums = unpack_statistics(arrays, sums_template(stats_template))
+    ww = float(w @ w)
+    stats = []
+    for s in sums:
+        g, quad = np.asarray(s["g"], dtype=float), float(s["quad"])
+        stats.append({"const": np.asarray(float(s["v"]) - float(g @ w) + quad * ww),
+                      "lin": g - 2.0 * quad * w, "quad": np.asarray(quad)})
+    return pack_statistics(stats)
 
 
 # -- the server's side ---------------------------------------------------------------------------
