@@ -401,3 +401,70 @@ def test_unclipped_sums_give_the_statistics_of_a_round_without_privacy():
         want = b.statistics(f, w, X, y, 0.3, "test")
         for name in ("const", "lin", "quad"):
             np.testing.assert_allclose(got[f"{m}:{name}"], want[name], rtol=1e-10, atol=1e-12)
+
+
+# -- the distributed mechanism ---------------------------------------------------------------------
+def test_the_discrete_gaussian_has_its_law():
+    rng = np.random.default_rng(1)
+    s = 1.5
+    x = accounting.discrete_gaussian(rng, s, 400_000)
+    assert x.dtype == np.int64
+    ks = np.arange(-60, 61)
+    pmf = np.exp(-ks ** 2 / (2 * s * s))
+    pmf /= pmf.sum()
+    emp = np.array([(x == k).mean() for k in ks])
+    assert np.max(np.abs(emp - pmf)) < 5 * math.sqrt(pmf.max() / x.size)
+    big = accounting.discrete_gaussian(rng, 3e9, 100_000)
+    assert abs(big.std() / 3e9 - 1) < 0.02 and abs(big.mean()) < 3e9 * 0.02
+    assert accounting.sum_divergence(5.0, 100) < 1e-100
+    assert accounting.sum_divergence(0.3, 10) > 1e-3
+
+
+def test_distributed_needs_secure_aggregation_and_inflates_for_rounding():
+    with pytest.raises(ValueError, match="mechanism must be one of"):
+        ss.Privacy(epsilon=1.0, mechanism="local")
+    with pytest.raises(ValueError, match="secure_aggregation=True"):
+        _problem().solve(method="ssca", privacy=ss.Privacy(epsilon=1.0, mechanism="distributed"),
+                         **PRIVATE)
+    from ssca_solver.federated.secagg import fraction_bits
+
+    central = dp.Plan(ss.Privacy(noise_multiplier=2.0, clip=0.5), (40, 60), 10, 5)
+    dist = dp.Plan(ss.Privacy(noise_multiplier=2.0, clip=0.5, mechanism="distributed"),
+                   (40, 60), 10, 5, noised=8, secure_range=2.0 ** 20, parties=2)
+    f = fraction_bits(2.0 ** 20, 2)
+    assert dist.sigma == pytest.approx(central.sigma + 2.0 * math.sqrt(8) * 2.0 ** -f / 2)
+    assert dist.sigma > central.sigma
+
+
+@pytest.mark.parametrize("engine", [{}, {"shards": 2}, {"transport": "process"}])
+def test_distributed_noise_reaches_the_server_only_in_the_sum(monkeypatch, engine):
+    """The unmasked sum differs from the clean weighted sum of the clipped sums by noise of
+    standard deviation sigma (the participants' shares together), on every coordinate."""
+    pytest.importorskip("cryptography")
+    data = _data(sizes=(30, 40, 50, 60), scale=2.0)
+    prob = _problem(data)
+    N = data.num_samples
+    seen = _inspect(monkeypatch)
+    res = prob.solve(method="ssca", privacy=ss.Privacy(noise_multiplier=3.0, clip=0.7,
+                                                       mechanism="distributed"),
+                     secure_aggregation=True, batch_size="full", tau=0.2, max_iter=25, seed=0,
+                     **engine)
+    assert res.status == ss.status.PRIVATE and res.privacy["mechanism"] == "distributed"
+    assert {r.task for r, _ in seen} == {TASK}
+    plan = dp.Plan(ss.Privacy(noise_multiplier=3.0, clip=0.7, mechanism="distributed"),
+                   data.client_sizes, None, 25, noised=2 * (D + 1), parties=4)
+    z = []
+    for request, reply in seen:
+        a = aggregation_weight(reply, N)
+        clean = [dp.clipped_sums(prob.functions, request.w, c.X, c.y, 0.7, "t")
+                 for c in data.clients]
+        v = sum(s[0] for s in clean) / N          # full batches: a_i = 1 / N
+        g = sum(s[1] for s in clean) / N
+        for m in range(2):
+            z.append((a * float(reply.arrays[f"{m}:v"]) - v[m]) / plan.sigma)
+            z.extend((a * np.asarray(reply.arrays[f"{m}:g"]) - g[m]) / plan.sigma)
+            # n tau carries no data: exact
+            assert a * float(reply.arrays[f"{m}:quad"]) == pytest.approx(0.2, rel=1e-9)
+    z = np.array(z)
+    assert z.size == 25 * 2 * (D + 1)
+    assert abs(np.std(z) - 1.0) < 0.15 and abs(np.mean(z)) < 0.2

@@ -55,6 +55,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from ..errors import RoundFailedError, SecureAggregationError
 from .messages import AGGREGATE, SECAGG as ID, Dropout, Reply, Request, own_factor
 from .messages import aggregation_weight
+from .accounting import DP_NOISE
 
 KEYS, SHARES, UNMASK = "secagg.keys", "secagg.shares", "secagg.unmask"
 PRIME = 2 ** 521 - 1                 # a Mersenne prime > 2^256: Shamir shares of 32-byte keys
@@ -230,7 +231,15 @@ class MaskedTask:
                                           "name": _text(name)},
                                 batch_size=reply.batch_size)
         f = int(request.config["bits"])
-        masked = np.rint(vec * 2.0 ** f).astype(np.int64).view(np.uint64)
+        words = np.rint(vec * 2.0 ** f).astype(np.int64)
+        if request.config.get(DP_NOISE):
+            # distributed differential privacy: this participant's share of the noise, in
+            # integers (the discrete Gaussian: the masks' sum stays exact), never seen alone
+            words = _noised(words, names, layout, request, len(ids2), f, bound, client, a,
+                            reply.batch_size)
+            if isinstance(words, Reply):
+                return words
+        masked = words.view(np.uint64)
         masked += prg(kdf(st["b"], f"self|{agg}"), vec.size)
         s_pk = st["s_pk"]
         for j, v in enumerate(st["ids1"]):
@@ -243,6 +252,31 @@ class MaskedTask:
                 masked -= mask
         return Reply(me, request.task, request.round, reply.num_rows, reply.batch_size,
                      {"masked": masked, "layout": _text(json.dumps(layout))})
+
+
+def _noised(words, names, layout, request: Request, parties: int, f: int, bound: float,
+            client, weight: float, batch: int):
+    """``words`` (the fixed-point weighted arrays) plus a discrete Gaussian of standard
+    deviation sigma 2^f / sqrt(parties) on every array not exempt (``DP_EXEMPT``), sigma the
+    request's ``DP_NOISE``; or the overflow reply when a noised word leaves the range."""
+    from .accounting import DP_EXEMPT, discrete_gaussian
+
+    exempt = str(request.config.get(DP_EXEMPT, ""))
+    sizes = [int(np.prod(s)) for _, s in layout]
+    noisy = np.concatenate([np.full(n, not (exempt and k.endswith(exempt)))
+                            for k, n in zip(names, sizes)]) if names else np.zeros(0, bool)
+    share = float(request.config[DP_NOISE]) * 2.0 ** f / math.sqrt(max(parties, 1))
+    rng = np.random.default_rng(secrets.randbits(128))      # the client's own secret
+    words = words.copy()
+    words[noisy] += discrete_gaussian(rng, share, int(noisy.sum()))
+    top = np.abs(words.astype(float)) * 2.0 ** -f
+    if words.size and top.max() > bound:
+        j = int(np.argmax(top))
+        name = names[int(np.searchsorted(np.cumsum(sizes), j, side="right"))]
+        return client.reply(request, {"overflow": np.array([float(words[j]) * 2.0 ** -f,
+                                                            weight]),
+                                      "name": _text(name)}, batch_size=batch)
+    return words
 
 
 def unmask_task(client, request: Request) -> Reply:

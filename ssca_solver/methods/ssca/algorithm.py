@@ -23,6 +23,7 @@ import numpy as np
 from ... import status as st
 from ...engine.method import Method
 from ...engine.options import describe_schedule
+from ...federated.accounting import DP_EXEMPT, DP_NOISE
 from ...federated.messages import AGGREGATE, Request, aggregation_weight, array
 from ...model.surrogates import check_strongly_convex
 from ...schedules import check_schedules, resolve
@@ -99,7 +100,10 @@ class SSCA(Method):
             I = problem.data.num_clients
             self.privacy = privacy.Plan(options.privacy, problem.data.client_sizes,
                                         options.batch_size, options.max_iter,
-                                        weight_factor=1.0 if K is None else I / K)
+                                        weight_factor=1.0 if K is None else I / K,
+                                        noised=len(problem.functions) * (problem.dim + 1),
+                                        secure_range=options.secure_range,
+                                        parties=I if K is None else K)
             self.columns["epsilon"] = ()
             self.evaluates_result = False
 
@@ -159,7 +163,7 @@ class SSCA(Method):
                 "builders": [repr(b) for b in cfg.builders],
                 **({} if o.privacy is None else {"privacy": {
                     "epsilon": o.privacy.epsilon, "delta": o.privacy.delta,
-                    "clip": o.privacy.clip,
+                    "clip": o.privacy.clip, "mechanism": o.privacy.mechanism,
                     "noise_multiplier": self.privacy.noise_multiplier}})}
 
     # -- before round 1 --------------------------------------------------------------------------
@@ -209,6 +213,9 @@ class SSCA(Method):
         config = {"batch_size": cfg.batch(state), "tau": cfg.tau_of(state)}
         if self.privacy is not None:
             config[DP_CLIP] = float(self.privacy.privacy.clip)
+            if self.privacy.privacy.mechanism == "distributed":
+                # the participants of the secure sum add the noise (secagg.MaskedTask)
+                config[DP_NOISE], config[DP_EXEMPT] = self.privacy.sigma, ":quad"
             return Request(TASK, state.t + 1, state.w, config, {})
         if cfg.auto_batch and not cfg.full(state):
             config["noise"] = True
@@ -250,7 +257,7 @@ class SSCA(Method):
                                                 1.0 if guarded else r, allow_empty=True)
         if stats is None and not nonfinite:
             raise ValueError("average_with_messages: no client messages")
-        if self.privacy is not None:
+        if self.privacy is not None and self.privacy.privacy.mechanism == "central":
             # the Gaussian mechanism on this round's weighted sum (in the average with
             # weight rho), before anything reads it
             stats = privacy.add_noise(stats, state.w, self.privacy.sigma,

@@ -226,6 +226,10 @@ def _private(o: SSCAOptions, problem, given: dict) -> dict:
     def refuse(why):
         raise ValueError(f"privacy: {why}")
 
+    if p.mechanism == "distributed" and not o.secure_aggregation:
+        refuse("mechanism='distributed' adds each client's share of the noise before the "
+               "masks of secure aggregation; without secure_aggregation=True each message "
+               "would carry only its share (use mechanism='central', or secure_aggregation)")
     if isinstance(o.batch_size, str) and o.batch_size in opt.ADAPTIVE_BATCHES:
         refuse(f"batch_size={o.batch_size!r} grows the batches by a test on the data; give "
                "the rows each client draws per round (an integer B) or 'full', which fixes "

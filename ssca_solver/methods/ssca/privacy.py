@@ -53,15 +53,20 @@ class Privacy:
         larger are shrunk, which biases the statistics: choose C near the typical norm.
       noise_multiplier: z, the Gaussian noise's standard deviation over C times the largest
         client weight (None: calibrated to ``epsilon``).
-      seed: the noise's seed (None: fresh entropy from the operating system, the private
-        choice; a number makes the noise reproducible, and anyone who knows it can remove
-        the noise: for experiments only). The run's ``seed`` draws the batches, not the noise.
+      mechanism: "central" (default: the server adds the noise to the sum of the clipped
+        sums; it is trusted with them) or "distributed" (with ``secure_aggregation=True``:
+        each participant of the secure sum adds its share of the noise, a discrete Gaussian
+        on its fixed-point words before the masks, so the server sees only the noised sum).
+      seed: the seed of the noise and of the batches (None: fresh entropy from the operating
+        system, the private choice; a number makes both reproducible, and anyone who knows it
+        can remove the noise: for experiments only). The run's ``seed`` draws neither.
     """
 
     epsilon: Optional[float] = None
     delta: float = 1e-5
     clip: float = 1.0
     noise_multiplier: Optional[float] = None
+    mechanism: str = "central"
     seed: Any = None
 
     def __post_init__(self):
@@ -80,6 +85,13 @@ class Privacy:
         if self.noise_multiplier is not None and not _positive(self.noise_multiplier):
             raise ValueError(f"Privacy: noise_multiplier must be a positive number, got "
                              f"{self.noise_multiplier!r}")
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(f"Privacy: mechanism must be one of {', '.join(MECHANISMS)}, got "
+                             f"{self.mechanism!r}")
+
+
+#: who adds the noise: the server, or the participants of secure aggregation
+MECHANISMS = ("central", "distributed")
 
 
 def _number(x) -> bool:
@@ -102,7 +114,8 @@ class PrivacySpent:
       clip: C.
       rounds: the rounds that ran; ``planned``: the rounds the noise was calibrated for.
       batch_size: rows per client per round (None: every row).
-      mechanism: "central" (the server adds the noise to the sum of clipped statistics).
+      mechanism: "central" (the server adds the noise to the sum of the clipped sums) or
+        "distributed" (the participants of secure aggregation add it, in integers).
       level: "record" (neighbouring data sets differ in one row of one client).
     """
 
@@ -133,6 +146,11 @@ class Plan:
       rounds: the rounds the run may take (``max_iter``).
       weight_factor: h, the participation weight of a client in a round (I / K with
         ``clients_per_round=K``, else 1).
+      noised: the floats of a reply that carry data (M (d + 1)): under the distributed
+        mechanism their rounding to the fixed point adds sqrt(noised) 2^-f to the
+        sensitivity.
+      secure_range, parties: the distributed mechanism's fixed point (f of
+        :func:`ssca_solver.federated.secagg.fraction_bits` at the most participants).
 
     Raises ValueError before round 1 when ``noise_multiplier`` and ``epsilon`` are both given
     and the rounds would spend more than epsilon (naming the rounds that fit, or the noise
@@ -140,7 +158,8 @@ class Plan:
     """
 
     def __init__(self, privacy: Privacy, sizes: Sequence[int], batch: Optional[int],
-                 rounds: int, weight_factor: float = 1.0):
+                 rounds: int, weight_factor: float = 1.0, noised: int = 1,
+                 secure_range: float = 2.0 ** 20, parties: int = 1):
         self.privacy = privacy
         self.sizes = tuple(int(n) for n in sizes)
         self.batch = None if batch is None else int(batch)
@@ -157,6 +176,22 @@ class Plan:
             z = float(privacy.noise_multiplier)
         self.noise_multiplier = z
         self.sigma = z * float(privacy.clip) * self.max_weight
+        if privacy.mechanism == "distributed":
+            from ...federated.secagg import fraction_bits
+
+            # each participant rounds its weighted words to 2^-f before its noise: a row
+            # replaced moves them by up to 2 C a_max + sqrt(noised) 2^-f, and the noise covers
+            # that sensitivity at the multiplier z / 2
+            f = fraction_bits(float(secure_range), int(parties))
+            self.sigma = 0.5 * z * (2.0 * float(privacy.clip) * self.max_weight
+                                    + math.sqrt(int(noised)) * 2.0 ** -f)
+            share = self.sigma * 2.0 ** f / math.sqrt(int(parties))
+            tau = accounting.sum_divergence(share, int(parties))
+            if tau > 1e-12:
+                raise ValueError(f"privacy: each participant's noise is {share:.3g} in units "
+                                 f"of the fixed point 2^-{f}, too coarse for the sum of "
+                                 f"discrete Gaussians to be accounted as one (tau = "
+                                 f"{tau:.3g}); give a smaller secure_range")
         self._rdp = self._round_rdp()
         if privacy.noise_multiplier is not None and privacy.epsilon is not None:
             spent = self.epsilon_after(self.rounds)
@@ -224,7 +259,8 @@ class Plan:
         return PrivacySpent(epsilon=self.epsilon_after(rounds), delta=float(p.delta),
                             budget=None if p.epsilon is None else float(p.epsilon),
                             noise_multiplier=self.noise_multiplier, clip=float(p.clip),
-                            rounds=int(rounds), planned=self.rounds, batch_size=self.batch)
+                            rounds=int(rounds), planned=self.rounds, batch_size=self.batch,
+                            mechanism=p.mechanism)
 
 
 # -- the client's side ---------------------------------------------------------------------------
