@@ -77,7 +77,7 @@ def untested(t: int, residual: tuple, kkt=None) -> tuple[str, str]:
 def private(t: int, spent) -> tuple[str, str]:
     """(PRIVATE, message) for a run under differential privacy that ran ``t`` rounds and
     spent ``spent`` (:class:`ssca_solver.methods.ssca.privacy.PrivacySpent`)."""
-    return PRIVATE, (f"ran {t} rounds under record-level differential privacy: epsilon = "
+    return PRIVATE, (f"ran {t} rounds under {spent.level}-level differential privacy: epsilon = "
                      f"{spent.epsilon:.4g} spent at delta = {spent.delta:g}"
                      + (f" (budget {spent.budget:g})" if spent.budget is not None else "")
                      + f", noise multiplier {spent.noise_multiplier:.4g}, clip "

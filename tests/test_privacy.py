@@ -468,3 +468,53 @@ def test_distributed_noise_reaches_the_server_only_in_the_sum(monkeypatch, engin
     z = np.array(z)
     assert z.size == 25 * 2 * (D + 1)
     assert abs(np.std(z) - 1.0) < 0.15 and abs(np.mean(z)) < 0.2
+
+
+# -- client level ----------------------------------------------------------------------------------
+def test_client_level_accounts_the_clients_and_their_sampling():
+    data = _data(sizes=(40, 60, 80, 50, 70, 30))
+    res = _problem(data).solve(method="ssca", privacy=ss.Privacy(epsilon=3.0, clip=1.5,
+                                                                 level="client"),
+                               clients_per_round=3, **PRIVATE)
+    p = res.privacy
+    assert (p["level"], p["clients_per_round"]) == ("client", 3)
+    z = accounting.calibrate_client_noise(3.0, 1e-5, 6, 3, 20)
+    assert p["noise_multiplier"] == pytest.approx(z, rel=1e-12)
+    assert p["epsilon"] == pytest.approx(accounting.client_epsilon(z, 6, 3, 20, 1e-5),
+                                         rel=1e-9)
+    assert p["epsilon"] <= 3.0 and "client-level" in res.message
+    # dp-accounting's own event: K of I without replacement around the Gaussian of z / 2
+    import dp_accounting as dpa
+
+    event = dpa.SelfComposedDpEvent(dpa.SampledWithoutReplacementDpEvent(
+        6, 3, dpa.GaussianDpEvent(z / 2)), 20)
+    assert p["epsilon"] == pytest.approx(accounting.epsilon_of(event, 1e-5), rel=1e-9)
+    # drawing 3 of 6 clients amplifies: less noise than every client in every round
+    assert z < accounting.calibrate_client_noise(3.0, 1e-5, 6, None, 20)
+    plan = dp.Plan(ss.Privacy(noise_multiplier=z, clip=1.5, level="client"),
+                   data.client_sizes, 10, 20, weight_factor=2.0, per_round=3)
+    assert plan.sigma == pytest.approx(z * 1.5 * 2.0 * 80 / data.num_samples)
+
+
+def test_client_level_clips_each_clients_mean_on_every_engine(monkeypatch):
+    data = _data(scale=3.0)
+    prob = _problem(data)
+    X, y = data.clients[0].X, data.clients[0].y
+    w = np.array([0.3, -0.2, 0.5])
+    big = dp.client_arrays(prob.functions, prob.builders, w, X, y, 0.1, 1e9, "t")
+    for m, f in enumerate(prob.functions):       # unclipped: the batch's plain sums
+        np.testing.assert_allclose(big[f"{m}:g"], X.shape[0] * f.grad(w, X, y), rtol=1e-12)
+        assert float(big[f"{m}:v"]) == pytest.approx(f.value(w, X, y).sum(), rel=1e-12)
+    for engine in ({}, {"shards": 2}):
+        seen = _inspect(monkeypatch)
+        res = prob.solve(method="ssca", privacy=ss.Privacy(epsilon=4.0, clip=0.3,
+                                                           level="client"),
+                         **{**PRIVATE, "max_iter": 4}, **engine)
+        assert res.status == ss.status.PRIVATE
+        norms = _contribution_norms(seen, data.num_samples)
+        # a client's mean contribution is at most C, weighted N_i / N: the round's sum <= C
+        assert norms.max() <= 0.3 * (1 + 1e-9)
+        if not engine:
+            sizes = np.array([rep.num_rows for _, rep in seen], dtype=float)
+            assert np.all(norms <= 0.3 * sizes / data.num_samples * (1 + 1e-9))
+        monkeypatch.undo()

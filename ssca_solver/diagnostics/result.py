@@ -169,7 +169,7 @@ class Result:
             lines.append(f"sampling      {sampling}")
         if self.privacy:
             p = self.privacy
-            lines.append(f"privacy       record-level ({p['epsilon']:.4g}, {p['delta']:g})-DP "
+            lines.append(f"privacy       {p['level']}-level ({p['epsilon']:.4g}, {p['delta']:g})-DP "
                          f"over {p['rounds']} rounds ({p['mechanism']} Gaussian noise, "
                          f"multiplier {p['noise_multiplier']:.4g}, clip {p['clip']:g})")
         if self.stages and self.slack.size:

@@ -133,6 +133,51 @@ def calibrate_noise(target_epsilon: float, delta: float, sizes: Sequence[int],
     return z
 
 
+def client_round_event(noise_multiplier: float, num_clients: int, per_round: Optional[int]):
+    """The DpEvent of one round for one client's whole data (client-level privacy) when
+    ``per_round`` of ``num_clients`` clients are drawn without replacement (None: all) and
+    the sum of their clipped contributions gets Gaussian noise of standard deviation
+    ``noise_multiplier`` C (sensitivity 2 C under replace-one, as for a row)."""
+    dpa = dp_accounting()
+    gaussian = dpa.GaussianDpEvent(noise_multiplier / 2.0)
+    if per_round is None or int(per_round) >= int(num_clients):
+        return gaussian
+    return dpa.SampledWithoutReplacementDpEvent(int(num_clients), int(per_round), gaussian)
+
+
+def client_epsilon(noise_multiplier: float, num_clients: int, per_round: Optional[int],
+                   rounds: int, delta: float) -> float:
+    """Client-level epsilon at ``delta`` of ``rounds`` rounds of :func:`client_round_event`."""
+    _check(noise_multiplier, delta)
+    if rounds <= 0:
+        return 0.0
+    dpa = dp_accounting()
+    return epsilon_of(dpa.SelfComposedDpEvent(
+        client_round_event(noise_multiplier, num_clients, per_round), int(rounds)), delta)
+
+
+def calibrate_client_noise(target_epsilon: float, delta: float, num_clients: int,
+                           per_round: Optional[int], rounds: int) -> float:
+    """The smallest noise multiplier whose :func:`client_epsilon` over ``rounds`` rounds is
+    at most ``target_epsilon`` (dp-accounting's calibration, then rounded up)."""
+    if not (isinstance(target_epsilon, (int, float)) and target_epsilon > 0):
+        raise ValueError(f"target_epsilon must be > 0, got {target_epsilon!r}")
+    _check(1.0, delta)
+    dpa = dp_accounting()
+
+    def fresh():
+        return dpa.rdp.RdpAccountant(
+            list(ORDERS), neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+
+    z = float(dpa.calibrate_dp_mechanism(
+        fresh, lambda z: dpa.SelfComposedDpEvent(
+            client_round_event(z, num_clients, per_round), int(rounds)),
+        float(target_epsilon), float(delta), dpa.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4))
+    while client_epsilon(z, num_clients, per_round, rounds, delta) > target_epsilon:
+        z *= 1.0 + 1e-4
+    return z
+
+
 # -- distributed noise -----------------------------------------------------------------------------
 #: request config: the standard deviation, in the units of the weighted sum, of the noise all
 #: participants of a secure aggregation add together (each its share, sigma / sqrt(n)); the

@@ -39,7 +39,7 @@ from . import state as ssca_state
 from . import step as ssca_step
 from . import merit as merit_mod
 from .merit import lagrangian_gradient
-from .client import DP_CLIP, NONFINITE, REJECT_NONFINITE, SKETCH, TASK, SSCARoundTask
+from .client import DP_CLIP, DP_LEVEL, NONFINITE, REJECT_NONFINITE, SKETCH, TASK, SSCARoundTask
 from .options import SSCAOptions
 from .settings import Settings
 from .state import SSCAState
@@ -103,7 +103,7 @@ class SSCA(Method):
                                         weight_factor=1.0 if K is None else I / K,
                                         noised=len(problem.functions) * (problem.dim + 1),
                                         secure_range=options.secure_range,
-                                        parties=I if K is None else K)
+                                        parties=I if K is None else K, per_round=K)
             self.columns["epsilon"] = ()
             self.evaluates_result = False
 
@@ -164,6 +164,7 @@ class SSCA(Method):
                 **({} if o.privacy is None else {"privacy": {
                     "epsilon": o.privacy.epsilon, "delta": o.privacy.delta,
                     "clip": o.privacy.clip, "mechanism": o.privacy.mechanism,
+                    "level": o.privacy.level,
                     "noise_multiplier": self.privacy.noise_multiplier}})}
 
     # -- before round 1 --------------------------------------------------------------------------
@@ -213,6 +214,8 @@ class SSCA(Method):
         config = {"batch_size": cfg.batch(state), "tau": cfg.tau_of(state)}
         if self.privacy is not None:
             config[DP_CLIP] = float(self.privacy.privacy.clip)
+            if self.privacy.privacy.level == "client":
+                config[DP_LEVEL] = "client"
             if self.privacy.privacy.mechanism == "distributed":
                 # the participants of the secure sum add the noise (secagg.MaskedTask)
                 config[DP_NOISE], config[DP_EXEMPT] = self.privacy.sigma, ":quad"

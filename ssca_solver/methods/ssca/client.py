@@ -33,6 +33,8 @@ SKETCH = "sketch"
 #: request config: differential privacy: clip each row's contribution (every function's value
 #: and gradient at w_t) to this norm before the sums (:mod:`.privacy`)
 DP_CLIP = "dp_clip"
+#: request config: "client" to clip each client's mean contribution instead of each row
+DP_LEVEL = "dp_level"
 
 
 @functools.lru_cache(maxsize=8)
@@ -139,6 +141,8 @@ class SSCARoundTask:
         batch = optional_int(request.config.get("batch_size"))
         if request.config.get("noise") and batch is not None:
             return None
+        if request.config.get(DP_LEVEL) == "client":      # each client clipped on its own
+            return None
         if any(type(b).statistics is not ProximalLinear.statistics for b in self.builders):
             return None
         return Pooling(batch)
@@ -163,9 +167,11 @@ class SSCARoundTask:
         (``factor``: h_i in a summed request)."""
         tau = float(request.config["tau"])
         clip = request.config.get(DP_CLIP)
-        if clip is not None:          # differential privacy: the clipped statistics alone
-            return privacy.clipped_arrays(self.functions, self.builders, request.w, X, y, tau,
-                                          float(clip), where)
+        if clip is not None:          # differential privacy: the clipped sums alone
+            clipped = (privacy.client_arrays if request.config.get(DP_LEVEL) == "client"
+                       else privacy.clipped_arrays)
+            return clipped(self.functions, self.builders, request.w, X, y, tau, float(clip),
+                           where)
         noisy = bool(request.config.get("noise")) and b < rows
         stats, noise, curvature = [], [], {}
         sketch = request.arrays.get(SKETCH) if request.config.get("curvature") else None

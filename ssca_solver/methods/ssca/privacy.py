@@ -57,6 +57,9 @@ class Privacy:
         sums; it is trusted with them) or "distributed" (with ``secure_aggregation=True``:
         each participant of the secure sum adds its share of the noise, a discrete Gaussian
         on its fixed-point words before the masks, so the server sees only the noised sum).
+      level: "record" (default: neighbouring data sets differ in one row of one client; each
+        row is clipped) or "client" (they differ in one client's whole data; each client's
+        mean contribution over its batch is clipped, and ``clients_per_round`` amplifies).
       seed: the seed of the noise and of the batches (None: fresh entropy from the operating
         system, the private choice; a number makes both reproducible, and anyone who knows it
         can remove the noise: for experiments only). The run's ``seed`` draws neither.
@@ -67,6 +70,7 @@ class Privacy:
     clip: float = 1.0
     noise_multiplier: Optional[float] = None
     mechanism: str = "central"
+    level: str = "record"
     seed: Any = None
 
     def __post_init__(self):
@@ -85,6 +89,9 @@ class Privacy:
         if self.noise_multiplier is not None and not _positive(self.noise_multiplier):
             raise ValueError(f"Privacy: noise_multiplier must be a positive number, got "
                              f"{self.noise_multiplier!r}")
+        if self.level not in LEVELS:
+            raise ValueError(f"Privacy: level must be one of {', '.join(LEVELS)}, got "
+                             f"{self.level!r}")
         if self.mechanism not in MECHANISMS:
             raise ValueError(f"Privacy: mechanism must be one of {', '.join(MECHANISMS)}, got "
                              f"{self.mechanism!r}")
@@ -92,6 +99,8 @@ class Privacy:
 
 #: who adds the noise: the server, or the participants of secure aggregation
 MECHANISMS = ("central", "distributed")
+#: the unit of privacy: a row of a client, or a client's whole data
+LEVELS = ("record", "client")
 
 
 def _number(x) -> bool:
@@ -107,7 +116,7 @@ class PrivacySpent:
     """What a private run spent (``res.privacy``).
 
     Attributes:
-      epsilon, delta: the record-level (epsilon, delta) of the rounds that ran (by the
+      epsilon, delta: the (epsilon, delta) of the rounds that ran, at ``level`` (by the
         accountant, over the rounds actually run).
       budget: the epsilon asked for (None: none was given).
       noise_multiplier: z (the noise's standard deviation is z C a_max).
@@ -116,7 +125,9 @@ class PrivacySpent:
       batch_size: rows per client per round (None: every row).
       mechanism: "central" (the server adds the noise to the sum of the clipped sums) or
         "distributed" (the participants of secure aggregation add it, in integers).
-      level: "record" (neighbouring data sets differ in one row of one client).
+      level: "record" (neighbouring data sets differ in one row of one client) or
+        "client" (in one client's whole data).
+      clients_per_round: K (None: every client in every round).
     """
 
     epsilon: float
@@ -129,6 +140,7 @@ class PrivacySpent:
     batch_size: Optional[int]
     mechanism: str = "central"
     level: str = "record"
+    clients_per_round: Optional[int] = None
 
     def as_dict(self) -> dict:
         return dict(vars(self))
@@ -159,19 +171,25 @@ class Plan:
 
     def __init__(self, privacy: Privacy, sizes: Sequence[int], batch: Optional[int],
                  rounds: int, weight_factor: float = 1.0, noised: int = 1,
-                 secure_range: float = 2.0 ** 20, parties: int = 1):
+                 secure_range: float = 2.0 ** 20, parties: int = 1,
+                 per_round: Optional[int] = None):
         self.privacy = privacy
         self.sizes = tuple(int(n) for n in sizes)
         self.batch = None if batch is None else int(batch)
         self.rounds = int(rounds)
+        self.per_round = None if per_round is None else int(per_round)
         N = float(sum(self.sizes))
-        # a_i = h N_i / (B_i N): the weight of one row of client i in the round's sum
-        self.max_weight = float(weight_factor) * max(
-            n / (min(self.batch, n) if self.batch is not None else n) / N for n in self.sizes)
+        if privacy.level == "client":
+            # h N_i / N: the weight of client i's (clipped) mean contribution
+            self.max_weight = float(weight_factor) * max(self.sizes) / N
+        else:
+            # a_i = h N_i / (B_i N): the weight of one row of client i in the round's sum
+            self.max_weight = float(weight_factor) * max(
+                n / (min(self.batch, n) if self.batch is not None else n) / N
+                for n in self.sizes)
         batches = [self.batch] * self.rounds
         if privacy.noise_multiplier is None:
-            z = accounting.calibrate_noise(float(privacy.epsilon), float(privacy.delta),
-                                           self.sizes, batches)
+            z = self._calibrate(float(privacy.epsilon))
         else:
             z = float(privacy.noise_multiplier)
         self.noise_multiplier = z
@@ -197,8 +215,7 @@ class Plan:
             spent = self.epsilon_after(self.rounds)
             if spent > privacy.epsilon:
                 fit = self.rounds_within(float(privacy.epsilon))
-                need = accounting.calibrate_noise(float(privacy.epsilon),
-                                                  float(privacy.delta), self.sizes, batches)
+                need = self._calibrate(float(privacy.epsilon))
                 raise ValueError(
                     f"privacy: {self.rounds} rounds at noise_multiplier={z:g} spend "
                     f"epsilon = {spent:.3g} > the budget {privacy.epsilon:g} (delta = "
@@ -213,14 +230,32 @@ class Plan:
         self.batch_seed = int.from_bytes(np.random.SeedSequence(
             self.entropy, spawn_key=(1 << 32,)).generate_state(4, np.uint32).tobytes(), "little")
 
+    def _calibrate(self, epsilon: float) -> float:
+        """The smallest noise multiplier whose ``rounds`` rounds spend at most epsilon."""
+        p = self.privacy
+        if p.level == "client":
+            return accounting.calibrate_client_noise(epsilon, float(p.delta), len(self.sizes),
+                                                     self.per_round, self.rounds)
+        return accounting.calibrate_noise(epsilon, float(p.delta), self.sizes,
+                                          [self.batch] * self.rounds)
+
+    def _round_events(self) -> list:
+        """One round's DpEvents: per distinct client size (record level), or the one of a
+        client's data (client level)."""
+        z = self.noise_multiplier
+        if self.privacy.level == "client":
+            return [accounting.client_round_event(z, len(self.sizes), self.per_round)]
+        return [accounting.round_event(z, n, self.batch) for n in sorted(set(self.sizes))]
+
     def _round_rdp(self) -> list:
-        """One round's Renyi DP at the accountant's orders, for each distinct client size."""
+        """One round's Renyi DP at the accountant's orders, for each of
+        :meth:`_round_events`."""
         dpa = accounting.dp_accounting()
         out = []
-        for n in sorted(set(self.sizes)):
+        for event in self._round_events():
             acc = dpa.rdp.RdpAccountant(list(accounting.ORDERS),
                                         neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
-            acc.compose(accounting.round_event(self.noise_multiplier, n, self.batch))
+            acc.compose(event)
             # the Renyi DP of one round (dp-accounting 0.6 keeps it in _rdp, the extra pins
             # that version; tests/test_privacy.py checks the sums against its accountant)
             out.append(np.asarray(acc._rdp, dtype=float))
@@ -260,7 +295,8 @@ class Plan:
                             budget=None if p.epsilon is None else float(p.epsilon),
                             noise_multiplier=self.noise_multiplier, clip=float(p.clip),
                             rounds=int(rounds), planned=self.rounds, batch_size=self.batch,
-                            mechanism=p.mechanism)
+                            mechanism=p.mechanism, level=p.level,
+                            clients_per_round=self.per_round)
 
 
 # -- the client's side ---------------------------------------------------------------------------
@@ -295,6 +331,34 @@ def row_gradients(fn, w, X, y, where: str) -> np.ndarray:
         raise UserFunctionError(f"{fn.name}: a row's gradient is not finite at {where} "
                                 "(non-finite value)")
     return G
+
+
+def client_arrays(functions, builders, w, X, y, tau: float, clip: float, where: str) -> dict:
+    """A client-level private reply: the client's mean contribution over its batch (every
+    function's mean value and the gradient of its mean, one vector of M (d + 1) numbers)
+    clipped to norm ``clip``, times the batch's n rows (so that the round's weight
+    h N_i / (n N) gives it weight h N_i / N), in the layout of :func:`clipped_arrays`."""
+    from .step import pack_statistics
+
+    n = X.shape[0]
+    v = np.array([row_values(fn, w, X, y, where).mean() for fn in functions])
+    g = []
+    for fn in functions:
+        try:
+            gm = np.asarray(fn.grad(w, X, y), dtype=float)
+        except Exception as exc:
+            raise UserFunctionError(f"{fn.name}.grad raised at {where}: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+        if gm.shape != w.shape or not np.all(np.isfinite(gm)):
+            raise UserFunctionError(f"{fn.name}.grad returned shape {gm.shape} or non-finite "
+                                    f"values at {where}; expected ({w.size},)")
+        g.append(gm)
+    g = np.array(g)
+    norm = math.sqrt(float(v @ v) + float(np.sum(g * g)))
+    scale = n * min(1.0, clip / max(norm, 1e-300))
+    taus = np.array([b.tau if b.tau is not None else tau for b in builders], dtype=float)
+    return pack_statistics([{"v": np.asarray(scale * v[m]), "g": scale * g[m],
+                             "quad": np.asarray(n * taus[m])} for m in range(len(functions))])
 
 
 def row_values(fn, w, X, y, where: str) -> np.ndarray:
