@@ -518,3 +518,26 @@ def test_client_level_clips_each_clients_mean_on_every_engine(monkeypatch):
             sizes = np.array([rep.num_rows for _, rep in seen], dtype=float)
             assert np.all(norms <= 0.3 * sizes / data.num_samples * (1 + 1e-9))
         monkeypatch.undo()
+
+
+# -- results and checkpoints -----------------------------------------------------------------------
+def test_a_private_result_saves_and_a_private_run_resumes(tmp_path):
+    prob = _problem()
+    opts = dict(PRIVATE, privacy=ss.Privacy(epsilon=2.0, clip=1.0))
+    path = str(tmp_path / "run.npz")
+    stopped = prob.solve(method="ssca", checkpoint=path, callback=lambda it: it.t == 8,
+                         **opts)
+    assert stopped.status == ss.status.STOPPED and stopped.nit == 8
+    assert stopped.privacy["rounds"] == 8 and stopped.privacy["epsilon"] < 2.0
+    res = prob.solve(method="ssca", resume=path, **opts)
+    assert res.status == ss.status.PRIVATE and res.nit == 20
+    z = res.privacy["noise_multiplier"]
+    assert z == stopped.privacy["noise_multiplier"]
+    assert res.privacy["epsilon"] == pytest.approx(
+        accounting.record_epsilon(z, (40, 60, 80), [10] * 20, 1e-5), rel=1e-9)
+    assert len(res.history.epsilon) == 20 and np.all(np.diff(res.history.epsilon) > 0)
+    # another budget is another run: refused
+    with pytest.raises(ss.CheckpointError):
+        prob.solve(method="ssca", resume=path, **dict(opts, privacy=ss.Privacy(epsilon=3.0)))
+    saved = ss.load_result(res.save(str(tmp_path / "res.npz")))
+    assert saved.status == ss.status.PRIVATE and saved.privacy == res.privacy
