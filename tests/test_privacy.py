@@ -224,7 +224,7 @@ def test_a_wrong_per_sample_grad_is_named():
                           name="lin", per_sample_grad=lambda w, X, y: X[:, :2])
     prob = ss.Problem(f, dim=D, data=_data(), regularizer=lambda w: __import__(
         "cvxpy").sum_squares(w))
-    with pytest.raises(ss.UserFunctionError, match=r"lin.per_sample_grad returned shape"):
+    with pytest.raises(ss.UserFunctionError, match=r"lin.per_sample_grad must return one gradient per row"):
         prob.solve(method="ssca", privacy=ss.Privacy(epsilon=1.0), **PRIVATE)
 
 

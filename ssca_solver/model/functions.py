@@ -277,6 +277,24 @@ def checked_grad(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray:
     return _valid_grad(fn.name, _call(fn, "grad", w, X, y, where), d, where)
 
 
+def checked_row_grads(fn: SampleFunction, w, X, y, where: str) -> np.ndarray:
+    """(n, d): the gradient of f(w, x_n) for each row of X: ``fn.per_sample_grad`` when the
+    function has one (shape and finiteness checked), else ``fn.grad`` on each row alone."""
+    n, d = X.shape[0], w.size
+    if getattr(fn, "per_sample_grad", None) is None:
+        return np.array([checked_grad(fn, w, X[i:i + 1], None if y is None else y[i:i + 1], d,
+                                      f"{where}, row {i} alone") for i in range(n)]
+                        ).reshape(n, d)
+    G = np.asarray(_call(fn, "per_sample_grad", w, X, y, where), dtype=float)
+    if G.shape != (n, d):
+        raise UserFunctionError(f"{fn.name}.per_sample_grad must return one gradient per row, "
+                                f"of shape ({n}, {d}); got shape {G.shape} on {where}")
+    if not np.all(np.isfinite(G)):
+        raise UserFunctionError(f"{fn.name}.per_sample_grad returned a non-finite entry on "
+                                f"{where}")
+    return G
+
+
 def checked_hess(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray:
     """Call ``fn.hess`` and check shape (d, d) and finiteness; the symmetric part."""
     H = np.asarray(_call(fn, "hess", w, X, y, where), dtype=float)

@@ -33,8 +33,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ...errors import UserFunctionError
 from ...federated import accounting
+from ...model.functions import checked_grad, checked_row_grads, checked_values
 
 
 @dataclass(frozen=True)
@@ -300,90 +300,27 @@ class Plan:
 
 
 # -- the client's side ---------------------------------------------------------------------------
-def row_gradients(fn, w, X, y, where: str) -> np.ndarray:
-    """(n, d): the gradient of f(w, x_n) for each row of X: ``fn.per_sample_grad`` when the
-    function has one, else its ``grad`` on each row alone."""
-    n, d = X.shape[0], w.size
-    own = getattr(fn, "per_sample_grad", None)
-    if own is not None:
-        try:
-            G = np.asarray(own(w, X, y), dtype=float)
-        except Exception as exc:
-            raise UserFunctionError(f"{fn.name}.per_sample_grad raised at {where}: "
-                                    f"{type(exc).__name__}: {exc}") from exc
-        if G.shape != (n, d):
-            raise UserFunctionError(f"{fn.name}.per_sample_grad returned shape {G.shape} at "
-                                    f"{where}; expected ({n}, {d}): one gradient per row")
-    else:
-        G = np.empty((n, d))
-        for i in range(n):
-            yi = None if y is None else y[i:i + 1]
-            try:
-                g = np.asarray(fn.grad(w, X[i:i + 1], yi), dtype=float)
-            except Exception as exc:
-                raise UserFunctionError(f"{fn.name}.grad raised at {where} (row {i} alone): "
-                                        f"{type(exc).__name__}: {exc}") from exc
-            if g.shape != (d,):
-                raise UserFunctionError(f"{fn.name}.grad returned shape {g.shape} at {where};"
-                                        f" expected ({d},)")
-            G[i] = g
-    if not np.all(np.isfinite(G)):
-        raise UserFunctionError(f"{fn.name}: a row's gradient is not finite at {where} "
-                                "(non-finite value)")
-    return G
-
-
 def client_arrays(functions, builders, w, X, y, tau: float, clip: float, where: str) -> dict:
     """A client-level private reply: the client's mean contribution over its batch (every
     function's mean value and the gradient of its mean, one vector of M (d + 1) numbers)
     clipped to norm ``clip``, times the batch's n rows (so that the round's weight
     h N_i / (n N) gives it weight h N_i / N), in the layout of :func:`clipped_arrays`."""
-    from .step import pack_statistics
-
     n = X.shape[0]
-    v = np.array([row_values(fn, w, X, y, where).mean() for fn in functions])
-    g = []
-    for fn in functions:
-        try:
-            gm = np.asarray(fn.grad(w, X, y), dtype=float)
-        except Exception as exc:
-            raise UserFunctionError(f"{fn.name}.grad raised at {where}: "
-                                    f"{type(exc).__name__}: {exc}") from exc
-        if gm.shape != w.shape or not np.all(np.isfinite(gm)):
-            raise UserFunctionError(f"{fn.name}.grad returned shape {gm.shape} or non-finite "
-                                    f"values at {where}; expected ({w.size},)")
-        g.append(gm)
-    g = np.array(g)
+    v = np.array([checked_values(fn, w, X, y, n, where).mean() for fn in functions])
+    g = np.array([checked_grad(fn, w, X, y, w.size, where) for fn in functions])
     norm = math.sqrt(float(v @ v) + float(np.sum(g * g)))
     scale = n * min(1.0, clip / max(norm, 1e-300))
-    taus = np.array([b.tau if b.tau is not None else tau for b in builders], dtype=float)
-    return pack_statistics([{"v": np.asarray(scale * v[m]), "g": scale * g[m],
-                             "quad": np.asarray(n * taus[m])} for m in range(len(functions))])
-
-
-def row_values(fn, w, X, y, where: str) -> np.ndarray:
-    """(n,): f(w, x_n) for each row."""
-    n = X.shape[0]
-    try:
-        v = np.asarray(fn.value(w, X, y), dtype=float)
-    except Exception as exc:
-        raise UserFunctionError(f"{fn.name}.value raised at {where}: "
-                                f"{type(exc).__name__}: {exc}") from exc
-    if v.shape != (n,):
-        raise UserFunctionError(f"{fn.name}.value returned shape {v.shape} at {where}; "
-                                f"expected ({n},)")
-    if not np.all(np.isfinite(v)):
-        raise UserFunctionError(f"{fn.name}: a value is not finite at {where} "
-                                "(non-finite value)")
-    return v
+    return _reply_arrays(scale * v, scale * g, n, builders, tau)
 
 
 def clipped_sums(functions, w, X, y, clip: float, where: str) -> tuple:
     """(value sums (M,), gradient sums (M, d), rows clipped) over the rows of (X, y): each
     row's contribution (every function's value and gradient at w, one vector of M (d + 1)
     numbers) scaled to norm at most ``clip`` before the sums."""
-    values = np.stack([row_values(fn, w, X, y, where) for fn in functions], axis=1)  # (n, M)
-    grads = np.stack([row_gradients(fn, w, X, y, where) for fn in functions], axis=1)
+    n = X.shape[0]
+    values = np.stack([checked_values(fn, w, X, y, n, where) for fn in functions],
+                      axis=1)                                                       # (n, M)
+    grads = np.stack([checked_row_grads(fn, w, X, y, where) for fn in functions], axis=1)
     norms = np.sqrt(np.einsum("nm,nm->n", values, values)
                     + np.einsum("nmd,nmd->n", grads, grads))
     scale = np.minimum(1.0, clip / np.maximum(norms, 1e-300))
@@ -397,13 +334,18 @@ def clipped_arrays(functions, builders, w, X, y, tau: float, clip: float,
     :func:`clipped_sums` over the rows of (X, y), and ``"m:quad"`` = n tau (public: no data),
     packed as :func:`~.step.pack_statistics` packs statistics. The server turns them into the
     proximal-linear statistics (:func:`to_statistics`) after the noise."""
+    v, g, _ = clipped_sums(functions, w, X, y, clip, where)
+    return _reply_arrays(v, g, X.shape[0], builders, tau)
+
+
+def _reply_arrays(v, g, n: int, builders, tau: float) -> dict:
+    """The arrays of a private reply: value sums ``v`` (M,), gradient sums ``g`` (M, d) and
+    the public n tau of each function's builder, packed as statistics are."""
     from .step import pack_statistics
 
-    n = X.shape[0]
-    v, g, _ = clipped_sums(functions, w, X, y, clip, where)
     taus = np.array([b.tau if b.tau is not None else tau for b in builders], dtype=float)
     return pack_statistics([{"v": np.asarray(v[m]), "g": g[m], "quad": np.asarray(n * taus[m])}
-                            for m in range(len(functions))])
+                            for m in range(len(v))])
 
 
 def sums_template(stats_template: Sequence[dict]) -> list:
