@@ -130,6 +130,7 @@ class Method:
     #: under differential privacy, where nothing reads the data without noise: ``fun``,
     #: ``constraints`` and the report are then NaN)
     evaluates_result: bool = True
+
     def client_seed(self, seed):
         """The seed of the clients' batch draws (:meth:`ssca_solver.federated.Client.rng`):
         the run's ``seed`` by default; a secret of the method's own where the server must

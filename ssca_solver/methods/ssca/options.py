@@ -99,12 +99,13 @@ class SSCAOptions(opt.RunOptions):
         infeasible or stalled stage needs 4) or when ``eval_every`` is given. On full
         batches with tau="auto" the rounds' own statistics are the evaluations (free),
         whatever the budget.
-      privacy: None (default) or an :class:`~ssca_solver.Privacy`: record-level
-        (epsilon, delta) differential privacy (:mod:`ssca_solver.methods.ssca.privacy`,
-        docs/privacy.md). Each row's contribution is clipped on the client, the server adds
-        Gaussian noise calibrated by the accountant to the ``max_iter`` rounds (a request
-        that cannot meet the budget is refused before round 1), and nothing else reads the
-        data: it needs a fixed ``batch_size`` (B or "full") and a numeric ``tau``, and runs
+      privacy: None (default) or an :class:`~ssca_solver.Privacy`: (epsilon, delta)
+        differential privacy of each row (or, ``level="client"``, of each client's data;
+        :mod:`ssca_solver.methods.ssca.privacy`, docs/privacy.md). Each contribution is
+        clipped on the client, Gaussian noise calibrated by the accountant to the
+        ``max_iter`` rounds is added by the server (or, ``mechanism="distributed"`` with
+        secure aggregation, by the participants of the secure sum; a request that cannot
+        meet the budget is refused before round 1), and nothing else reads the data: it needs a fixed ``batch_size`` (B or "full") and a numeric ``tau``, and runs
         without the probe, the gradient check, the full-data evaluations and the model of
         the Hessian. Status "private"; ``res.privacy`` holds the (epsilon, delta) spent.
     """
