@@ -436,11 +436,14 @@ def test_distributed_needs_secure_aggregation_and_inflates_for_rounding():
     assert dist.sigma > central.sigma
 
 
-@pytest.mark.parametrize("engine", [{}, {"shards": 2}, {"transport": "process"}])
+@pytest.mark.parametrize("engine", [{}, {"shards": 2}, {"transport": "process"},
+                                    {"transport": "flower"}], ids=str)
 def test_distributed_noise_reaches_the_server_only_in_the_sum(monkeypatch, engine):
     """The unmasked sum differs from the clean weighted sum of the clipped sums by noise of
     standard deviation sigma (the participants' shares together), on every coordinate."""
     pytest.importorskip("cryptography")
+    if engine.get("transport") == "flower":
+        pytest.importorskip("flwr")
     data = _data(sizes=(30, 40, 50, 60), scale=2.0)
     prob = _problem(data)
     N = data.num_samples
