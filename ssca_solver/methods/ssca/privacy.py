@@ -39,7 +39,9 @@ from ...model.functions import checked_grad, checked_row_grads, checked_values
 
 @dataclass(frozen=True)
 class Privacy:
-    """Record-level (epsilon, delta) differential privacy of a solve by method "ssca".
+    """(epsilon, delta) differential privacy of a solve by method "ssca": the sums behind
+    the statistics of eqs. (Fs0bar)/(Fsmbar) are clipped and noised (not in the paper; see
+    the module docstring).
 
     Attributes:
       epsilon: the budget. With ``noise_multiplier`` None the noise is calibrated so that the
