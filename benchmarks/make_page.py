@@ -668,6 +668,76 @@ def r_sketch(d: dict) -> str:
             + figure("sketch.png", "rounds and floats with each model of the Hessian"))
 
 
+def r_privacy(d: dict) -> str:
+    def plural(n, word):
+        return f"{n} {word}" + ("" if n == 1 else "s")
+
+    def spent(r):
+        e = r.get("epsilon_spent")
+        if r["setting"] == "clip only":
+            return "—"           # the negligible noise's epsilon is astronomical
+        return num(e) if e is not None else "—"
+
+    def rng(r, key, digits):
+        lo, hi = r[key + "_range"]
+        return f"{r[key]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+    out = ("Record-level (epsilon, delta)-differential privacy of method `\"ssca\"` "
+           "(`privacy=ss.Privacy(epsilon, delta, clip)`, the central Gaussian mechanism of "
+           "[privacy](privacy.md#differential-privacy)), `benchmarks/privacy.py`. The noise "
+           "is calibrated by the accountant to the T rounds asked for. `inf`: the same "
+           "solve without privacy (same B, tau, T and seeds; under privacy the batches come "
+           "from the mechanism's fresh entropy, so the comparison is between distributions); "
+           "`clip only`: the rows clipped to C as under privacy, the noise negligible: the "
+           "clipping's bias alone. The solver evaluates nothing under privacy: every point "
+           "is evaluated by the benchmark on the pooled training rows and on held-out rows. "
+           "Medians over the seeds, with their range in brackets; z is the noise "
+           "multiplier (the noise's standard deviation over C times the largest client "
+           "weight). C was picked by a pilot at one epsilon on other seeds, reading the "
+           "training data without privacy: that choice is not privatised.\n")
+    npart = d.get("neyman_pearson") or {}
+    if npart.get("medians"):
+        s, ref, pil = npart["setup"], npart["reference"], npart["pilot"]
+        rows = [[r["setting"], rng(r, "objective", 4), rng(r, "violation", 4),
+                 rng(r, "test_accuracy", 4), num(r["noise_multiplier"]), spent(r),
+                 num(r["clipped_fraction"]), sec(r["wall_s"])] for r in npart["medians"]]
+        out += (f"\n**Neyman-Pearson** (alpha = {s['alpha']}, lambda = {s['lam']}) on "
+                f"{s['N_train']:,} synthetic training rows (d = {s['d']}, {s['clients']} "
+                f"clients; {s['N_test']:,} held out), B = {s['B']}, tau = {s['tau']}, T = "
+                f"{s['T']}, {plural(len(s['seeds']), 'seed')}, delta = {s['delta']:g}, C = "
+                f"{num(npart['clip'])}; the class fractions are {s['class_fractions_note']}. "
+                f"The non-private optimum (`prob.solve(method=\"ssca\")`, {ref['status']} in "
+                f"{ref['rounds']} rounds): objective {ref['objective']:.4f}, violation "
+                f"{ref['violation']:.1e}, test accuracy {ref['test_accuracy']:.4f}. Pilot at "
+                f"epsilon = {num(pil['epsilon'])}, {plural(len(pil['seeds']), 'seed')} "
+                f"({', '.join(map(str, pil['seeds']))}), criterion: {pil['criterion']}: "
+                + ", ".join(f"C = {c}: {v:.4f}" for c, v in pil["median_merit_by_clip"].items())
+                + ".\n\n"
+                + table(["epsilon", "objective", "violation", "test accuracy", "z",
+                         "epsilon spent", "fraction of rows clipped at the end", "run"], rows))
+    net = d.get("network") or {}
+    if net.get("medians"):
+        s, pil = net["setup"], net["pilot"]
+        rows = [[r["setting"], rng(r, "train_cost", 4), rng(r, "test_accuracy", 4),
+                 num(r["noise_multiplier"]), spent(r), num(r["clipped_fraction"]),
+                 sec(r["wall_s"])] for r in net["medians"]]
+        out += (f"\n**The paper's network** ({s['net']}, {s['data']}, {s['clients']} "
+                f"clients, lambda = {s['lam']}), B = {s['B']}, tau = {s['tau']}, T = "
+                f"{s['T']}, {plural(len(s['seeds']), 'seed')}, C = {num(net['clip'])}; its "
+                "SampleFunction has no `per_sample_grad`, so under privacy every client "
+                "calls `grad` on each row alone (compare the run times). Rows clipped: on "
+                f"{s['clipped_fraction_rows']:,} training rows at the returned point. Pilot at "
+                f"epsilon = {num(pil['epsilon'])}, {plural(len(pil['seeds']), 'seed')} "
+                f"({', '.join(map(str, pil['seeds']))}), criterion: {pil['criterion']}: "
+                + ", ".join(f"C = {c}: {v:.4f}" for c, v in pil["median_cost_by_clip"].items())
+                + ".\n\n"
+                + table(["epsilon", "training cost", "test accuracy", "z", "epsilon spent",
+                         "fraction of rows clipped at the end", "run"], rows))
+    elif net.get("skipped"):
+        out += f"\nThe network was not run: {net['skipped']}.\n"
+    return out + "\n" + figure("privacy.png", "utility against epsilon, both problems")
+
+
 def r_generic(d: dict) -> str:
     scalars = {k: v for k, v in d.items() if isinstance(v, (int, float, str))
                and k not in ("command", "date", "commit")}
@@ -703,6 +773,7 @@ SECTIONS = [
     ("many_clients", "Many clients: a round against a batched NumPy round", r_many_clients),
     ("engines_network_participation", None, r_participation),
     ("engines_np_participation", None, r_participation),
+    ("privacy", "Differential privacy: utility against epsilon", r_privacy),
     ("threads", "Threads in client processes", r_threads),
     ("memory", "Memory", r_memory),
     ("autodiff", "Automatic differentiation against hand-written kernels",
