@@ -1,27 +1,31 @@
-"""Record-level differential privacy for method "ssca" (``solve(..., privacy=ss.Privacy(...))``).
+"""Differential privacy for method "ssca" (``solve(..., privacy=ss.Privacy(...))``).
 
-Not in the paper; it privatises the statistics of eqs. (Fs0bar)/(Fsmbar). A round of
-Algorithm 1 or 2 then runs as follows:
+Not in the paper; it privatises the sums behind the statistics of eqs. (Fs0bar)/(Fsmbar).
+A round of Algorithm 1 or 2 then runs as follows (record level):
 
 * each client evaluates, for every row n of its batch, the values and gradients of every
   stochastic function at w_t, r_n = (f_0(w_t, x_n), grad f_0(w_t, x_n), ..., f_M, grad f_M)
   (M (d + 1) numbers), clips the row to norm C (r_n min(1, C / |r_n|)) and sends the
-  proximal-linear statistics of the clipped sums (:func:`clipped_statistics`): the
-  quadratic term n tau is public, the others are affine in the sums;
-* the server adds Gaussian noise of standard deviation sigma = z C a_max to the round's
-  weighted sum of the clients' statistics, where a_i = h_i N_i / (B_i N) is client i's weight
-  in eqs. (Fs0bar)/(Fsmbar) and z the noise multiplier (:func:`add_noise`): replacing one row
-  of client i moves the weighted sum by at most 2 C a_i, so every row is protected by the
-  Gaussian mechanism of multiplier z / 2 relative to its sensitivity, sampled with
-  probability B_i / N_i (:mod:`ssca_solver.federated.accounting`);
+  clipped sums with the public n tau (:func:`clipped_arrays`);
+* Gaussian noise of standard deviation sigma = z C a_max is added to the round's weighted sum
+  of those sums, where a_i = h_i N_i / (B_i N) is client i's weight in eqs.
+  (Fs0bar)/(Fsmbar) and z the noise multiplier: by the server (``mechanism="central"``,
+  :func:`add_noise`), or by the participants of secure aggregation, each its share as a
+  discrete Gaussian on its fixed-point words before the masks (``"distributed"``,
+  :mod:`ssca_solver.federated.secagg`). Replacing one row of client i moves the weighted sum
+  by at most 2 C a_i, so every row is protected by the Gaussian mechanism of multiplier z / 2
+  relative to its sensitivity, sampled with probability B_i / N_i
+  (:mod:`ssca_solver.federated.accounting`);
+* the server turns the noised sums into the proximal-linear statistics
+  (:func:`to_statistics`), and the round goes on as without privacy;
 * nothing else reads the data: no probe, no gradient check, no full-data evaluation, no
   batch-size test. The run stops after the rounds the budget paid for, with status
   "private" (nothing is certified), and reports the (epsilon, delta) spent.
 
-The server is trusted with the clipped sums (central differential privacy); with
-``secure_aggregation=True`` it sees only their sum. What the analyst and everyone after the
-server receive (the iterates, the history, the result) is a function of the noised sums
-alone.
+At ``level="client"`` each client clips its mean contribution over its batch instead
+(:func:`client_arrays`) and the unit of privacy is a client's whole data. What the analyst
+and everyone after the server receive (the iterates, the history, the result) is a function
+of the noised sums alone.
 """
 
 from __future__ import annotations
