@@ -49,7 +49,13 @@ spent, delta, rounds), the epsilon of the history after T/4, T/2 and T rounds, t
 rows whose contribution exceeds C at the returned point, the metrics and the wall time; then
 the medians over the seeds.
 
-Usage: ``python benchmarks/privacy.py [--quick] [--publish | --results-dir DIR]``
+The distributed mechanism (``mechanism="distributed"`` with ``secure_aggregation=True``: each
+client adds its share of the noise as discrete Gaussian integers before the masks) runs on
+Neyman-Pearson at the same C, epsilons and seeds (``--distributed-only`` runs just it and
+adds it to the results already there).
+
+Usage: ``python benchmarks/privacy.py [--quick] [--distributed-only] [--publish |
+--results-dir DIR]``
 (``--quick``: a few rounds, one seed, small pilots: a smoke test of seconds). Writes
 privacy.json and privacy.png (privacy_quick.* with ``--quick``).
 """
@@ -120,22 +126,28 @@ def label(setting) -> str:
     return setting if isinstance(setting, str) else f"{setting:g}"
 
 
-def privacy_of(setting, clip):
+def privacy_of(setting, clip, mechanism="central"):
     import ssca_solver as ss
 
     if setting == INF:
         return None
     if setting == CLIP_ONLY:
-        return ss.Privacy(noise_multiplier=CLIP_ONLY_NOISE, delta=DELTA, clip=clip, seed=None)
-    return ss.Privacy(epsilon=float(setting), delta=DELTA, clip=clip, seed=None)
+        return ss.Privacy(noise_multiplier=CLIP_ONLY_NOISE, delta=DELTA, clip=clip, seed=None,
+                          mechanism=mechanism)
+    return ss.Privacy(epsilon=float(setting), delta=DELTA, clip=clip, seed=None,
+                      mechanism=mechanism)
 
 
-def solve(prob, setting, clip, B, T, seed, **extra):
-    """One solve: (result, wall seconds). ``inf``: no privacy, nothing evaluated."""
+def solve(prob, setting, clip, B, T, seed, mechanism="central", **extra):
+    """One solve: (result, wall seconds). ``inf``: no privacy, nothing evaluated.
+    ``mechanism="distributed"``: with secure aggregation, each client adding its share of
+    the noise before the masks."""
     from threadpoolctl import threadpool_limits
 
     opts = dict(method="ssca", batch_size=B, tau=TAU, max_iter=T, seed=seed, **extra)
-    priv = privacy_of(setting, clip)
+    if mechanism == "distributed":
+        opts["secure_aggregation"] = True
+    priv = privacy_of(setting, clip, mechanism)
     if priv is None:
         opts.update(eval_every=0, check_gradients=False)
     else:
@@ -239,9 +251,10 @@ class NPCase:
         g = self.wt * self.xnorm / (1.0 + np.exp(np.clip(m, -700, 700)))
         return np.sqrt(v * v + g * g)
 
-    def run(self, setting, clip, seed, B, T) -> dict:
-        res, wall = solve(self.prob, setting, clip, B, T, seed)
+    def run(self, setting, clip, seed, B, T, mechanism="central") -> dict:
+        res, wall = solve(self.prob, setting, clip, B, T, seed, mechanism)
         rec = {"problem": "neyman_pearson", "setting": label(setting), "seed": seed,
+               "mechanism": None if setting == INF else mechanism,
                "clip": None if setting == INF else clip, "B": B, "T": T,
                "status": res.status, "rounds": int(res.nit), "wall_s": wall,
                **self.evaluate(res.x), **accountant_record(res, T)}
@@ -316,6 +329,27 @@ def neyman_pearson_part(cfg) -> dict:
     out["runs"] = runs
     out["medians"] = medians(runs, ("objective", "violation", "test_accuracy"))
     return out
+
+
+def distributed_part(cfg, npart: dict) -> dict:
+    """The distributed mechanism on Neyman-Pearson at the clip the central pilot chose: each
+    epsilon, the same seeds, with secure aggregation (the clients add discrete Gaussian
+    shares before the masks), beside the central runs."""
+    case = NPCase()
+    clip, B, T = npart["clip"], cfg["NP_B"], cfg["NP_T"]
+    runs = []
+    for seed in cfg["NP_SEEDS"]:
+        for setting in EPSILONS:
+            rec = case.run(setting, clip, seed, B, T, mechanism="distributed")
+            runs.append(rec)
+            p = rec["privacy"]
+            log(f"  NP distributed eps {label(setting):>4} seed {seed}: objective "
+                f"{rec['objective']:.4f}, violation {rec['violation']:.4f}, test acc "
+                f"{rec['test_accuracy']:.4f}, z {p['noise_multiplier']:.3g}, spent "
+                f"{p['epsilon']:.3g} ({rec['wall_s']:.1f} s)")
+    return {"clip": clip, "B": B, "T": T, "seeds": list(cfg["NP_SEEDS"]),
+            "secure_aggregation": "secure_range 2^20 (default)", "runs": runs,
+            "medians": medians(runs, ("objective", "violation", "test_accuracy"))}
 
 
 # -- the network --------------------------------------------------------------------------------
@@ -454,6 +488,13 @@ def plot(out: dict, path) -> None:
         hi = np.array([rows[f"{e:g}"][key + "_range"][1] for e in eps])
         ax.errorbar(eps, y, yerr=[y - lo, hi - y], marker="o", capsize=3,
                     label=f"private (C = {part['clip']:g}), median, range over seeds")
+        dist = part.get("distributed") or {}
+        if dist.get("medians"):
+            drows = {r["setting"]: r for r in dist["medians"]}
+            yd = np.array([drows[f"{e:g}"][key] if f"{e:g}" in drows else np.nan
+                           for e in eps], dtype=float)
+            ax.plot(eps * 1.06, yd, marker="^", ls="-", color="C1",
+                    label="distributed (secure aggregation), median")
         for r in part["runs"]:
             if r["setting"] not in (INF, CLIP_ONLY):
                 ax.plot(float(r["setting"]), r[key], ".", color="C0", alpha=0.35)
@@ -485,6 +526,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="a few rounds, one seed, small pilots (a smoke test)")
     ap.add_argument("--skip-network", action="store_true", help="Neyman-Pearson only")
+    ap.add_argument("--distributed-only", action="store_true",
+                    help="run only the distributed mechanism on Neyman-Pearson, at the clip "
+                         "of the results already there, and add it to them")
     args = ap.parse_args()
     cfg = dict(NP_B=NP_B, NP_T=NP_T, NP_SEEDS=NP_SEEDS, NP_CLIPS=NP_CLIPS,
                NP_PILOT_SEEDS=NP_PILOT_SEEDS, NET_B=NET_B, NET_T=NET_T, NET_SEEDS=NET_SEEDS,
@@ -494,6 +538,27 @@ def main() -> None:
         cfg.update(QUICK)
     stem = "privacy_quick" if args.quick else "privacy"
     t_all = time.perf_counter()
+    if args.distributed_only:
+        import json
+
+        from _common import PUBLISHED
+
+        src = RESULTS / f"{stem}.json"
+        if not src.exists():
+            src = PUBLISHED / f"{stem}.json"
+            log(f"reading the central results from the published {src}")
+        out = json.loads(src.read_text())
+        log("Neyman-Pearson, distributed ...")
+        t0 = time.perf_counter()
+        dist = distributed_part(cfg, out["neyman_pearson"])
+        dist.update(command="python benchmarks/privacy.py" + " ".join([""] + sys.argv[1:]),
+                    date=datetime.date.today().isoformat(), library=library_version(),
+                    machine=machine(), wall_s=time.perf_counter() - t0)
+        out["neyman_pearson"]["distributed"] = dist
+        path = write_json(stem, out)
+        plot(out, RESULTS / f"{stem}.png")
+        log(f"wrote {path} and {stem}.png ({dist['wall_s'] / 60:.1f} min)")
+        return
     out = {"description": __doc__.split("\n\n")[0],
            "command": "python benchmarks/privacy.py" + " ".join([""] + sys.argv[1:]),
            "date": datetime.date.today().isoformat(), "machine": machine(),
@@ -512,6 +577,8 @@ def main() -> None:
     t0 = time.perf_counter()
     out["neyman_pearson"] = neyman_pearson_part(cfg)
     out["neyman_pearson"]["wall_s"] = time.perf_counter() - t0
+    log("Neyman-Pearson, distributed ...")
+    out["neyman_pearson"]["distributed"] = distributed_part(cfg, out["neyman_pearson"])
     out["wall_time_s"] = time.perf_counter() - t_all
     write_json(stem, {**out, "partial": True})
     if args.skip_network:
