@@ -683,7 +683,7 @@ def r_privacy(d: dict) -> str:
         return f"{r[key]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
     out = ("Record-level (epsilon, delta)-differential privacy of method `\"ssca\"` "
-           "(`privacy=ss.Privacy(epsilon, delta, clip)`, the central Gaussian mechanism of "
+           "(`privacy=ss.Privacy(epsilon, delta, clip)`, the Gaussian mechanism of "
            "[privacy](privacy.md#differential-privacy)), `benchmarks/privacy.py`. The noise "
            "is calibrated by the accountant to the T rounds asked for. `inf`: the same "
            "solve without privacy (same B, tau, T and seeds; under privacy the batches come "
@@ -715,6 +715,19 @@ def r_privacy(d: dict) -> str:
                 + ".\n\n"
                 + table(["epsilon", "objective", "violation", "test accuracy", "z",
                          "epsilon spent", "fraction of rows clipped at the end", "run"], rows))
+        dist = npart.get("distributed") or {}
+        if dist.get("medians"):
+            rows = [[r["setting"], rng(r, "objective", 4), rng(r, "violation", 4),
+                     rng(r, "test_accuracy", 4), num(r["noise_multiplier"]), spent(r),
+                     sec(r["wall_s"])] for r in dist["medians"]]
+            out += ("\nThe **distributed** mechanism (`Privacy(mechanism=\"distributed\")` "
+                    "with `secure_aggregation=True`: each client adds its share of the noise "
+                    "as discrete Gaussian integers before the masks, and the server never "
+                    "holds an un-noised sum) at the same C, epsilons and seeds "
+                    f"(`{dist['command']}`, {dist['date']}, commit "
+                    f"`{dist['library']['commit'][:7]}`):\n\n"
+                    + table(["epsilon", "objective", "violation", "test accuracy", "z",
+                             "epsilon spent", "run"], rows))
     net = d.get("network") or {}
     if net.get("medians"):
         s, pil = net["setup"], net["pilot"]
