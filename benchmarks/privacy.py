@@ -511,7 +511,8 @@ def plot(out: dict, path) -> None:
         ax.legend(fontsize=7)
     npl = npart.get("setup", {})
     nel = net.get("setup", {})
-    fig.suptitle("Record-level DP of method 'ssca' (central Gaussian): Neyman-Pearson "
+    fig.suptitle("Record-level DP of method 'ssca' (central Gaussian; distributed on "
+                 "Neyman-Pearson): Neyman-Pearson "
                  f"(N = {npl.get('N_train', '?'):,} training rows, d = {npl.get('d')}, B = "
                  f"{npl.get('B')}, T = {npl.get('T')}) and the 784-128-10 network on "
                  f"Fashion-MNIST (B = {nel.get('B')}, T = {nel.get('T')}), 10 clients, tau = "
