@@ -52,7 +52,8 @@ the medians over the seeds.
 The distributed mechanism (``mechanism="distributed"`` with ``secure_aggregation=True``: each
 client adds its share of the noise as discrete Gaussian integers before the masks) runs on
 Neyman-Pearson at the same C, epsilons and seeds (``--distributed-only`` runs just it and
-adds it to the results already there).
+adds it to the results already there; ``--network-distributed-seeds K`` adds the network's on
+its first K seeds, keeping Neyman-Pearson's distributed runs when they are there).
 
 Usage: ``python benchmarks/privacy.py [--quick] [--distributed-only] [--publish |
 --results-dir DIR]``
@@ -383,9 +384,11 @@ class NetCase:
             over += float(v[0]) ** 2 + float(g @ g) > clip * clip
         return over / len(self.sample)
 
-    def run(self, setting, clip, seed, B, T) -> dict:
-        res, wall = solve(self.prob, setting, clip, B, T, seed, x0=self.net.init(seed))
+    def run(self, setting, clip, seed, B, T, mechanism="central") -> dict:
+        res, wall = solve(self.prob, setting, clip, B, T, seed, mechanism,
+                          x0=self.net.init(seed))
         rec = {"problem": "network", "setting": label(setting), "seed": seed,
+               "mechanism": None if setting == INF else mechanism,
                "clip": None if setting == INF else clip, "B": B, "T": T,
                "status": res.status, "rounds": int(res.nit), "wall_s": wall,
                **self.evaluate(res.x), **accountant_record(res, T)}
@@ -443,6 +446,27 @@ def network_part(cfg) -> dict:
     out["medians"] = medians(runs, ("train_cost", "test_accuracy", "train_accuracy",
                                     "test_loss"))
     return out
+
+
+def network_distributed_part(cfg, net: dict, seeds) -> dict:
+    """The distributed mechanism on the network at the clip the central pilot chose, each
+    epsilon, on ``seeds``."""
+    case = NetCase(cfg["NET_CLIP_SAMPLE"])
+    clip, B, T = net["clip"], cfg["NET_B"], cfg["NET_T"]
+    runs = []
+    for seed in seeds:
+        for setting in EPSILONS:
+            rec = case.run(setting, clip, seed, B, T, mechanism="distributed")
+            runs.append(rec)
+            p = rec["privacy"]
+            log(f"  network distributed eps {label(setting):>4} seed {seed}: training cost "
+                f"{rec['train_cost']:.4f}, test acc {rec['test_accuracy']:.4f}, z "
+                f"{p['noise_multiplier']:.3g}, spent {p['epsilon']:.3g} "
+                f"({rec['wall_s']:.0f} s)")
+    return {"clip": clip, "B": B, "T": T, "seeds": list(seeds),
+            "secure_aggregation": "secure_range 2^20 (default)", "runs": runs,
+            "medians": medians(runs, ("train_cost", "test_accuracy", "train_accuracy",
+                                      "test_loss"))}
 
 
 # -- the figure ---------------------------------------------------------------------------------
@@ -527,6 +551,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="a few rounds, one seed, small pilots (a smoke test)")
     ap.add_argument("--skip-network", action="store_true", help="Neyman-Pearson only")
+    ap.add_argument("--network-distributed-seeds", type=int, default=None, metavar="K",
+                    help="with --distributed-only: also the network, on its first K seeds")
     ap.add_argument("--distributed-only", action="store_true",
                     help="run only the distributed mechanism on Neyman-Pearson, at the clip "
                          "of the results already there, and add it to them")
@@ -551,14 +577,28 @@ def main() -> None:
         out = json.loads(src.read_text())
         log("Neyman-Pearson, distributed ...")
         t0 = time.perf_counter()
-        dist = distributed_part(cfg, out["neyman_pearson"])
-        dist.update(command="python benchmarks/privacy.py" + " ".join([""] + sys.argv[1:]),
-                    date=datetime.date.today().isoformat(), library=library_version(),
-                    machine=machine(), wall_s=time.perf_counter() - t0)
-        out["neyman_pearson"]["distributed"] = dist
+        command = "python benchmarks/privacy.py" + " ".join([""] + sys.argv[1:])
+        k = args.network_distributed_seeds
+        if not (k and out["neyman_pearson"].get("distributed")):
+            dist = distributed_part(cfg, out["neyman_pearson"])
+            dist.update(command=command, date=datetime.date.today().isoformat(),
+                        library=library_version(), machine=machine(),
+                        wall_s=time.perf_counter() - t0)
+            out["neyman_pearson"]["distributed"] = dist
+            write_json(stem, out)
+        else:
+            log("Neyman-Pearson's distributed runs are there: kept")
+        if k and (out.get("network") or {}).get("medians"):
+            log("the network, distributed ...")
+            t0 = time.perf_counter()
+            nd = network_distributed_part(cfg, out["network"], list(cfg["NET_SEEDS"])[:k])
+            nd.update(command=command, date=datetime.date.today().isoformat(),
+                      library=library_version(), machine=machine(),
+                      wall_s=time.perf_counter() - t0)
+            out["network"]["distributed"] = nd
         path = write_json(stem, out)
         plot(out, RESULTS / f"{stem}.png")
-        log(f"wrote {path} and {stem}.png ({dist['wall_s'] / 60:.1f} min)")
+        log(f"wrote {path} and {stem}.png ({(time.perf_counter() - t_all) / 60:.1f} min)")
         return
     out = {"description": __doc__.split("\n\n")[0],
            "command": "python benchmarks/privacy.py" + " ".join([""] + sys.argv[1:]),
