@@ -746,6 +746,17 @@ def r_privacy(d: dict) -> str:
                 + ".\n\n"
                 + table(["epsilon", "training cost", "test accuracy", "z", "epsilon spent",
                          "fraction of rows clipped at the end", "run"], rows))
+        dist = net.get("distributed") or {}
+        if dist.get("medians"):
+            rows = [[r["setting"], rng(r, "train_cost", 4), rng(r, "test_accuracy", 4),
+                     num(r["noise_multiplier"]), spent(r), sec(r["wall_s"])]
+                    for r in dist["medians"]]
+            out += ("\nThe **distributed** mechanism on the network, at the same C and "
+                    f"epsilons, {plural(len(dist['seeds']), 'seed')} "
+                    f"({', '.join(map(str, dist['seeds']))}; `{dist['command']}`, "
+                    f"{dist['date']}, commit `{dist['library']['commit'][:7]}`):\n\n"
+                    + table(["epsilon", "training cost", "test accuracy", "z",
+                             "epsilon spent", "run"], rows))
     elif net.get("skipped"):
         out += f"\nThe network was not run: {net['skipped']}.\n"
     return out + "\n" + figure("privacy.png", "utility against epsilon, both problems")
