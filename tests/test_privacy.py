@@ -19,7 +19,9 @@
 from __future__ import annotations
 
 import math
+import re
 
+import cvxpy as cp
 import numpy as np
 import pytest
 
@@ -108,7 +110,7 @@ def test_a_budget_the_rounds_exceed_is_refused_before_round_1(monkeypatch):
         _problem().solve(method="ssca", privacy=ss.Privacy(epsilon=1.0, noise_multiplier=2.0),
                          **{**PRIVATE, "max_iter": 500})
     assert asked == []                       # no client was asked anything
-    fit = int(__import__("re").search(r"at most (\d+) rounds", str(err.value)).group(1))
+    fit = int(re.search(r"at most (\d+) rounds", str(err.value)).group(1))
     assert accounting.record_epsilon(2.0, sizes, [B] * fit, 1e-5) <= 1.0
     assert accounting.record_epsilon(2.0, sizes, [B] * (fit + 1), 1e-5) > 1.0
 
@@ -222,8 +224,7 @@ def test_per_sample_grad_matches_central_differences():
 def test_a_wrong_per_sample_grad_is_named():
     f = ss.SampleFunction(lambda w, X, y: X @ w, lambda w, X, y: X.mean(axis=0),
                           name="lin", per_sample_grad=lambda w, X, y: X[:, :2])
-    prob = ss.Problem(f, dim=D, data=_data(), regularizer=lambda w: __import__(
-        "cvxpy").sum_squares(w))
+    prob = ss.Problem(f, dim=D, data=_data(), regularizer=lambda w: cp.sum_squares(w))
     with pytest.raises(ss.UserFunctionError, match=r"lin.per_sample_grad must return one gradient per row"):
         prob.solve(method="ssca", privacy=ss.Privacy(epsilon=1.0), **PRIVATE)
 
