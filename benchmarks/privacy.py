@@ -104,6 +104,10 @@ NET_CLIPS, NET_PILOT_SEEDS = (0.1, 0.3, 1.0, 3.0), (100,)
 #: training rows on which the fraction of clipped rows is measured (one grad per row)
 NET_CLIP_SAMPLE = 1000
 
+#: the metrics whose medians are kept, per problem
+NP_METRICS = ("objective", "violation", "test_accuracy")
+NET_METRICS = ("train_cost", "test_accuracy", "train_accuracy", "test_loss")
+
 QUICK = dict(NP_T=20, NP_SEEDS=(0,), NP_CLIPS=(3.0, 10.0), NP_PILOT_SEEDS=(100,),
              NET_B=10, NET_T=5, NET_SEEDS=(0,), NET_CLIPS=(1.0, 5.0), NET_PILOT_SEEDS=(100,),
              NET_CLIP_SAMPLE=50)
@@ -328,29 +332,29 @@ def neyman_pearson_part(cfg) -> dict:
                 + f" ({rec['wall_s']:.1f} s)")
     out["clip"] = clip
     out["runs"] = runs
-    out["medians"] = medians(runs, ("objective", "violation", "test_accuracy"))
+    out["medians"] = medians(runs, NP_METRICS)
     return out
 
 
-def distributed_part(cfg, npart: dict) -> dict:
-    """The distributed mechanism on Neyman-Pearson at the clip the central pilot chose: each
-    epsilon, the same seeds, with secure aggregation (the clients add discrete Gaussian
-    shares before the masks), beside the central runs."""
-    case = NPCase()
-    clip, B, T = npart["clip"], cfg["NP_B"], cfg["NP_T"]
+def distributed_runs(case, name: str, part: dict, B: int, T: int, seeds, metrics) -> dict:
+    """The distributed mechanism (secure aggregation; the clients add discrete Gaussian shares
+    before the masks) on ``case`` at the clip the central pilot chose (``part["clip"]``),
+    each epsilon, on ``seeds``, beside the central runs; ``metrics``: the medians' keys, the
+    first two logged."""
+    clip = part["clip"]
     runs = []
-    for seed in cfg["NP_SEEDS"]:
+    for seed in seeds:
         for setting in EPSILONS:
             rec = case.run(setting, clip, seed, B, T, mechanism="distributed")
             runs.append(rec)
             p = rec["privacy"]
-            log(f"  NP distributed eps {label(setting):>4} seed {seed}: objective "
-                f"{rec['objective']:.4f}, violation {rec['violation']:.4f}, test acc "
-                f"{rec['test_accuracy']:.4f}, z {p['noise_multiplier']:.3g}, spent "
-                f"{p['epsilon']:.3g} ({rec['wall_s']:.1f} s)")
-    return {"clip": clip, "B": B, "T": T, "seeds": list(cfg["NP_SEEDS"]),
+            log(f"  {name} distributed eps {label(setting):>4} seed {seed}: "
+                + ", ".join(f"{m} {rec[m]:.4f}" for m in metrics[:2])
+                + f", z {p['noise_multiplier']:.3g}, spent {p['epsilon']:.3g} "
+                f"({rec['wall_s']:.1f} s)")
+    return {"clip": clip, "B": B, "T": T, "seeds": list(seeds),
             "secure_aggregation": "secure_range 2^20 (default)", "runs": runs,
-            "medians": medians(runs, ("objective", "violation", "test_accuracy"))}
+            "medians": medians(runs, metrics)}
 
 
 # -- the network --------------------------------------------------------------------------------
@@ -443,30 +447,8 @@ def network_part(cfg) -> dict:
                 + f" ({rec['wall_s']:.0f} s)")
     out["clip"] = clip
     out["runs"] = runs
-    out["medians"] = medians(runs, ("train_cost", "test_accuracy", "train_accuracy",
-                                    "test_loss"))
+    out["medians"] = medians(runs, NET_METRICS)
     return out
-
-
-def network_distributed_part(cfg, net: dict, seeds) -> dict:
-    """The distributed mechanism on the network at the clip the central pilot chose, each
-    epsilon, on ``seeds``."""
-    case = NetCase(cfg["NET_CLIP_SAMPLE"])
-    clip, B, T = net["clip"], cfg["NET_B"], cfg["NET_T"]
-    runs = []
-    for seed in seeds:
-        for setting in EPSILONS:
-            rec = case.run(setting, clip, seed, B, T, mechanism="distributed")
-            runs.append(rec)
-            p = rec["privacy"]
-            log(f"  network distributed eps {label(setting):>4} seed {seed}: training cost "
-                f"{rec['train_cost']:.4f}, test acc {rec['test_accuracy']:.4f}, z "
-                f"{p['noise_multiplier']:.3g}, spent {p['epsilon']:.3g} "
-                f"({rec['wall_s']:.0f} s)")
-    return {"clip": clip, "B": B, "T": T, "seeds": list(seeds),
-            "secure_aggregation": "secure_range 2^20 (default)", "runs": runs,
-            "medians": medians(runs, ("train_cost", "test_accuracy", "train_accuracy",
-                                      "test_loss"))}
 
 
 # -- the figure ---------------------------------------------------------------------------------
@@ -580,7 +562,8 @@ def main() -> None:
         command = "python benchmarks/privacy.py" + " ".join([""] + sys.argv[1:])
         k = args.network_distributed_seeds
         if not (k and out["neyman_pearson"].get("distributed")):
-            dist = distributed_part(cfg, out["neyman_pearson"])
+            dist = distributed_runs(NPCase(), "NP", out["neyman_pearson"], cfg["NP_B"],
+                                    cfg["NP_T"], cfg["NP_SEEDS"], NP_METRICS)
             dist.update(command=command, date=datetime.date.today().isoformat(),
                         library=library_version(), machine=machine(),
                         wall_s=time.perf_counter() - t0)
@@ -591,7 +574,9 @@ def main() -> None:
         if k and (out.get("network") or {}).get("medians"):
             log("the network, distributed ...")
             t0 = time.perf_counter()
-            nd = network_distributed_part(cfg, out["network"], list(cfg["NET_SEEDS"])[:k])
+            nd = distributed_runs(NetCase(cfg["NET_CLIP_SAMPLE"]), "network", out["network"],
+                                  cfg["NET_B"], cfg["NET_T"], list(cfg["NET_SEEDS"])[:k],
+                                  NET_METRICS)
             nd.update(command=command, date=datetime.date.today().isoformat(),
                       library=library_version(), machine=machine(),
                       wall_s=time.perf_counter() - t0)
@@ -619,7 +604,9 @@ def main() -> None:
     out["neyman_pearson"] = neyman_pearson_part(cfg)
     out["neyman_pearson"]["wall_s"] = time.perf_counter() - t0
     log("Neyman-Pearson, distributed ...")
-    out["neyman_pearson"]["distributed"] = distributed_part(cfg, out["neyman_pearson"])
+    out["neyman_pearson"]["distributed"] = distributed_runs(
+        NPCase(), "NP", out["neyman_pearson"], cfg["NP_B"], cfg["NP_T"], cfg["NP_SEEDS"],
+        NP_METRICS)
     out["wall_time_s"] = time.perf_counter() - t_all
     write_json(stem, {**out, "partial": True})
     if args.skip_network:
