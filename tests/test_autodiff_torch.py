@@ -1,13 +1,15 @@
 """ss.SampleFunction.from_torch (issue 22): per-sample functions by torch.func.vmap and
 autograd.
 
-PyTorch is never a dependency of the package or of CI (its wheels are hundreds of MB to GB):
-every test here but one skips without it. Where torch is installed (tested with the CPU
-build 2.13.0 in a separate venv), the same contract as from_jax is checked: values and
-gradients against NumPy and finite differences, float64 whatever torch's default dtype,
-the paper's network against the Numba kernels of problems/mlp.py, a constrained convex
-model against CVXPY, pickling, the process transport (forked clients after the server used
-torch), Flower's simulation (slow), checkpoints, secure aggregation, and the error messages.
+PyTorch is never a dependency of the package (its wheels are hundreds of MB to GB): every
+test here but one skips without it; CI installs the CPU build 2.13.0 only where its wheel
+lies on the machine. Where torch is installed, the same contract as from_jax is checked:
+values and gradients against NumPy and finite differences, float64 whatever torch's default
+dtype, the paper's network against the Numba kernels of problems/mlp.py, a constrained
+convex model against CVXPY, the Hessian and its products (the Newton and sketch models)
+against finite differences and the NumPy losses' own, pickling, the process transport
+(forked clients after the server used torch), Flower's simulation (slow), checkpoints,
+secure aggregation, and the error messages.
 """
 
 import json
@@ -182,6 +184,85 @@ def test_neyman_pearson_written_in_torch_reaches_the_cvxpy_optimum(torch, cancer
     assert abs(res.fun - ref_obj) / ref_obj <= 1e-3
     assert res.kkt.feasibility_rel[0] <= 1e-4
     assert res.kkt.multipliers[0] == pytest.approx(ref_mu, rel=1e-2)
+
+
+# -- curvature: hess and hessp (the Newton and sketch models) ----------------------------------
+
+def test_hess_matches_finite_differences_and_runs_the_newton_model(torch, batch):
+    """``hess`` of a torch function is torch.func.hessian of the batch mean: it matches central
+    differences of the gradient (and the NumPy logistic loss's exact Hessian), is NaN on an
+    empty batch, survives a pickle, and with it hessian="auto" runs the Newton model, taking
+    the steps of the same model written in NumPy with its own exact ``hess``."""
+    import cvxpy as cp
+    from problems.logistic import logistic_loss
+
+    X, y, w = batch
+    y = y.astype(float)
+    f = ss.SampleFunction.from_torch(logistic)
+    H = f.hess(w, X, y)
+    h = 1e-6
+    fd = np.array([(f.grad(w + h * e, X, y) - f.grad(w - h * e, X, y)) / (2 * h)
+                   for e in np.eye(w.size)])
+    np.testing.assert_allclose(H, fd, atol=1e-7)
+    np.testing.assert_allclose(H, logistic_loss().hess(w, X, y), rtol=0, atol=1e-14)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(f)).hess(w, X, y), H)
+    assert np.isnan(f.hess(w, X[:0], y[:0])).all()
+    rng = np.random.default_rng(5)
+    Xb, yb = rng.normal(size=(400, 6)), rng.integers(0, 2, 400).astype(float)
+    data = ss.FederatedData.split(Xb, yb, num_clients=3, seed=0)
+    runs = []
+    for g in (f, logistic_loss(name="logistic")):
+        prob = ss.Problem(g, [g <= 0.7], dim=6, data=data,
+                          regularizer=lambda v: 1e-2 * cp.sum_squares(v))
+        assert ss.SSCA.parse(prob, {}).hessian == "newton"
+        runs.append(prob.solve(seed=0, batch_size="full"))
+    assert runs[0].status == runs[1].status == "converged"
+    assert runs[0].nit == runs[1].nit
+    np.testing.assert_allclose(runs[0].x, runs[1].x, rtol=0, atol=1e-10)
+
+
+def cross_entropy_of_ten(w, x, t):
+    """Softmax cross-entropy of one sample over 10 classes, w = vec(W) row-major (torch)."""
+    import torch
+
+    z = w.reshape(10, -1) @ x
+    return torch.logsumexp(z, 0) - z[t.long()]
+
+
+def test_hessp_matches_finite_differences_and_runs_the_sketch_model(torch):
+    """``hessp`` (jvp of the gradient, vmapped over V's columns) is the Hessian times V:
+    central differences of the gradient along each column, ``hess @ V``, NaN on an empty
+    batch, a wrong V named, survives a pickle; a softmax model at d = 300 with
+    hessian="sketch" takes the steps of the same model written in NumPy with its exact
+    ``hessp`` (problems.suite.softmax_loss)."""
+    import cvxpy as cp
+    from problems.suite import softmax_loss
+
+    K, p, n = 10, 30, 600
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, p))
+    y = np.argmax(X @ rng.normal(size=(K, p)).T * 0.5 + rng.gumbel(size=(n, K)),
+                  axis=1).astype(float)
+    f = ss.SampleFunction.from_torch(cross_entropy_of_ten, name="ce")
+    w, V = 0.1 * rng.normal(size=K * p), rng.normal(size=(K * p, 3))
+    P = f.hessp(w, X[:37], y[:37], V)
+    h = 1e-6
+    fd = np.column_stack([(f.grad(w + h * v, X[:37], y[:37])
+                           - f.grad(w - h * v, X[:37], y[:37])) / (2 * h) for v in V.T])
+    np.testing.assert_allclose(P, fd, atol=1e-7)
+    np.testing.assert_allclose(P, f.hess(w, X[:37], y[:37]) @ V, atol=1e-13)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(f)).hessp(w, X[:37], y[:37], V), P)
+    assert np.isnan(f.hessp(w, X[:0], y[:0], V)).all()
+    with pytest.raises(ss.UserFunctionError, match="shape"):
+        f.hessp(w, X, y, V[:5])
+    data = ss.FederatedData.split(X, y, num_clients=3, seed=0)
+    runs = [ss.Problem(g, dim=K * p, data=data,
+                       regularizer=lambda v: 1e-3 * cp.sum_squares(v)
+                       ).solve(seed=0, hessian="sketch", batch_size="full")
+            for g in (f, softmax_loss(K, name="ce"))]
+    assert runs[0].status == runs[1].status == "converged"
+    assert runs[0].nit == runs[1].nit
+    np.testing.assert_allclose(runs[0].x, runs[1].x, rtol=0, atol=1e-10)
 
 
 # -- pickling, processes, checkpoints ---------------------------------------------------------

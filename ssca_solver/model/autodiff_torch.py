@@ -2,7 +2,9 @@
 loss of one sample into a :class:`TorchSampleFunction`, with the contract of
 :func:`~ssca_solver.model.autodiff_jax.from_jax` (:mod:`ssca_solver.model.autodiff`,
 docs/autodiff.md): values by ``torch.func.vmap``, the gradient of the batch mean by reverse-mode
-autograd through them. PyTorch runs eagerly, so nothing is compiled and batches are not padded
+autograd through them, and for the Newton and sketch models the Hessian of the batch mean
+(``torch.func.hessian``) and its products with a block of vectors (``torch.func.jvp`` of
+``torch.func.grad``). PyTorch runs eagerly, so nothing is compiled and batches are not padded
 to buckets. A process forked after torch was imported runs torch on one thread (its OpenMP
 team does not survive a fork).
 
@@ -96,11 +98,35 @@ class TorchSampleFunction(AutodiffSampleFunction):
     """
 
     builder, returns = "from_torch", "scalar tensor"
+    _transient = AutodiffSampleFunction._transient + ("hess", "hessp")
 
     def __init__(self, loss: Callable, name: Optional[str] = None, *, batched: bool = False,
                  dtype: str = "float64", surrogate=None):
         super().__init__(loss, name, batched=batched, dtype=dtype, surrogate=surrogate)
+        self.hess, self.hessp = self._hess, self._hessp
         import_torch()
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.hess, self.hessp = self._hess, self._hessp
+
+    def _hess(self, w, X, y):
+        """The Hessian of the mean of the per-sample values over the rows of X: (d, d), by
+        ``torch.func.hessian`` (forward over reverse mode). What the Newton model
+        (``hessian="newton"``) asks the clients for: the curvature term of the surrogate
+        that replaces eq. (fsmbar)'s tau |w - w_t|^2."""
+        return self._run(2, w, X, y)
+
+    def _hessp(self, w, X, y, V):
+        """The Hessian of the batch mean times the columns of V (d, k): (d, k), forward-mode
+        derivatives of the gradient (``torch.func.jvp`` of ``torch.func.grad``, vmapped over
+        the columns), O(k) gradient passes instead of the d of the whole Hessian: what
+        ``hessian="sketch"`` asks the clients for."""
+        V = np.asarray(V, dtype=DTYPES[self.dtype])
+        if V.ndim != 2 or V.shape[0] != np.size(w):
+            raise UserFunctionError(f"{self.name}.hessp: V must have shape (d, k) with d = "
+                                    f"{np.size(w)}, got {V.shape}")
+        return self._run(3, w, X, y, V)
 
     def __repr__(self) -> str:
         return f"TorchSampleFunction(name={self.name!r}, dtype={self.dtype!r})"
@@ -151,13 +177,15 @@ class TorchSampleFunction(AutodiffSampleFunction):
 
         return tensor(w), tensor(X), None if y is None else tensor(y), n
 
-    def _run(self, which: int, w, X, y):
+    def _run(self, which: int, w, X, y, V=None):
         torch = import_torch()
         _single_thread_after_fork(torch)
         w, X, y, n = self._inputs(torch, w, X, y)
         if n == 0:
-            return self._empty(which, w.numel())
+            return self._empty(which, w.numel()) if which < 3 else np.full(V.shape, np.nan)
         try:
+            if which >= 2:
+                return self._curvature(torch, which, w, X, y, V)
             if which == 0:
                 with torch.no_grad():
                     v = self._per_sample(torch, w, X, y)
@@ -176,6 +204,21 @@ class TorchSampleFunction(AutodiffSampleFunction):
         v = v.detach().numpy().astype(np.float64)
         return v if which == 0 else (v, g.detach().numpy().astype(np.float64))
 
+    def _curvature(self, torch, which: int, w, X, y, V):
+        """The batch mean's Hessian (``which`` 2) or its products with V's columns (3)."""
+
+        def mean(u):
+            return self._per_sample(torch, u, X, y).mean()
+
+        if which == 2:
+            H = torch.func.hessian(mean)(w)
+        else:
+            grad = torch.func.grad(mean)
+            V = torch.from_numpy(np.ascontiguousarray(V))
+            H = torch.func.vmap(lambda v: torch.func.jvp(grad, (w,), (v,))[1],
+                                in_dims=1, out_dims=1)(V)
+        return H.detach().numpy().astype(np.float64)
+
 
 def from_torch(loss: Callable, name: Optional[str] = None, *, batched: bool = False,
                dtype: str = "float64", surrogate=None) -> TorchSampleFunction:
@@ -184,7 +227,10 @@ def from_torch(loss: Callable, name: Optional[str] = None, *, batched: bool = Fa
     Implements f(w, x_n) (eq. (Fs0) and the F_m of Problem 3) from ``loss``: values per sample
     by ``torch.func.vmap``, the gradient of the batch mean by reverse mode through them
     (``torch.autograd.grad``: one forward and one backward pass; the numbers of
-    ``torch.func.grad``), the same contract as :func:`from_jax`. Also
+    ``torch.func.grad``), and the curvature of the surrogates that replace eq. (fsmbar)'s
+    tau |w - w_t|^2 in the second-order phase: ``hess`` (``torch.func.hessian`` of the batch
+    mean, the Newton model) and ``hessp`` (its products with V's columns, the sketch model);
+    the same contract as :func:`from_jax`. Also
     reachable as ``ss.SampleFunction.from_torch``. PyTorch is never a dependency of the
     library: it is imported when a function is built.
 
