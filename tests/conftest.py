@@ -59,8 +59,11 @@ def model_subproblem(rng, d: int, M: int, B: np.ndarray, c: float, tol: float = 
     """A random Problem 5 with a model of the Hessian: proximal-linear statistics of 1 + M
     functions (curvature 0.3) at a random centre x, bounds U = 0, and its reference solution,
     the problem written out in CVXPY with (w - x)' B (w - x) / 2 added to the objective's
-    surrogate and solved by Clarabel at tolerance ``tol``. Returns (stats, x, U, w_ref,
-    value_ref)."""
+    surrogate and solved by Clarabel at tolerance ``tol``, 10 tol and 100 tol, the point of
+    the lowest objective (with exact slacks: every point is feasible) kept: at 1e-12 Clarabel
+    can stop "optimal_inaccurate" 2e-7 from the optimum (one seed of test_newton on an AMD
+    EPYC, 1.4e-9 above the closed form's value; 1.5e-10 from it at 1e-11). Returns (stats, x,
+    U, w_ref, value_ref)."""
     import cvxpy as cp
 
     x = rng.standard_normal(d)
@@ -79,8 +82,18 @@ def model_subproblem(rng, d: int, M: int, B: np.ndarray, c: float, tol: float = 
     ref = cp.Problem(cp.Minimize(p(0) + 0.5 * cp.quad_form(w - x, cp.psd_wrap(B))
                                  + c * cp.sum(s)),
                      [p(m) - U[m - 1] <= s[m - 1] for m in range(1, M + 1)])
-    ref.solve(solver="CLARABEL", tol_gap_abs=tol, tol_gap_rel=tol, tol_feas=tol)
-    return stats, x, U, w.value, ref.value
+    def exact(v):
+        q = [float(stats[m]["quad"]) * v @ v + stats[m]["lin"] @ v + float(stats[m]["const"])
+             for m in range(1 + M)]
+        return (q[0] + 0.5 * (v - x) @ B @ (v - x)
+                + c * sum(max(q[m] - U[m - 1], 0.0) for m in range(1, M + 1)))
+
+    best = None
+    for t in (tol, 10.0 * tol, 100.0 * tol):
+        ref.solve(solver="CLARABEL", tol_gap_abs=t, tol_gap_rel=t, tol_feas=t)
+        if w.value is not None and (best is None or exact(w.value) < exact(best)):
+            best = w.value.copy()
+    return stats, x, U, best, exact(best)
 
 
 def ssca_clients(prob, seed=0):

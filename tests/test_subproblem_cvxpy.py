@@ -155,16 +155,28 @@ def test_full_batch_runs_compile_one_subproblem(cancer_data, compiles, monkeypat
     prob = neyman_pearson(cancer_data, alpha=0.2)
     opts = dict(batch_size="full", max_iter=12, seed=0, subproblem="cvxpy", eval_every=None,
                 hessian="lbfgs")
+    zero_rounds = []
+    with_zero_model = cb.CvxpySubproblem.with_zero_model
+    monkeypatch.setattr(cb.CvxpySubproblem, "with_zero_model",
+                        lambda self, center: zero_rounds.append(1) or with_zero_model(self,
+                                                                                     center))
     one = prob.solve(**opts)
     n_one = len(compiles)
+    k = len(zero_rounds)                 # the rounds before the first pair
+    assert 1 <= k < 12
     monkeypatch.setattr(cb.CvxpySubproblem, "with_zero_model",
                         lambda self, center: self)          # the first-order problem
     del compiles[:]
     two = prob.solve(**opts)
     assert n_one == 1 and len(compiles) == 2
     assert one.nit == two.nit == 12
-    np.testing.assert_allclose(one.x, two.x, rtol=1e-6, atol=1e-8)
-    np.testing.assert_array_equal(one.history.retries, two.history.retries)
+    # the same subproblem in two formulations, each solved to Clarabel's default accuracy
+    # (1e-8), over 12 rounds: equal to that accuracy as amplified by the run (1e-6 relative in
+    # norm on an AMD EPYC; element by element a coordinate near 0 differs by 6e-5 of itself)
+    assert np.linalg.norm(one.x - two.x) <= 1e-5 * np.linalg.norm(two.x)
+    # the rounds before the first pair solve the same subproblem: the same retries there (a
+    # later round's retry depends on its point's last digits, which differ: above)
+    np.testing.assert_array_equal(one.history.retries[:k], two.history.retries[:k])
     assert one.history.retries[0] == 0
 
 
