@@ -224,3 +224,41 @@ def register_thread_pool_transport(name: str, workers: int = 3) -> str:
 
     register_transport(name, ThreadPool)
     return name
+
+
+def softmax_hessp_contract(f):
+    """The contract of an automatic-differentiation ``hessp`` (from_jax, from_torch), on a
+    softmax cross-entropy ``f`` over 10 classes with w = vec(W) row-major: the Hessian of the
+    batch mean times V against central differences of ``grad`` along each column and
+    ``hess @ V``; NaN on an empty batch; a wrong V named; the same after a pickle; and a
+    d = 300 run with hessian="sketch" that takes the steps of the same model written in NumPy
+    with its exact ``hessp`` (problems.suite.softmax_loss)."""
+    import pickle
+
+    import cvxpy as cp
+    from problems.suite import softmax_loss
+
+    K, p, n = 10, 30, 600
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, p))
+    y = np.argmax(X @ rng.normal(size=(K, p)).T * 0.5 + rng.gumbel(size=(n, K)),
+                  axis=1).astype(float)
+    w, V = 0.1 * rng.normal(size=K * p), rng.normal(size=(K * p, 3))
+    P = f.hessp(w, X[:37], y[:37], V)
+    h = 1e-6
+    fd = np.column_stack([(f.grad(w + h * v, X[:37], y[:37])
+                           - f.grad(w - h * v, X[:37], y[:37])) / (2 * h) for v in V.T])
+    np.testing.assert_allclose(P, fd, atol=1e-7)
+    np.testing.assert_allclose(P, f.hess(w, X[:37], y[:37]) @ V, atol=1e-13)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(f)).hessp(w, X[:37], y[:37], V), P)
+    assert np.isnan(f.hessp(w, X[:0], y[:0], V)).all()
+    with pytest.raises(ss.UserFunctionError, match="shape"):
+        f.hessp(w, X, y, V[:5])
+    data = ss.FederatedData.split(X, y, num_clients=3, seed=0)
+    runs = [ss.Problem(g, dim=K * p, data=data,
+                       regularizer=lambda v: 1e-3 * cp.sum_squares(v)
+                       ).solve(seed=0, hessian="sketch", batch_size="full")
+            for g in (f, softmax_loss(K, name=f.name))]
+    assert runs[0].status == runs[1].status == "converged"
+    assert runs[0].nit == runs[1].nit
+    np.testing.assert_allclose(runs[0].x, runs[1].x, rtol=0, atol=1e-10)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import ssca_solver as ss
-from conftest import quadratic_function
+from conftest import quadratic_function, softmax_hessp_contract
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -230,39 +230,10 @@ def cross_entropy_of_ten(w, x, t):
 
 
 def test_hessp_matches_finite_differences_and_runs_the_sketch_model(torch):
-    """``hessp`` (jvp of the gradient, vmapped over V's columns) is the Hessian times V:
-    central differences of the gradient along each column, ``hess @ V``, NaN on an empty
-    batch, a wrong V named, survives a pickle; a softmax model at d = 300 with
-    hessian="sketch" takes the steps of the same model written in NumPy with its exact
-    ``hessp`` (problems.suite.softmax_loss)."""
-    import cvxpy as cp
-    from problems.suite import softmax_loss
-
-    K, p, n = 10, 30, 600
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(n, p))
-    y = np.argmax(X @ rng.normal(size=(K, p)).T * 0.5 + rng.gumbel(size=(n, K)),
-                  axis=1).astype(float)
-    f = ss.SampleFunction.from_torch(cross_entropy_of_ten, name="ce")
-    w, V = 0.1 * rng.normal(size=K * p), rng.normal(size=(K * p, 3))
-    P = f.hessp(w, X[:37], y[:37], V)
-    h = 1e-6
-    fd = np.column_stack([(f.grad(w + h * v, X[:37], y[:37])
-                           - f.grad(w - h * v, X[:37], y[:37])) / (2 * h) for v in V.T])
-    np.testing.assert_allclose(P, fd, atol=1e-7)
-    np.testing.assert_allclose(P, f.hess(w, X[:37], y[:37]) @ V, atol=1e-13)
-    np.testing.assert_array_equal(pickle.loads(pickle.dumps(f)).hessp(w, X[:37], y[:37], V), P)
-    assert np.isnan(f.hessp(w, X[:0], y[:0], V)).all()
-    with pytest.raises(ss.UserFunctionError, match="shape"):
-        f.hessp(w, X, y, V[:5])
-    data = ss.FederatedData.split(X, y, num_clients=3, seed=0)
-    runs = [ss.Problem(g, dim=K * p, data=data,
-                       regularizer=lambda v: 1e-3 * cp.sum_squares(v)
-                       ).solve(seed=0, hessian="sketch", batch_size="full")
-            for g in (f, softmax_loss(K, name="ce"))]
-    assert runs[0].status == runs[1].status == "converged"
-    assert runs[0].nit == runs[1].nit
-    np.testing.assert_allclose(runs[0].x, runs[1].x, rtol=0, atol=1e-10)
+    """``hessp`` (jvp of the gradient, vmapped over V's columns) keeps the contract of
+    :func:`conftest.softmax_hessp_contract`: finite differences, ``hess @ V``, empty batch,
+    wrong V, pickle, and the NumPy model's steps under hessian="sketch"."""
+    softmax_hessp_contract(ss.SampleFunction.from_torch(cross_entropy_of_ten, name="ce"))
 
 
 # -- pickling, processes, checkpoints ---------------------------------------------------------
