@@ -75,3 +75,39 @@ def test_default_options_certify_the_slsqp_kkt_point(problem):
     assert res.status == "converged" and res.kkt.passed(1e-4, 1e-4)
     np.testing.assert_allclose(res.x, ref.x, atol=1e-3)
     assert res.kkt.multipliers[0] == pytest.approx(mu, rel=1e-2)
+
+
+def _equations(*pairs):
+    """Constraints F_k(w) == 0 from (value, gradient) callables of w, on one client with one
+    placeholder row (deterministic functions, as S2MPJ's problems are in
+    benchmarks/nlp_collection.py)."""
+    return [ss.SampleFunction((lambda v: lambda w, X, y: np.full(len(X), v(w)))(v),
+                              (lambda g: lambda w, X, y: g(w))(g), name=f"F{k}") == 0.0
+            for k, (v, g) in enumerate(pairs)]
+
+
+@pytest.mark.parametrize("name, x0, pairs, rounds", [
+    # S2MPJ's HYPCIR: x1 x2 = 1, x1^2 + x2^2 = 4 (13 rounds, 9 of them rejected, before the
+    # line search: the first Newton step, which the two equalities fix whatever tau, was
+    # retried at the same length with tau doubled; SLSQP: 4 iterations)
+    ("HYPCIR", [0.0, 1.0], [(lambda w: w[0] * w[1] - 1.0, lambda w: np.array([w[1], w[0]])),
+                            (lambda w: w @ w - 4.0, lambda w: 2.0 * w)], 6),
+    # S2MPJ's HIMMELBC: x1^2 + x2 = 11, x1 + x2^2 = 7 (11 rounds, 6 rejected; SLSQP: 5)
+    ("HIMMELBC", [1.0, 1.0], [(lambda w: w[0] ** 2 + w[1] - 11.0,
+                               lambda w: np.array([2.0 * w[0], 1.0])),
+                              (lambda w: w[0] + w[1] ** 2 - 7.0,
+                               lambda w: np.array([1.0, 2.0 * w[1]]))], 8),
+])
+def test_a_rejected_first_order_step_is_retried_along_its_direction(name, x0, pairs, rounds):
+    """A square system of equations without objective: a rejected step of the first-order
+    rounds is retried at half its length along its direction (tau unchanged), so the run
+    takes about SLSQP's iterations. The point is checked on the equations themselves, to
+    the certificate's tolerance (feas_tol 1e-4 relative to max(1, |bound|))."""
+    data = ss.FederatedData([np.zeros((1, 1))])
+    zero = ss.SampleFunction(lambda w, X, y: np.zeros(len(X)), lambda w, X, y: np.zeros(2),
+                             name="0")
+    res = ss.Problem(zero, _equations(*pairs), dim=2, data=data).solve(
+        seed=0, x0=np.array(x0))
+    assert res.status == "converged", res.message
+    assert max(abs(v(res.x)) for v, _ in pairs) <= 1e-4
+    assert res.nit <= rounds, (name, res.nit)

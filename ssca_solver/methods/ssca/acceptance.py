@@ -4,8 +4,9 @@ that raised it is taken back.
 
 * :func:`backtracking_step` (tau="auto" with unit steps: deterministic SCA, or SQP steps with
   the quasi-Newton model): accept w_t when the merit did not rise (tau then falls), else retry
-  from the last accepted point with tau raised, after a second-order correction where a
-  curved constraint is to blame;
+  from the last accepted point: on the first-order surrogates at half the rejected length
+  along the step's direction (a line search), with the model with tau raised, after a
+  second-order correction where a curved constraint is to blame;
 * :func:`guarded_step` (a fixed tau, a builder with its own curvature, or given schedules):
   the user's tau and surrogates stay, and the step fraction gamma is halved instead.
 
@@ -228,7 +229,8 @@ def round_steps(cfg: Settings, state: SSCAState, t: int) -> tuple:
 def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = False,
                       curvature=None):
     """Full batches: accept the step to w_t if the merit did not increase (then tau shrinks),
-    else retry from the last accepted point with tau doubled; a step to a point where some
+    else retry from the last accepted point with tau doubled (or, :func:`_line_search`, at half
+    the length with tau unchanged); a step to a point where some
     function is not finite (``nonfinite``: a client said so) is rejected too. ``curvature``:
     the round's full-data Hessians at w_t (the Newton model's, :mod:`.newton`)."""
     state = remember(state, nonfinite_trial=bool(nonfinite))
@@ -272,6 +274,8 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
                         return correction
         k, base_w, base, base_merit = (_reject_factor(cfg, state), state.prev_w,
                                        state.prev_stats, state.merit)
+        if _line_search(cfg, state):
+            return _retry(cfg, state, 1.0, base_w, base, base_merit, worse, shorten=True)
     else:
         state = track_progress(cfg, state, value, stats, c_merit)
         if cfg.newton:
@@ -399,9 +403,27 @@ def _pinned(state: SSCAState) -> tuple:
     return remember(state, rejected_trial=trial), False
 
 
-def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse):
+def _line_search(cfg: Settings, state: SSCAState) -> bool:
+    """Whether a rejected trial is retried along its own direction at half its length with tau
+    unchanged (a backtracking line search, one round per trial) rather than with tau raised:
+    on the first-order surrogates (no model of the Hessian yet, no diagonal metric) while tau
+    is at least LINE_SEARCH_TAU of the probe's curvature at x0. There the step is the
+    linearised problem's with tau's proximal term, a descent direction of the exact penalty,
+    and a shorter step along it descends; raising tau shortens it only slowly (by half per
+    round at best, and not at all when the linearised constraints fix it: a square system of
+    equations), and each doubling is undone one accepted round at a time (tau falls by
+    TAU_DOWN). A tau far below the curvature (an iterate where the surrogates lost their
+    scale) keeps the doubling, which restores it."""
+    return (not cfg.model_on(state) and not state.metric.size
+            and np.isfinite(state.curvature)
+            and cfg.tau_of(state) >= ad.LINE_SEARCH_TAU * state.curvature)
+
+
+def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse,
+           shorten: bool = False):
     """The subproblem at ``base_w`` with tau multiplied by ``k`` (the backtracking's next step
-    from the accepted or the last accepted point)."""
+    from the accepted or the last accepted point); ``shorten``: the step from ``base_w`` half
+    as long as the rejected trial's, along the new solution (:func:`_line_search`)."""
     if cfg.model_on(state):
         # tau stays above MODEL_TAU_FLOOR of the model's scale: far below it the solver's
         # Problem 5 is too badly scaled to be solved
@@ -429,6 +451,13 @@ def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse):
         warnings.warn(f"round {state.t + 1}: the subproblem with the quasi-Newton model "
                       "failed; the round's step was taken without it and the model was "
                       "reset", RuntimeWarning, stacklevel=2)
+    if shorten:
+        full = float(np.linalg.norm(new.w - base_w))
+        rejected = float(np.linalg.norm(state.w - base_w))
+        if full > 0.0:
+            gamma = min(1.0, 0.5 * rejected / full)
+            new = new._replace(w=base_w + gamma * (new.w - base_w))
+            info = info._replace(gamma=gamma * info.gamma)
     new = new._replace(tau=cfg.tau_of(state) * k, merit=base_merit, prev_w=base_w.copy(),
                        prev_stats=scaled, rejects=state.rejects + 1 if worse else 0)
     return new, RoundInfo(info, None, cfg.tau_of(state) * k, 0.0, int(bool(worse)))

@@ -60,6 +60,10 @@ MIN_ROUNDS = 10         # rounds between two increases by the norm test
 #: page (benchmarks/defaults.py).
 GROW_EVERY = 10
 TAU_UP, TAU_DOWN = 2.0, 0.9
+#: on the first-order surrogates a rejected step is retried at half its length along its
+#: direction, tau unchanged, while tau is at least this share of the probe's curvature
+#: (.acceptance._line_search); below it tau is raised by TAU_UP instead
+LINE_SEARCH_TAU = 1e-3
 #: tau's factor after an accepted step once the quasi-Newton model holds a pair (tau is then a
 #: regularisation of the model's step, not the curvature itself)
 TAU_DOWN_MODEL = 0.25
