@@ -28,17 +28,20 @@ def test_a_certificate_on_a_classical_program_is_never_wrong(name):
     if res.status == "converged":
         assert res.kkt.passed(1e-4, 1e-4)
         assert np.max(res.kkt.feasibility_rel, initial=0.0) <= 1e-4
-        # within 1e-4 of the optimum (below it only by what the feasibility tolerance allows)
-        assert gap <= 1e-4, (name, gap)
+        # what the certified violation is worth in the objective (first-order sensitivity:
+        # sum_m |mu_m| violation_m; the KKT test runs at every full-batch round and stops at
+        # the first point within feas_tol), the domain's constraints included: the
+        # interior-point solver leaves bounds violated by ~1e-9, worth 6e-6 of an objective
+        # of 1.4e7 against duals of 5e3 (far_bounds)
+        allowed = 0.0
         if c.certifiable:
-            # below the optimum only by what the certified violation allows (first-order
-            # sensitivity: sum_m |mu_m| violation_m; the KKT test runs at every full-batch
-            # round since issue 19 and stops at the first point within feas_tol), the domain's
-            # constraints included: the interior-point solver leaves bounds violated by ~1e-9,
-            # worth 6e-6 of an objective of 1.4e7 against duals of 5e3 (far_bounds)
             allowed = float(np.sum(np.abs(res.kkt.multipliers) * res.kkt.feasibility))
             allowed += sum(float(np.sum(np.abs(d))) for d in res.kkt.domain_multipliers) \
                 * float(res.kkt.domain_violation)
+        # within 1e-4 of the optimum plus what the violation is worth (maratos: |w|^2 - 1 =
+        # 7.3e-5 against mu = -1.5 puts f 1.09e-4 above f*), below it only by the latter
+        assert gap <= 1e-4 + allowed / max(1.0, abs(c.optimum)), (name, gap)
+        if c.certifiable:
             assert gap >= -(2.0 * allowed + 1e-8) / max(1.0, abs(c.optimum)), (name, gap)
         if c.solution is not None and name not in ("quartic", "no_kkt_point"):
             assert np.max(np.abs(res.x - c.solution)) <= 1e-3 * max(1.0, np.max(
