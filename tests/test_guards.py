@@ -287,8 +287,9 @@ def test_the_norm_test_variance_and_batch_growth_match_a_direct_computation(secu
 def test_backtracking_retries_from_the_last_accepted_point():
     """F(w) = 0.5 mean sum_j a_j (w_j - x_j)^2 with a = (1, 30), full batches, tau="auto":
     the proximal-linear step from a point v with tau is v - grad F(v) / (2 tau). Every round's
-    new point is that step from the last accepted point, with the round's recorded tau; a
-    rejected round (merit increased) retries from the point before the rejected one."""
+    new point is that step from the last accepted point, with the round's recorded tau and
+    step fraction gamma (below 1 on a retry that halves the rejected step); a rejected round
+    (merit increased) retries from the point before the rejected one."""
     a = np.array([1.0, 30.0])
     rng = np.random.default_rng(3)
     data = ss.FederatedData([(rng.normal(size=(n, 2)), None) for n in (15, 25)])
@@ -306,7 +307,7 @@ def test_backtracking_retries_from_the_last_accepted_point():
     for t, x in enumerate(xs):
         if not h.rejected[t]:
             accepted = previous              # the point this round judged is accepted
-        expected = accepted - a * (accepted - xbar) / (2.0 * h.tau[t])
+        expected = accepted - h.gamma[t] * a * (accepted - xbar) / (2.0 * h.tau[t])
         np.testing.assert_allclose(x, expected, rtol=1e-12, atol=1e-12,
                                    err_msg=f"round {t + 1}")
         previous = x
