@@ -4,9 +4,9 @@ that raised it is taken back.
 
 * :func:`backtracking_step` (tau="auto" with unit steps: deterministic SCA, or SQP steps with
   the quasi-Newton model): accept w_t when the merit did not rise (tau then falls), else retry
-  from the last accepted point: on the first-order surrogates at half the rejected length
-  along the step's direction (a line search), with the model with tau raised, after a
-  second-order correction where a curved constraint is to blame;
+  from the last accepted point with tau raised, after a second-order correction where a
+  curved constraint is to blame (before the model's first pair: at half the rejected length
+  along the step's direction, a line search);
 * :func:`guarded_step` (a fixed tau, a builder with its own curvature, or given schedules):
   the user's tau and surrogates stay, and the step fraction gamma is halved instead.
 
@@ -406,15 +406,18 @@ def _pinned(state: SSCAState) -> tuple:
 def _line_search(cfg: Settings, state: SSCAState) -> bool:
     """Whether a rejected trial is retried along its own direction at half its length with tau
     unchanged (a backtracking line search, one round per trial) rather than with tau raised:
-    on the first-order surrogates (no model of the Hessian yet, no diagonal metric) while tau
-    is at least LINE_SEARCH_TAU of the probe's curvature at x0. There the step is the
-    linearised problem's with tau's proximal term, a descent direction of the exact penalty,
-    and a shorter step along it descends; raising tau shortens it only slowly (by half per
-    round at best, and not at all when the linearised constraints fix it: a square system of
-    equations), and each doubling is undone one accepted round at a time (tau falls by
-    TAU_DOWN). A tau far below the curvature (an iterate where the surrogates lost their
-    scale) keeps the doubling, which restores it."""
-    return (not cfg.model_on(state) and not state.metric.size
+    in a run with a model of the Hessian, on the first-order rounds before the model holds a
+    pair (no diagonal metric), while tau is at least LINE_SEARCH_TAU of the probe's curvature
+    at x0. There the step is the linearised problem's with tau's proximal term, a descent
+    direction of the exact penalty, and a shorter step along it descends; raising tau shortens
+    it only slowly (by half per round at best, and not at all when the linearised constraints
+    fix it: a square system of equations), and each doubling is undone one accepted round at
+    a time (tau falls by TAU_DOWN). A tau far below the curvature (an iterate where the
+    surrogates lost their scale) keeps the doubling, which restores it. So does a run on the
+    first-order surrogates throughout (``hessian="none"``): tau is then the curvature
+    estimate, and keeping it after a rejection lets the next steps overshoot again (6 % more
+    rounds on the golden runs' ridge and Neyman-Pearson problems)."""
+    return (cfg.model_ok and not cfg.model_on(state) and not state.metric.size
             and np.isfinite(state.curvature)
             and cfg.tau_of(state) >= ad.LINE_SEARCH_TAU * state.curvature)
 
