@@ -682,6 +682,18 @@ def r_privacy(d: dict) -> str:
         lo, hi = r[key + "_range"]
         return f"{r[key]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
+    def distributed(part, metrics, intro, sep=" ("):
+        """The distributed mechanism's table of ``part`` (medians of ``metrics``: key -> column
+        title), after ``intro`` and the run's command, date and commit."""
+        dist = part.get("distributed") or {}
+        if not dist.get("medians"):
+            return ""
+        rows = [[r["setting"], *(rng(r, k, 4) for k in metrics), num(r["noise_multiplier"]),
+                 spent(r), sec(r["wall_s"])] for r in dist["medians"]]
+        return (f"\n{intro}{sep}`{dist['command']}`, {dist['date']}, commit "
+                f"`{dist['library']['commit'][:7]}`):\n\n"
+                + table(["epsilon", *metrics.values(), "z", "epsilon spent", "run"], rows))
+
     out = ("Record-level (epsilon, delta)-differential privacy of method `\"ssca\"` "
            "(`privacy=ss.Privacy(epsilon, delta, clip)`, the Gaussian mechanism of "
            "[privacy](privacy.md#differential-privacy)), `benchmarks/privacy.py`. The noise "
@@ -715,19 +727,13 @@ def r_privacy(d: dict) -> str:
                 + ".\n\n"
                 + table(["epsilon", "objective", "violation", "test accuracy", "z",
                          "epsilon spent", "fraction of rows clipped at the end", "run"], rows))
-        dist = npart.get("distributed") or {}
-        if dist.get("medians"):
-            rows = [[r["setting"], rng(r, "objective", 4), rng(r, "violation", 4),
-                     rng(r, "test_accuracy", 4), num(r["noise_multiplier"]), spent(r),
-                     sec(r["wall_s"])] for r in dist["medians"]]
-            out += ("\nThe **distributed** mechanism (`Privacy(mechanism=\"distributed\")` "
-                    "with `secure_aggregation=True`: each client adds its share of the noise "
-                    "as discrete Gaussian integers before the masks, and the server never "
-                    "holds an un-noised sum) at the same C, epsilons and seeds "
-                    f"(`{dist['command']}`, {dist['date']}, commit "
-                    f"`{dist['library']['commit'][:7]}`):\n\n"
-                    + table(["epsilon", "objective", "violation", "test accuracy", "z",
-                             "epsilon spent", "run"], rows))
+        out += distributed(npart, {"objective": "objective", "violation": "violation",
+                                    "test_accuracy": "test accuracy"},
+                           "The **distributed** mechanism (`Privacy(mechanism=\"distributed\")` "
+                           "with `secure_aggregation=True`: each client adds its share of the "
+                           "noise as discrete Gaussian integers before the masks, and the "
+                           "server never holds an un-noised sum) at the same C, epsilons and "
+                           "seeds")
     net = d.get("network") or {}
     if net.get("medians"):
         s, pil = net["setup"], net["pilot"]
@@ -746,17 +752,11 @@ def r_privacy(d: dict) -> str:
                 + ".\n\n"
                 + table(["epsilon", "training cost", "test accuracy", "z", "epsilon spent",
                          "fraction of rows clipped at the end", "run"], rows))
-        dist = net.get("distributed") or {}
-        if dist.get("medians"):
-            rows = [[r["setting"], rng(r, "train_cost", 4), rng(r, "test_accuracy", 4),
-                     num(r["noise_multiplier"]), spent(r), sec(r["wall_s"])]
-                    for r in dist["medians"]]
-            out += ("\nThe **distributed** mechanism on the network, at the same C and "
-                    f"epsilons, {plural(len(dist['seeds']), 'seed')} "
-                    f"({', '.join(map(str, dist['seeds']))}; `{dist['command']}`, "
-                    f"{dist['date']}, commit `{dist['library']['commit'][:7]}`):\n\n"
-                    + table(["epsilon", "training cost", "test accuracy", "z",
-                             "epsilon spent", "run"], rows))
+        seeds = (net.get("distributed") or {}).get("seeds", [])
+        out += distributed(net, {"train_cost": "training cost", "test_accuracy": "test accuracy"},
+                           "The **distributed** mechanism on the network, at the same C and "
+                           f"epsilons, {plural(len(seeds), 'seed')} "
+                           f"({', '.join(map(str, seeds))}", sep="; ")
     elif net.get("skipped"):
         out += f"\nThe network was not run: {net['skipped']}.\n"
     return out + "\n" + figure("privacy.png", "utility against epsilon, both problems")
