@@ -320,7 +320,10 @@ def r_nlp(d: dict, png: str) -> str:
     p_nit = _median([p["references"]["SLSQP"].get("nit") for p in paired])
     p_nfev = _median([p["references"]["SLSQP"].get("nfev") for p in paired])
     ratio = _median([p["time_ratio"] for p in cert])
-    return (f"SSCA's default options (`batch_size=\"full\"`, one client per problem, "
+    given = ("Every function carries S2MPJ's exact Hessian (`hess`), so the default "
+             "`hessian=\"auto\"` runs the Newton model (d <= 256 on every problem here); "
+             "SLSQP and trust-constr as above. " if o.get("hessians") else "")
+    return (given + f"SSCA's default options (`batch_size=\"full\"`, one client per problem, "
             f"{o['time_limit']:g} s per solve) against SciPy's SLSQP and trust-constr from the "
             "same start. Outcomes: *certified*: status \"converged\" and not false; *FALSE*: "
             "\"converged\" at a point whose gap and independent KKT residual are both large, "
@@ -339,6 +342,34 @@ def r_nlp(d: dict, png: str) -> str:
               "point, a rejected trial point included); SLSQP's iterations do not count the "
               "trial points of its line search, its function evaluations do.\n\n"
             + figure(png, "gap against time and against the independent KKT residual"))
+
+
+def r_nlp_hessians(d: dict, png: str, base_stem: str) -> str:
+    """:func:`r_nlp` for a run whose functions carry their Hessians, and its rounds against
+    the run without them (``base_stem``'s file), problem by problem."""
+    out = r_nlp(d, png)
+    path = RESULTS / f"{base_stem}.json"
+    if not path.exists():
+        return out
+    base = {p["name"]: p for p in json.loads(path.read_text())["problems"]}
+    now = {p["name"]: p for p in d["problems"]}
+    common = [n for n in now if n in base]
+    both = [n for n in common if now[n]["outcome"] == base[n]["outcome"] == "certified"]
+    gained = sorted(n for n in common if now[n]["outcome"] == "certified"
+                    and base[n]["outcome"] != "certified")
+    lost = sorted(n for n in common if base[n]["outcome"] == "certified"
+                  and now[n]["outcome"] != "certified")
+    if not both:
+        return out
+    r0 = [base[n]["library"]["rounds"] for n in both]
+    r1 = [now[n]["library"]["rounds"] for n in both]
+    geo = statistics.geometric_mean([b / a for a, b in zip(r0, r1)])
+    return (out + f"\nAgainst the run without Hessians (`{base_stem}.json`, the same "
+            f"problems): certified by both {len(both)}, median rounds {num(_median(r0))} "
+            f"without and {num(_median(r1))} with them (geometric mean of the ratios "
+            f"{num(geo)}; fewer rounds on {sum(b < a for a, b in zip(r0, r1))}, more on "
+            f"{sum(b > a for a, b in zip(r0, r1))}); certified only with them: "
+            f"{', '.join(gained) or 'none'}; only without: {', '.join(lost) or 'none'}.\n")
 
 
 def r_digits_network(d: dict) -> str:
@@ -788,6 +819,11 @@ SECTIONS = [
     ("nlp_collection", "A public collection: S2MPJ's constrained problems",
      lambda d: r_nlp(d, "nlp_collection.png")),
     ("nlp_collection_held_out", None, lambda d: r_nlp(d, "nlp_collection_held_out.png")),
+    ("nlp_collection_hessians", None,
+     lambda d: r_nlp_hessians(d, "nlp_collection_hessians.png", "nlp_collection")),
+    ("nlp_collection_held_out_hessians", None,
+     lambda d: r_nlp_hessians(d, "nlp_collection_held_out_hessians.png",
+                              "nlp_collection_held_out")),
     ("digits_network", "A constrained network: the digits data", r_digits_network),
     ("network_defaults", "The paper's network at a fixed batch size: default step sizes",
      r_network_defaults),
@@ -813,6 +849,8 @@ SUBTITLES = {
     "second_order_cost": "The model's cost on the server",
     "second_order_round_cost": "The model's cost in a whole round",
     "nlp_collection_held_out": "The HS family, held out",
+    "nlp_collection_hessians": "With the functions' Hessians (the Newton model)",
+    "nlp_collection_held_out_hessians": "The HS family with the functions' Hessians",
     "engines_network_participation": "Partial participation: the paper's network",
     "engines_np_participation": "Partial participation: Neyman-Pearson",
     "autodiff_quick": "The small network, with PyTorch",

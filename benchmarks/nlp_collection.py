@@ -42,9 +42,11 @@ residual (kkt_residual below), wall time, ratio to SLSQP's wall time. Outcome:
 
 Usage:  python benchmarks/nlp_collection.py --s2mpj DIR [--quick] [--problems NAME ...]
                          [--time-limit 30] [--out NAME] [--replot] [--list] [--resume]
-                         [--held-out]
+                         [--held-out] [--hessians]
 --held-out runs the HS family (the held-out check) instead, into NAME_held_out.
-Writes benchmarks/results/NAME[_quick][_problems].json (rewritten after every problem) and .png
+--hessians gives every function S2MPJ's exact Hessian (``hess``), so that the default
+hessian="auto" runs the Newton model (d <= 256 here always), into NAME[_held_out]_hessians.
+Writes benchmarks/results/NAME[_held_out][_hessians][_quick][_problems].json (rewritten after every problem) and .png
 (NAME: nlp_collection; _problems with --problems); progress on stderr. --quick: 10 problems of
 different kinds (a smoke test, about 30 s). The full run (404 problems) took 66 min on 2 shared
 cores; docs/benchmarks.md shows its results, kkt_residual below the independent KKT residual.
@@ -657,11 +659,14 @@ def main() -> None:
     ap.add_argument("--held-out", action="store_true",
                     help="run the held-out HS family instead (output NAME_held_out)")
     ap.add_argument("--hessians", action="store_true",
-                    help="give every function S2MPJ's exact Hessian (the Newton model)")
+                    help="give every function S2MPJ's exact Hessian, so that the default "
+                         "hessian='auto' runs the Newton model where d <= 256 (output "
+                         "NAME_hessians)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the problems already in the JSON (same options), run the rest")
     args = ap.parse_args()
-    name = (args.out + ("_held_out" if args.held_out else "") + ("_quick" if args.quick else "")
+    name = (args.out + ("_held_out" if args.held_out else "")
+            + ("_hessians" if args.hessians else "") + ("_quick" if args.quick else "")
             + ("_problems" if args.problems else ""))
     if args.replot:
         import json
@@ -699,6 +704,7 @@ def main() -> None:
                "machine": machine(), "library": library_version(), "s2mpj_commit": s2_commit,
                "options": {"solve": "method='ssca', x0=S2MPJ's x0, seed=0, batch_size='full', "
                                     f"callback: stop after {args.time_limit:g} s",
+                           "hessians": bool(args.hessians),
                            "time_limit": args.time_limit, "ref_time_limit": REF_TIME,
                            "feas_ref": FEAS_REF, "feas_tol": FEAS_TOL, "gap_tol": GAP_TOL,
                            "kkt_tol": KKT_TOL, "active": ACTIVE},
