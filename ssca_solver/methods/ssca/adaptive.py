@@ -77,7 +77,7 @@ TAU_DOWN_NEWTON = 0.1
 MODEL_REJECT = 0.5
 #: accepted rounds in a row with the model whose subproblem keeps a slack at multiplier c that
 #: end a penalty stage (.continuation.settle: c is too small for an exact penalty)
-SATURATED = 5
+SATURATED = 2
 #: with the model, STALL_ROUNDS accepted rounds in a row whose merit fell by less than
 #: MERIT_PROGRESS of its size settle the point (.acceptance.track_progress)
 STALL_ROUNDS, MERIT_PROGRESS = 30, 1e-12
