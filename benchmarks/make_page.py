@@ -321,8 +321,8 @@ def r_nlp(d: dict, png: str) -> str:
     p_nfev = _median([p["references"]["SLSQP"].get("nfev") for p in paired])
     ratio = _median([p["time_ratio"] for p in cert])
     given = ("Every function carries S2MPJ's exact Hessian (`hess`), so the default "
-             "`hessian=\"auto\"` runs the Newton model (d <= 256 on every problem here); "
-             "SLSQP and trust-constr as above. " if o.get("hessians") else "")
+             "`hessian=\"auto\"` runs the Newton model (d <= 256 on every problem here). "
+             if o.get("hessians") else "")
     return (given + f"SSCA's default options (`batch_size=\"full\"`, one client per problem, "
             f"{o['time_limit']:g} s per solve) against SciPy's SLSQP and trust-constr from the "
             "same start. Outcomes: *certified*: status \"converged\" and not false; *FALSE*: "
