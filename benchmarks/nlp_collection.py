@@ -46,10 +46,11 @@ Usage:  python benchmarks/nlp_collection.py --s2mpj DIR [--quick] [--problems NA
 --held-out runs the HS family (the held-out check) instead, into NAME_held_out.
 --hessians gives every function S2MPJ's exact Hessian (``hess``), so that the default
 hessian="auto" runs the Newton model (d <= 256 here always), into NAME[_held_out]_hessians.
-Writes benchmarks/results/NAME[_held_out][_hessians][_quick][_problems].json (rewritten after every problem) and .png
-(NAME: nlp_collection; _problems with --problems); progress on stderr. --quick: 10 problems of
-different kinds (a smoke test, about 30 s). The full run (404 problems) took 66 min on 2 shared
-cores; docs/benchmarks.md shows its results, kkt_residual below the independent KKT residual.
+Writes benchmarks/results/NAME[_held_out][_hessians][_quick][_problems].json (rewritten after
+every problem) and .png (NAME: nlp_collection; _problems with --problems); progress on stderr.
+--quick: 10 problems of different kinds (a smoke test, about 30 s). The full run (404 problems)
+took 40-45 min on 2 shared cores, with or without --hessians; docs/benchmarks.md shows its
+results, kkt_residual below the independent KKT residual.
 """
 
 from __future__ import annotations

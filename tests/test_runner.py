@@ -370,9 +370,8 @@ def test_resume_in_the_full_batch_phase_takes_the_uninterrupted_decisions(force_
     """What the method counts from round to round outside its state (saturated rounds, the
     best point, the last KKT fit, the backtracking's last trial) is in the checkpoint: a
     resume at 10 or 15 (one saturated round counted) that lost the count would raise c a
-    round later (it did, when the count was not kept). A stop requested at the round that
-    ends a stage (11, 16) is a stop (the next stage started instead), and its resume starts
-    the next stage."""
+    round later. A stop requested at the round that ends a stage (11, 16) is a stop (the
+    next stage started instead), and its resume starts the next stage."""
     prob, opts, full = force_run
     assert full.status == "converged" and full.nit == 39
     assert [s.rounds for s in full.stages] == [11, 5, 23]
