@@ -264,3 +264,66 @@ def test_a_saturated_stage_raises_c_after_two_rounds():
     assert res.fun == pytest.approx(727.67937, rel=1e-4)
     assert np.max(res.constraints) <= 1e-4
     assert res.nit <= 30, [(s.penalty, s.rounds) for s in res.stages]
+
+
+def _box_volume(inequality: bool):
+    """Max x1 x2 x3 s.t. x1 + 2 x2 + 2 x3 = 72 (Hock & Schittkowski's HS37 family; <= with
+    x >= 0 for ``inequality``): x* = (24, 12, 12), f* = -3456, multiplier 144. The objective
+    is cubic: at c below 144 the exact penalty has no minimiser, and from x0 = (1, 1, 1) the
+    accepted steps run away geometrically (|w| 24 -> 702 -> 8.5e4 at c = 100)."""
+    data = ss.FederatedData([np.zeros((1, 1))])
+
+    def fn(value, grad, name):
+        return ss.SampleFunction(lambda w, X, y: np.full(len(X), value(w)),
+                                 lambda w, X, y: grad(w), name=name)
+
+    f = fn(lambda w: -w[0] * w[1] * w[2],
+           lambda w: -np.array([w[1] * w[2], w[0] * w[2], w[0] * w[1]]), "f")
+    budget = fn(lambda w: w[0] + 2 * w[1] + 2 * w[2], lambda w: np.array([1.0, 2.0, 2.0]),
+                "budget")
+    if not inequality:
+        return ss.Problem(f, [budget == 72.0], dim=3, data=data)
+    positive = [fn((lambda i: lambda w: -w[i])(i), (lambda i: lambda w: -np.eye(3)[i])(i),
+                   f"x{i}") <= 0.0 for i in range(3)]
+    return ss.Problem(f, [budget <= 72.0] + positive, dim=3, data=data)
+
+
+@pytest.mark.parametrize("inequality, start", [(False, 1.0), (False, 20.7), (True, 1.0)])
+def test_a_stage_whose_iterates_ran_away_is_restarted_from_the_anchor(monkeypatch, inequality,
+                                                                       start):
+    """At c = 100, below the multiplier 144, the penalised cubic has no minimiser and the
+    iterates run away (before the anchor, a DivergenceError at round 6 to 13 however c
+    rose; from (20.7, 20.7, 20.7) the inequality version stays bounded and needs none); the
+    stage ends on the saturation evidence and the next c starts from the run's least-violated
+    accepted point, not from |w| ~ 1e4, and reaches x*."""
+    from ssca_solver.methods.ssca import continuation
+
+    restarts = []
+    original = continuation.restart_point
+
+    def spy(cfg, state):
+        point = original(cfg, state)
+        restarts.append(point is not None)
+        return point
+
+    monkeypatch.setattr(continuation, "restart_point", spy)
+    res = _box_volume(inequality).solve(seed=0, x0=np.full(3, start))
+    assert res.status == "converged", res.message
+    assert res.x == pytest.approx([24.0, 12.0, 12.0], rel=1e-3)
+    assert res.fun == pytest.approx(-3456.0, rel=1e-4)
+    assert any(restarts)
+    assert res.stages[0].penalty == 100.0 and res.penalty > 144.0
+
+
+def test_a_saturated_stage_that_stays_bounded_goes_on_from_where_it_ended(monkeypatch):
+    """The restart is for runaways only: where c is too small but the penalised problem has a
+    minimiser (HS72 above: four stages, c up to 1e4), every stage starts from where the last
+    one ended."""
+    from ssca_solver.methods.ssca import continuation
+
+    restarts = []
+    original = continuation.restart_point
+    monkeypatch.setattr(continuation, "restart_point",
+                        lambda cfg, state: restarts.append(original(cfg, state)) or None)
+    test_a_saturated_stage_raises_c_after_two_rounds()
+    assert restarts and all(r is None for r in restarts)

@@ -278,6 +278,7 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
             return _retry(cfg, state, 1.0, base_w, base, base_merit, worse, shorten=True)
     else:
         state = track_progress(cfg, state, value, stats, c_merit)
+        state = with_anchor(cfg, state, stats)
         if cfg.newton:
             state = with_curvature(cfg, state, curvature)
         else:
@@ -300,6 +301,21 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
         elif step > 100 * ad.TINY_STEP:
             state = remember(state, tiny=0)
     return _retry(cfg, state, k, base_w, base, base_merit, worse)
+
+
+def with_anchor(cfg: Settings, state: SSCAState, stats) -> SSCAState:
+    """The state with the accepted point w_t as the run's anchor when its largest relative
+    violation (from the round's full-batch statistics) is at most the anchor's, or within
+    ``feas_tol``, with the tau of the round that took w_t's statistics: the point the next
+    stage restarts from if this stage's iterates run away
+    (:func:`.continuation.restart_point`)."""
+    if not cfg.M:
+        return state
+    v = mt.relative_violation(cfg, stats, state.w)
+    if not (np.isfinite(v) and v <= max(state.memory.anchor_violation, cfg.options.feas_tol)):
+        return state
+    return remember(state, anchor_w=state.w.copy(), anchor_violation=v,
+                    anchor_tau=cfg.tau_of(state))
 
 
 def track_progress(cfg: Settings, state: SSCAState, value: float, stats,

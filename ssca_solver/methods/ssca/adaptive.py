@@ -78,6 +78,10 @@ MODEL_REJECT = 0.5
 #: accepted rounds in a row with the model whose subproblem keeps a slack at multiplier c that
 #: end a penalty stage (.continuation.settle: c is too small for an exact penalty)
 SATURATED = 2
+#: a stage whose last accepted point is RUNAWAY times farther from 0 and RUNAWAY times more
+#: violated than the run's anchor (its accepted point of least violation) ran away: when c
+#: rises, the next stage starts from the anchor (.continuation.restart_point)
+RUNAWAY = 10.0
 #: with the model, STALL_ROUNDS accepted rounds in a row whose merit fell by less than
 #: MERIT_PROGRESS of its size settle the point (.acceptance.track_progress)
 STALL_ROUNDS, MERIT_PROGRESS = 30, 1e-12

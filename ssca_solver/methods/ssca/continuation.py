@@ -196,11 +196,48 @@ def next_stage(cfg: Settings, state: SSCAState, stage: int, recorder) -> SSCASta
 def with_penalty(cfg: Settings, state: SSCAState, penalty: float) -> SSCAState:
     """The state with penalty c (a new stage of the continuation, warm-started); the merit
     changes with c, so backtracking starts afresh, from the last accepted point when the
-    pending trial step is a long one computed after a rejection (:func:`unsafe_trial`)."""
+    pending trial step is a long one computed after a rejection (:func:`unsafe_trial`), and
+    from the stage's anchor when its iterates ran away (:func:`restart_point`)."""
     if unsafe_trial(cfg, state):
         state = state._replace(w=state.prev_w.copy(), rejects=0)
-    return state._replace(penalty=float(penalty), merit=float("nan"),
-                          prev_w=np.zeros(0), prev_stats=())
+    anchor = restart_point(cfg, state)
+    tau = state.memory.anchor_tau
+    state = state._replace(penalty=float(penalty), merit=float("nan"),
+                           prev_w=np.zeros(0), prev_stats=())
+    if anchor is None:
+        return state
+    # the models were learnt along the runaway path: the next stage starts them afresh, at
+    # the tau the anchor's round used (at least the current one)
+    tau = max(cfg.tau_of(state), tau) if np.isfinite(tau) else cfg.tau_of(state)
+    empty = np.zeros((0, 0))
+    state = state._replace(w=anchor.copy(), tau=tau, rejects=0, qn_s=empty, qn_y=empty,
+                           hess=empty, hess_eig=np.zeros(0), curv_top=np.zeros(0))
+    return remember(state, best_w=np.zeros(0), best_stats=(), stall=0, tiny=0, saturation=0,
+                    rejected_length=float("nan"), rejected_trial=float("nan"))
+
+
+def restart_point(cfg: Settings, state: SSCAState) -> Optional[np.ndarray]:
+    """The run's anchor (:func:`.acceptance.with_anchor`: its accepted full-batch point of
+    least violation) when the stage's iterates ran away from it, else None. They ran away when
+    the last accepted point is more than RUNAWAY times farther from 0 than the anchor
+    (|w| > RUNAWAY max(1, |anchor|)) and RUNAWAY times more violated (relative violation above
+    RUNAWAY max(the anchor's, feas_tol)). The exact penalty is exact only near a KKT point and
+    for c above its multipliers: below them, on an objective that falls faster than linearly
+    (a cubic, a product of the variables), the penalised problem has no minimiser, and the
+    accepted steps grow geometrically while the violation rises (min -x1 x2 x3 s.t.
+    x1 + 2 x2 + 2 x3 = 72 from x0 = (1, 1, 1) at c = 100, below the multiplier 144: |w| 24 ->
+    702 -> 8.5e4 in three rounds). A larger c from such a point meets the same unbounded
+    penalty; from the anchor it is the continuation's next stage as Theorem 2 runs it."""
+    anchor = state.memory.anchor_w
+    w, stats = state.prev_w, state.prev_stats
+    if not (anchor.size and anchor.size == w.size and len(stats)):
+        return None
+    far = float(np.linalg.norm(w)) > ad.RUNAWAY * max(1.0, float(np.linalg.norm(anchor)))
+    if not far:
+        return None
+    violated = mt.relative_violation(cfg, stats, w) > ad.RUNAWAY * max(
+        state.memory.anchor_violation, cfg.options.feas_tol)
+    return anchor if violated else None
 
 
 def unsafe_trial(cfg: Settings, state: SSCAState) -> bool:

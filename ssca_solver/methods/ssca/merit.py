@@ -49,12 +49,28 @@ def read_quadratics(cfg: Settings, stats, w):
     return _values(forms, w), 2.0 * forms[0][:, None] * w + forms[1]
 
 
+def _function_values(cfg: Settings, stats, w: np.ndarray):
+    """F_m(w) of every stochastic function from full-batch statistics taken at w."""
+    forms = stacked_quadratics(cfg, stats)
+    return (_values(forms, w) if forms is not None
+            else [b.evaluate(st, w) for b, st in zip(cfg.builders, stats)])
+
+
+def relative_violation(cfg: Settings, stats, w: np.ndarray) -> float:
+    """max_m (F_m - U_m)_+ / max(1, |U_m|) (|F_m - U_m| for an equality) at w from full-batch
+    statistics taken at w: the feasibility test's largest relative violation (0 without
+    constraints)."""
+    if not cfg.M:
+        return 0.0
+    values = np.asarray(_function_values(cfg, stats, w)[cfg.first:], dtype=float)
+    violation = excess(values - cfg.problem.bounds, cfg.equality) / cfg.bound_scale
+    return float(np.max(np.maximum(violation, 0.0)))
+
+
 def merit(cfg: Settings, stats, w: np.ndarray, penalty: float) -> float:
     """F_0 + R + c sum (F_m - U_m)_+ (c |F_m - U_m| for an equality) at w from full-batch
     statistics taken at w: the exact penalty of Problem 5."""
-    forms = stacked_quadratics(cfg, stats)
-    values = (_values(forms, w) if forms is not None
-              else [b.evaluate(st, w) for b, st in zip(cfg.builders, stats)])
+    values = _function_values(cfg, stats, w)
     k = cfg.first
     det = (cfg.ridge * float(w @ w) if cfg.ridge is not None
            else cfg.problem.deterministic.value(w))

@@ -33,6 +33,11 @@ class Memory(NamedTuple):
         statistics (empty: none yet).
       multipliers: |mu| of the latest full-data KKT fit (empty: no fit yet), the
         continuation's evidence.
+      anchor_w, anchor_violation, anchor_tau: the run's latest accepted full-batch point
+        whose largest relative violation is the run's least (any within ``feas_tol``
+        counting as least), that violation and the tau its round used (empty, inf and NaN:
+        none yet); where, and with which tau, the next stage starts when a stage's iterates
+        ran away (:func:`.continuation.restart_point`).
     """
 
     tiny: int = 0
@@ -46,6 +51,9 @@ class Memory(NamedTuple):
     best_w: np.ndarray = np.zeros(0)
     best_stats: tuple = ()
     multipliers: np.ndarray = np.zeros(0)
+    anchor_w: np.ndarray = np.zeros(0)
+    anchor_violation: float = float("inf")
+    anchor_tau: float = float("nan")
 
 
 class SSCAState(NamedTuple):
@@ -131,7 +139,7 @@ _ARRAYS = ("w", "nu", "prev_w", "metric", "qn_s", "qn_y", "hess", "hess_eig", "c
 #: the memory's scalar fields
 _MEMORY = {"tiny": int, "stall": int, "saturation": int, "c_too_small": bool,
            "corrected": bool, "nonfinite_trial": bool, "rejected_length": float,
-           "rejected_trial": float}
+           "rejected_trial": float, "anchor_violation": float, "anchor_tau": float}
 #: groups of per-function statistics: (state field or memory field, checkpoint prefix)
 _GROUPS = (("stats", "stats"), ("prev_stats", "prev_stats"), ("best_stats", "mem/best"))
 
@@ -145,6 +153,7 @@ def to_arrays(state: SSCAState) -> dict:
     out.update({f"mem/{name}": np.asarray(float(getattr(mem, name))) for name in _MEMORY})
     out["mem/best_w"] = np.asarray(mem.best_w, dtype=float)
     out["mem/multipliers"] = np.asarray(mem.multipliers, dtype=float)
+    out["mem/anchor_w"] = np.asarray(mem.anchor_w, dtype=float)
     for field, prefix in _GROUPS:
         group = getattr(mem if field == "best_stats" else state, field)
         for m, st in enumerate(group):
@@ -183,7 +192,8 @@ def from_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[Sequence]) -> 
     memory = Memory(**{name: cast(float(need(f"mem/{name}"))) for name, cast in _MEMORY.items()},
                     best_w=np.array(need("mem/best_w"), dtype=float),
                     best_stats=group("mem/best", False),
-                    multipliers=np.array(need("mem/multipliers"), dtype=float))
+                    multipliers=np.array(need("mem/multipliers"), dtype=float),
+                    anchor_w=np.array(need("mem/anchor_w"), dtype=float))
     state = SSCAState(stats=group("stats", True), prev_stats=group("prev_stats", False),
                       memory=memory, **fields)
     for point, stats in (("prev_w", "prev_stats"), ("mem/best_w", "mem/best")):
@@ -204,3 +214,7 @@ def _check(state: SSCAState) -> None:
     if not (np.isfinite(state.kappa) and state.kappa >= 1.0):
         raise ValueError(f"the checkpoint's state/kappa is {state.kappa!r}; it must be a "
                          "finite number >= 1")
+    anchor = state.memory.anchor_w
+    if anchor.size not in (0, state.w.size):
+        raise ValueError(f"the checkpoint's state/mem/anchor_w has {anchor.size} entries; it "
+                         f"must be empty or have the point's {state.w.size}")
