@@ -221,20 +221,28 @@ def restart_point(cfg: Settings, state: SSCAState) -> Optional[np.ndarray]:
     least violation) when the stage's iterates ran away from it, else None. They ran away when
     the last accepted point is more than RUNAWAY times farther from 0 than the anchor
     (|w| > RUNAWAY max(1, |anchor|)) and RUNAWAY times more violated (relative violation above
-    RUNAWAY max(the anchor's, feas_tol)). The exact penalty is exact only near a KKT point and
-    for c above its multipliers: below them, on an objective that falls faster than linearly
-    (a cubic, a product of the variables), the penalised problem has no minimiser, and the
-    accepted steps grow geometrically while the violation rises (min -x1 x2 x3 s.t.
-    x1 + 2 x2 + 2 x3 = 72 from x0 = (1, 1, 1) at c = 100, below the multiplier 144: |w| 24 ->
-    702 -> 8.5e4 in three rounds). A larger c from such a point meets the same unbounded
-    penalty; from the anchor it is the continuation's next stage as Theorem 2 runs it."""
+    RUNAWAY max(the anchor's, feas_tol)), and the pending step goes on: the trial point it
+    computed is more than twice as far from 0 again. Never where the domain bounds every
+    coordinate on both sides (nothing can run away there). The exact penalty is exact only
+    near a KKT point and for c above its multipliers: below them, on an objective that falls
+    faster than linearly (a cubic, a product of the variables), the penalised problem has no
+    minimiser, and the accepted steps grow geometrically while the violation rises
+    (min -x1 x2 x3 s.t. x1 + 2 x2 + 2 x3 = 72 from x0 = (1, 1, 1) at c = 100, below the
+    multiplier 144: |w| 24 -> 702 -> 8.5e4 in three rounds). A larger c from such a point meets
+    the same unbounded penalty; from the anchor it is the continuation's next stage as
+    Theorem 2 runs it."""
     anchor = state.memory.anchor_w
     w, stats = state.prev_w, state.prev_stats
-    if not (anchor.size and anchor.size == w.size and len(stats)):
+    if not (anchor.size and anchor.size == w.size == state.w.size and len(stats)):
         return None
-    far = float(np.linalg.norm(w)) > ad.RUNAWAY * max(1.0, float(np.linalg.norm(anchor)))
-    if not far:
+    size = float(np.linalg.norm(w))
+    if not (size > ad.RUNAWAY * max(1.0, float(np.linalg.norm(anchor)))
+            and float(np.linalg.norm(state.w)) > 2.0 * size):
         return None
+    if cfg.problem.deterministic.has_domain:
+        lo, hi = cfg.problem.deterministic.simple_bounds()
+        if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)):
+            return None
     violated = mt.relative_violation(cfg, stats, w) > ad.RUNAWAY * max(
         state.memory.anchor_violation, cfg.options.feas_tol)
     return anchor if violated else None
