@@ -292,7 +292,7 @@ def _box_volume(inequality: bool):
 def test_a_stage_whose_iterates_ran_away_is_restarted_from_the_anchor(monkeypatch, inequality,
                                                                        start):
     """At c = 100, below the multiplier 144, the penalised cubic has no minimiser and the
-    iterates run away (before the anchor, a DivergenceError at round 6 to 13 however c
+    iterates run away (without the restart: a DivergenceError at round 6 to 10 however c
     rose; from (20.7, 20.7, 20.7) the inequality version stays bounded and needs none); the
     stage ends on the saturation evidence and the next c starts from the run's least-violated
     accepted point, not from |w| ~ 1e4, and reaches x*."""
@@ -315,15 +315,25 @@ def test_a_stage_whose_iterates_ran_away_is_restarted_from_the_anchor(monkeypatc
     assert res.stages[0].penalty == 100.0 and res.penalty > 144.0
 
 
-def test_a_saturated_stage_that_stays_bounded_goes_on_from_where_it_ended(monkeypatch):
-    """The restart is for runaways only: where c is too small but the penalised problem has a
-    minimiser (HS72 above: four stages, c up to 1e4), every stage starts from where the last
-    one ended."""
+@pytest.mark.parametrize("inequality, start", [(False, 10.0), (True, 10.0), (True, 20.7)])
+def test_a_saturated_stage_that_stays_bounded_goes_on_from_where_it_ended(monkeypatch,
+                                                                         inequality, start):
+    """The restart is for runaways only: from these starts c = 100 is too small as well (the
+    stage ends on saturation and c rises to 1000), but the iterates stay within |w| < 40 and
+    the next stage starts where the last one ended."""
     from ssca_solver.methods.ssca import continuation
 
     restarts = []
     original = continuation.restart_point
-    monkeypatch.setattr(continuation, "restart_point",
-                        lambda cfg, state: restarts.append(original(cfg, state)) or None)
-    test_a_saturated_stage_raises_c_after_two_rounds()
+
+    def spy(cfg, state):
+        point = original(cfg, state)
+        restarts.append(point)
+        return point
+
+    monkeypatch.setattr(continuation, "restart_point", spy)
+    res = _box_volume(inequality).solve(seed=0, x0=np.full(3, start))
+    assert res.status == "converged", res.message
+    assert res.x == pytest.approx([24.0, 12.0, 12.0], rel=1e-3)
+    assert [s.penalty for s in res.stages] == [100.0, 1000.0]
     assert restarts and all(r is None for r in restarts)
