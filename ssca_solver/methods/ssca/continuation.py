@@ -197,7 +197,7 @@ def with_penalty(cfg: Settings, state: SSCAState, penalty: float) -> SSCAState:
     """The state with penalty c (a new stage of the continuation, warm-started); the merit
     changes with c, so backtracking starts afresh, from the last accepted point when the
     pending trial step is a long one computed after a rejection (:func:`unsafe_trial`), and
-    from the stage's anchor when its iterates ran away (:func:`restart_point`)."""
+    from the run's anchor when the stage's iterates ran away (:func:`restart_point`)."""
     if unsafe_trial(cfg, state):
         state = state._replace(w=state.prev_w.copy(), rejects=0)
     anchor = restart_point(cfg, state)
