@@ -20,7 +20,6 @@ import warnings
 
 import numpy as np
 
-from ...diagnostics.evaluation import excess
 from ...errors import SubproblemError
 from . import adaptive as ad
 from . import merit as mt
@@ -361,11 +360,9 @@ def second_order_correction(cfg: Settings, state: SSCAState, stats):
                       for m in range(k0, len(cfg.builders))])
     before = np.array([cfg.builders[m].evaluate(base[m], state.prev_w)
                        for m in range(k0, len(cfg.builders))])
-    bounds = cfg.problem.bounds
 
     def violation(v):
-        return float(np.sum(np.maximum(excess(v - bounds, cfg.equality), 0.0)
-                            / cfg.bound_scale))
+        return float(np.sum(mt.relative_excess(cfg, v)))
 
     if not (np.all(np.isfinite(true)) and violation(true) > violation(before)
             and violation(true) > violation(model)):

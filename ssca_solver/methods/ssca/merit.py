@@ -56,15 +56,19 @@ def _function_values(cfg: Settings, stats, w: np.ndarray):
             else [b.evaluate(st, w) for b, st in zip(cfg.builders, stats)])
 
 
+def relative_excess(cfg: Settings, values) -> np.ndarray:
+    """(F_m - U_m)_+ / max(1, |U_m|) (|F_m - U_m| for an equality) of every constraint, from
+    the constraints' values F_m: the feasibility test's relative violations."""
+    cons = np.asarray(values, dtype=float) - cfg.problem.bounds
+    return np.maximum(excess(cons, cfg.equality), 0.0) / cfg.bound_scale
+
+
 def relative_violation(cfg: Settings, stats, w: np.ndarray) -> float:
-    """max_m (F_m - U_m)_+ / max(1, |U_m|) (|F_m - U_m| for an equality) at w from full-batch
-    statistics taken at w: the feasibility test's largest relative violation (0 without
-    constraints)."""
+    """The largest :func:`relative_excess` at w from full-batch statistics taken at w (0
+    without constraints)."""
     if not cfg.M:
         return 0.0
-    values = np.asarray(_function_values(cfg, stats, w)[cfg.first:], dtype=float)
-    violation = excess(values - cfg.problem.bounds, cfg.equality) / cfg.bound_scale
-    return float(np.max(np.maximum(violation, 0.0)))
+    return float(np.max(relative_excess(cfg, _function_values(cfg, stats, w)[cfg.first:])))
 
 
 def merit(cfg: Settings, stats, w: np.ndarray, penalty: float) -> float:
