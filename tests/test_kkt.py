@@ -388,3 +388,76 @@ def test_coordinates_of_1e4_cannot_hide_a_step_in_coordinates_of_10():
         np.linalg.norm(np.full(2, 0.01)) / np.linalg.norm(w))
     # coordinates below 1 in size count as 1 (an absolute change there)
     assert coordinate_step(np.array([1e-5, 0.0]), np.array([1e-3, 5.0])) == pytest.approx(1e-5)
+
+
+def _kkt_like_system(rng, n=60, m=80):
+    """A KKT fit's system: [G; diag(d)] mu ~ [-g; 0] with a few constraints near active (small
+    d) and the rest far from their bounds (large d)."""
+    G = rng.standard_normal((n, m))
+    d = np.where(rng.random(m) < 0.1, 1e-6, rng.uniform(0.5, 5.0, m))
+    A = np.vstack([G, np.diag(d)])
+    b = np.concatenate([-rng.standard_normal(n), np.zeros(m)])
+    return A, b
+
+
+def test_a_guessed_support_gives_nnls_answer_or_is_dropped(monkeypatch):
+    """nonnegative_least_squares with a support guess: the least-squares solution on the
+    guessed columns when the optimality conditions hold there (the same answer as nnls, with
+    nnls not called), nnls's answer when the guess is wrong (a column missing, one too many,
+    an empty one)."""
+    from scipy.optimize import nnls
+
+    from ssca_solver.diagnostics import kkt
+
+    rng = np.random.default_rng(3)
+    calls = []
+    real = kkt.nnls
+    monkeypatch.setattr(kkt, "nnls", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for _ in range(5):
+        A, b = _kkt_like_system(rng)
+        ref = nnls(A, b, maxiter=50 * A.shape[1])[0]
+        right = ref > 0.0
+        assert 3 < right.sum() < A.shape[1] - 3
+        del calls[:]
+        x = kkt.nonnegative_least_squares(A, b, right)
+        assert calls == []
+        np.testing.assert_allclose(x, ref, rtol=1e-9, atol=1e-12)
+        missing = right.copy()
+        missing[np.flatnonzero(right)[0]] = False
+        extra = right.copy()
+        extra[np.flatnonzero(~right)[0]] = True
+        for wrong in (missing, extra, np.zeros_like(right)):
+            del calls[:]
+            np.testing.assert_allclose(kkt.nonnegative_least_squares(A, b, wrong), ref,
+                                       rtol=1e-9, atol=1e-12)
+            assert calls == [1]
+
+
+def test_the_fits_over_subsets_give_the_same_multipliers_with_the_guess(monkeypatch):
+    """_best_fit guesses each later fit's support from the fit over all constraints: the
+    multipliers it picks are those it picks with every fit left to nnls (inequalities and
+    equalities, a few near active among many)."""
+    from ssca_solver.diagnostics import kkt
+
+    rng = np.random.default_rng(4)
+    n, m = 50, 70
+    for trial in range(4):
+        G = rng.standard_normal((n, m))
+        cons = np.where(rng.random(m) < 0.15, -rng.uniform(0, 1e-7, m), -rng.uniform(0.1, 2, m))
+        eq = np.zeros(m, dtype=bool)
+        if trial % 2:
+            eq[:3] = True
+            cons[:3] = 1e-9
+        g = -G[:, :6] @ rng.uniform(0.5, 2.0, 6) + 1e-3 * rng.standard_normal(n)
+        scale = max(1.0, float(np.linalg.norm(g)))
+        bound_scale = np.ones(m)
+        hits = []
+        real = kkt._on_support
+        monkeypatch.setattr(kkt, "_on_support", lambda *a, _r=real: (
+            lambda x: (hits.append(1), x)[1] if x is not None else None)(_r(*a)))
+        guessed = kkt._best_fit(g, G, cons, eq, scale, bound_scale)
+        assert hits                        # a guess was taken
+        monkeypatch.setattr(kkt, "_on_support", lambda *a: None)
+        plain = kkt._best_fit(g, G, cons, eq, scale, bound_scale)
+        monkeypatch.undo()
+        np.testing.assert_allclose(guessed, plain, rtol=1e-8, atol=1e-12)

@@ -111,6 +111,28 @@ def test_no_metric_exchange_outside_the_unit_step_defaults(cancer, monkeypatch):
     assert prob.solve(seed=0, max_iter=5, eval_every=None).status == "max_iter"
 
 
+def test_no_metric_exchange_over_a_single_row(monkeypatch):
+    """One row in all: its per-sample gradients cannot vary, so no metric can come of them and
+    the clients are not asked (the same run with a second row asks)."""
+    asked = []
+    original = ad.MetricTask.__call__
+
+    def spy(self, client, request):
+        asked.append(client.index)
+        return original(self, client, request)
+
+    monkeypatch.setattr(ad.MetricTask, "__call__", spy)
+    f = ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], (w[0] - 1.0) ** 2 + 1e4 * w[1] ** 2),
+                          lambda w, X, y: np.array([2.0 * (w[0] - 1.0), 2e4 * w[1]]), name="f")
+    one = ss.Problem(f, dim=2, data=ss.FederatedData([np.zeros((1, 1))]))
+    res = one.solve(seed=0, x0=np.array([3.0, 1.0]), hessian="lbfgs")
+    assert res.status == "converged" and np.allclose(res.x, [1.0, 0.0], atol=1e-4)
+    assert asked == []
+    two = ss.Problem(f, dim=2, data=ss.FederatedData([np.zeros((2, 1))]))
+    two.solve(seed=0, x0=np.array([3.0, 1.0]), hessian="lbfgs", max_iter=2)
+    assert asked == [0]
+
+
 def _column_times(k):
     """The walkthrough's regression (diabetes, bound on the older group's error) with column 3
     multiplied by k, and its CVXPY optimum on the pooled rows."""

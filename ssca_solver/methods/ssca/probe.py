@@ -77,8 +77,11 @@ def _refuse_a_dead_default_start(cfg: Settings, x0: np.ndarray, norms) -> None:
 def measure_metric(cfg: Settings, exchange, x0: np.ndarray) -> Optional[np.ndarray]:
     """The diagonal metric of the adaptive defaults (:func:`.adaptive.diagonal_metric`), from
     squared per-sample gradients at x0; None when it does not apply or one scalar curvature
-    serves."""
-    if not cfg.metric_ok:
+    serves. With one row in all the per-sample gradients cannot vary, so no function has a
+    metric (:func:`.adaptive.diagonal_metric`): the exchange is skipped (a deterministic
+    problem written over one row would otherwise pay a gradient call per function for
+    nothing)."""
+    if not cfg.metric_ok or cfg.num_samples <= 1:
         return None
     replies = exchange(Request(ad.METRIC_TASK, 0, x0, {}))
     D = ad.diagonal_metric(replies, len(cfg.problem.functions), cfg.num_samples)
