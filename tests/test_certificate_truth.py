@@ -324,6 +324,18 @@ def test_the_second_order_correction_pulls_a_trial_point_back_to_a_curved_constr
     # a trial whose violation did not grow is not corrected
     same = state._replace(w=np.array([0.99, 0.0]), stats=stats_at(np.array([0.99, 0.0])))
     assert acceptance.second_order_correction(method.config, same, same.stats) is None
+    # at_most: the correction above moves the trial point by 0.125, a quarter of its step
+    assert acceptance.second_order_correction(method.config, state, stats_at(trial),
+                                              at_most=1.0) is not None
+    # a tangent step six times as long leaves the circle by 9: the shifted linearisation
+    # 2 (w1 - 1) + 9 = 0 moves the trial point by 4.5 > 3, no second-order term: refused
+    # with at_most=1 (the Maratos path; the backtracking then raises tau), taken without it
+    far = np.array([1.0, -3.0])
+    long = state._replace(w=far, stats=stats_at(far))
+    moved = acceptance.second_order_correction(method.config, long, long.stats)
+    assert np.linalg.norm(moved[0].w - far) > 3.0
+    assert acceptance.second_order_correction(method.config, long, long.stats,
+                                              at_most=1.0) is None
 
 
 def test_eight_rejections_of_long_trial_steps_do_not_settle_the_point():

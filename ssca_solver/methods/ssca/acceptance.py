@@ -17,6 +17,7 @@ is in the state's :class:`~.state.Memory`.
 from __future__ import annotations
 
 import warnings
+from typing import Optional
 
 import numpy as np
 
@@ -255,7 +256,7 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
         # a quasi-Newton step rejected: first the second-order correction (a full SQP step
         # near a curved active constraint raises the exact penalty to second order, the
         # Maratos effect; Nocedal & Wright, sec. 15.6), then a tau that shortens it
-        correction = second_order_correction(cfg, state, stats)
+        correction = second_order_correction(cfg, state, stats, at_most=ad.SOC_MOVE)
         if correction is not None:
             return correction
     if worse:                                    # reject w_t
@@ -337,7 +338,8 @@ def track_progress(cfg: Settings, state: SSCAState, value: float, stats,
     return remember(state, stall=mem.stall + 1)
 
 
-def second_order_correction(cfg: Settings, state: SSCAState, stats):
+def second_order_correction(cfg: Settings, state: SSCAState, stats,
+                            at_most: Optional[float] = None):
     """After a rejected step that made the constraints' violation worse than the model said:
     the same subproblem at the last accepted point and the same tau, with every constraint's
     surrogate shifted by its model error at the trial point, F_m(w_t) - p_m(w_t) (the
@@ -347,7 +349,11 @@ def second_order_correction(cfg: Settings, state: SSCAState, stats):
     feasibility only to first order, the exact penalty then rises, and a larger tau does not
     shorten a step that the linearised constraints pin. One round; if its point is rejected
     too, the backtracking raises tau as before. None when it does not apply (no constraints,
-    a builder without a constant statistic, or the violation did not grow)."""
+    a builder without a constant statistic, or the violation did not grow), and with
+    ``at_most`` when the corrected point is farther from the trial point than ``at_most``
+    times the trial step: near a solution the correction is of second order in the step
+    (Nocedal & Wright, sec. 15.6), and one as long as the step itself says the linearisation
+    errs at first order along it, where a larger tau (a shorter step) is the remedy."""
     k0 = cfg.first
     if not cfg.M or not len(state.prev_stats) or len(state.prev_w) == 0:
         return None
@@ -378,6 +384,9 @@ def second_order_correction(cfg: Settings, state: SSCAState, stats):
                                    solver(cfg, state, state.prev_w))
     except SubproblemError:
         return None        # no correction: the backtracking goes on with tau
+    if at_most is not None and (float(np.linalg.norm(new.w - state.w))
+                                > at_most * float(np.linalg.norm(state.w - state.prev_w))):
+        return None
     new = new._replace(tau=cfg.tau_of(state), merit=state.merit, prev_w=state.prev_w.copy(),
                        prev_stats=base, rejects=state.rejects + 1)
     return remember(new, corrected=True), RoundInfo(info, None, cfg.tau_of(state), 0.0, 1)

@@ -78,6 +78,9 @@ MODEL_REJECT = 0.5
 #: accepted rounds in a row with the model whose subproblem keeps a slack at multiplier c that
 #: end a penalty stage (.continuation.settle: c is too small for an exact penalty)
 SATURATED = 2
+#: with the model, a rejected step's second-order correction is tried only when it moves the
+#: trial point by at most SOC_MOVE times the trial step (.acceptance.second_order_correction)
+SOC_MOVE = 1.0
 #: a stage whose last accepted point is RUNAWAY times farther from 0 and RUNAWAY times more
 #: violated than the run's anchor (its accepted point of least violation) ran away: when c
 #: rises, the next stage starts from the anchor (.continuation.restart_point)
