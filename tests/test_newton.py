@@ -228,3 +228,77 @@ def test_newtons_step_is_the_distance_on_an_equality_constrained_quadratic():
     # the residual over the curvature's scale, the estimate a well-conditioned H would give,
     # falls short of the distance by over 100x
     assert np.linalg.norm(res) / np.linalg.norm(H, 2) < 1e-2 * np.linalg.norm(x_star - w)
+
+
+def _two_bars():
+    """S2MPJ's TWOBARS (a two-bar truss): min x1 sqrt(1 + x2^2) s.t.
+    0.124 sqrt(1 + x2^2) (8 / x1 +- 1 / (x1 x2)) <= 1, 0.2 <= x1 <= 4, 0.1 <= x2 <= 1.6, from
+    (1, 1); exact gradients and Hessians."""
+    def obj(w):
+        x, y = w
+        a = np.sqrt(1.0 + y * y)
+        return (x * a, np.array([a, x * y / a]),
+                np.array([[0.0, y / a], [y / a, x / a ** 3]]))
+
+    def con(w, s):
+        x, y = w
+        A = 1.0 + y * y
+        ra = np.sqrt(A)
+        b, db, d2b = 8.0 / x, -8.0 / x ** 2, 16.0 / x ** 3
+        c, cx, cy = s / (x * y), -s / (x ** 2 * y), -s / (y ** 2 * x)
+        cxx, cxy, cyy = 2 * s / (x ** 3 * y), s / (x * y) ** 2, 2 * s / (x * y ** 3)
+        bc = b + c
+        g = np.array([ra * (db + cx), y * bc / ra + ra * cy])
+        hxy = ra * cxy + y * (db + cx) / ra
+        hyy = (bc + 2 * y * cy - y * y * bc / A) / ra + ra * cyy
+        H = np.array([[ra * (d2b + cxx), hxy], [hxy, hyy]])
+        return 0.124 * ra * bc, 0.124 * g, 0.124 * H
+
+    f = ss.SampleFunction(lambda w, X, y: np.full(len(X), obj(w)[0]),
+                          lambda w, X, y: obj(w)[1], name="weight",
+                          hess=lambda w, X, y: obj(w)[2])
+    cons = [ss.SampleFunction((lambda s: lambda w, X, y: np.full(len(X), con(w, s)[0]))(s),
+                              (lambda s: lambda w, X, y: con(w, s)[1])(s), name=f"c{i}",
+                              hess=(lambda s: lambda w, X, y: con(w, s)[2])(s)) <= 1.0
+            for i, s in enumerate((1.0, -1.0))]
+    lo, hi = np.array([0.2, 0.1]), np.array([4.0, 1.6])
+    prob = ss.Problem(f, cons, dim=2, data=ss.FederatedData([np.zeros((1, 1))]),
+                      domain=lambda w: [w >= lo, w <= hi])
+    return prob, obj, con, lo, hi
+
+
+def test_a_correction_longer_than_its_step_is_refused_under_the_newton_model(monkeypatch):
+    """Under the Newton model a rejected step's second-order correction that would move the
+    trial point farther than the step itself is refused and tau raised instead (TWOBARS: the
+    Newton run reaches SLSQP's optimum); under the quasi-Newton model every correction is
+    tried (at_most None)."""
+    from scipy.optimize import minimize
+
+    from ssca_solver.methods.ssca import acceptance
+    from ssca_solver.methods.ssca.adaptive import SOC_MOVE
+
+    calls = []
+    real = acceptance.second_order_correction
+
+    def spy(cfg, state, stats, at_most=None):
+        out = real(cfg, state, stats, at_most=at_most)
+        calls.append((at_most, out is None))
+        return out
+
+    monkeypatch.setattr(acceptance, "second_order_correction", spy)
+    prob, obj, con, lo, hi = _two_bars()
+    x0 = np.ones(2)
+    ref = minimize(lambda w: obj(w)[0], x0, jac=lambda w: obj(w)[1], method="SLSQP",
+                   bounds=list(zip(lo, hi)), options={"ftol": 1e-12},
+                   constraints=[{"type": "ineq", "fun": (lambda s: lambda w: 1.0 - con(w, s)[0])(s),
+                                 "jac": (lambda s: lambda w: -con(w, s)[1])(s)}
+                                for s in (1.0, -1.0)])
+    res = prob.solve(x0=x0, seed=0)
+    assert res.status == "converged"
+    np.testing.assert_allclose(res.x, ref.x, atol=1e-3)
+    assert (SOC_MOVE, True) in calls and all(a == SOC_MOVE for a, _ in calls)
+    del calls[:]
+    quasi = prob.solve(x0=x0, seed=0, hessian="lbfgs")
+    assert quasi.status == "converged"
+    np.testing.assert_allclose(quasi.x, ref.x, atol=1e-3)
+    assert all(a is None for a, _ in calls)

@@ -256,7 +256,8 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
         # a quasi-Newton step rejected: first the second-order correction (a full SQP step
         # near a curved active constraint raises the exact penalty to second order, the
         # Maratos effect; Nocedal & Wright, sec. 15.6), then a tau that shortens it
-        correction = second_order_correction(cfg, state, stats, at_most=ad.SOC_MOVE)
+        correction = second_order_correction(cfg, state, stats,
+                                             at_most=ad.SOC_MOVE if cfg.newton else None)
         if correction is not None:
             return correction
     if worse:                                    # reject w_t
