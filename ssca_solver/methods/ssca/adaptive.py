@@ -81,9 +81,9 @@ SATURATED = 2
 #: with the Newton model, a rejected step's second-order correction is tried only when it
 #: moves the trial point by at most SOC_MOVE times the trial step
 #: (.acceptance.second_order_correction). Not with the quasi-Newton model: there a long
-#: correction of a square system of equations (S2MPJ's RSNBRNE, GOTTFR) is a second Newton
-#: step on the equations that the model's own step lacked, and refusing it cost rounds and
-#: two certificates on S2MPJ (the benchmarks page's collection runs)
+#: correction of a square system of equations (S2MPJ's RSNBRNE, GOTTFR) is the second Newton
+#: step on the equations that the model's own step lacked; measured on S2MPJ without
+#: Hessians, refusing such corrections costs rounds and certificates
 SOC_MOVE = 1.0
 #: a stage whose last accepted point is RUNAWAY times farther from 0 and RUNAWAY times more
 #: violated than the run's anchor (its accepted point of least violation) ran away: when c
