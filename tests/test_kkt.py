@@ -89,6 +89,24 @@ def test_complementarity_is_the_product_of_multiplier_and_constraint():
     assert rep.feasibility[0] == pytest.approx(cons, rel=1e-12)
 
 
+def test_gradients_whose_squares_overflow_fail_the_report_instead_of_raising():
+    """A point far out where the constraints' gradients are finite but their squares are not
+    (S2MPJ's BOXBOD: entries of 7.5e235, an exp grown large): the fit cannot be computed
+    (SciPy's nnls refused the infinite column norms and the run ended in an exception), so
+    the report says so and fails the test, with the feasibility it could still compute."""
+    det = ss.Problem(lambda w: cp.sum_squares(w), dim=2, data=None).deterministic
+    terms = ProblemTerms(True, np.array([0.0, 0.0]), det)
+    w = np.array([3.0, -2.0])
+    G = np.array([[7.5e235, 1.0], [2.0e200, 1.0]])
+    rep = kkt_report(w, _evaluation(np.array([1.0, 0.5]), G, [0.0, 3e234, -1.0]), terms)
+    assert rep.failed and "overflow" in rep.multiplier_source
+    assert not rep.passed(1e-4, 1e-4)
+    np.testing.assert_allclose(rep.feasibility, [3e234, 0.0])
+    # gradients of ordinary size at the same point: a fit, no failure
+    ok = kkt_report(w, _evaluation(np.array([1.0, 0.5]), np.eye(2), [0.0, 0.1, -1.0]), terms)
+    assert not ok.failed and np.all(np.isfinite(ok.multipliers))
+
+
 def test_multiplier_fit_includes_complementarity_rows():
     """Stationarity alone would give mu = 1; with the complementarity row mu^2 (F - U)^2 the
     fit is mu = |g|^2 / (|g|^2 + (F - U)^2 + eps^2 |g|^2) for an inactive constraint

@@ -192,6 +192,14 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
           else np.asarray(terms.equality, dtype=bool).reshape(M))
     domain_duals: tuple = ()
     g = g0 + (det.grad(w) if det.smooth else 0.0)
+    if M and not (np.isfinite(np.linalg.norm(g))
+                  and np.all(np.isfinite(np.linalg.norm(G, axis=0)))):
+        # finite gradients whose squares overflow (a trial point far out, where an exp
+        # reached 1e235): no fit can be computed there, and the point is no KKT point
+        return KKTReport.failed_at("the gradients' squares overflow (entries up to "
+                                   f"{float(np.max(np.abs(G), initial=0.0)):.2g}): no "
+                                   "multipliers can be fitted", M, cons, terms.bounds,
+                                   det.domain_violation(w))
     # the scale is the objective's side of the balance only, never the multipliers': fitted
     # to two nearly opposite halves of an equality, huge multipliers that cancel each other
     # make max_m mu_m |grad F_m| huge and would let points pass that are far from
