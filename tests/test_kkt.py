@@ -485,3 +485,87 @@ def test_the_fits_over_subsets_give_the_same_multipliers_with_the_guess(monkeypa
         plain = kkt._best_fit(g, G, cons, eq, scale, bound_scale)
         monkeypatch.undo()
         np.testing.assert_allclose(guessed, plain, rtol=1e-8, atol=1e-12)
+
+
+def _flat_valley(w):
+    """1/2 (w - a)' H (w - a), H = diag(1e2, 1e2, 1e-3): gradient and Hessian."""
+    H = np.diag([1e2, 1e2, 1e-3])
+    a = np.array([0.5, -0.5, 1.0])
+    return H @ (w - a), H
+
+
+@pytest.mark.parametrize("boxed", [False, True])
+def test_a_point_in_a_flat_valley_fails_with_the_models_hessian(boxed):
+    """A point 0.3 from the minimiser along a direction of curvature 1e-3, where the gradient
+    (3e-4) is within 1e-4 of the test's floor (the floor stands in for |g|: 1 % of a
+    starting gradient of 1,000): without a Hessian the relative stationarity passes 1e-4, though the
+    point is 15 % of |w| from the optimum; with the quasi-Newton model's matrix the test
+    measures Newton's step (0.3 / max(1, |w|)) and fails. With a box domain (one coordinate at
+    its upper bound, held by the step) the same, through the linearised step's branch. At the
+    minimiser both pass."""
+    lo, hi = np.full(3, -5.0), np.array([0.5, 5.0, 5.0])
+    det = DeterministicPart([], [lambda w: [w >= lo, w <= hi]] if boxed else [], 3)
+    terms = ProblemTerms(True, np.zeros(0), det)
+    w = np.array([0.5, -0.5, 1.3])
+    g, H = _flat_valley(w)
+    ev = _evaluation(g, np.zeros((3, 0)), [0.0])
+    floor = 10.0         # 1 % of a starting gradient of 1,000
+    weak = kkt_report(w, ev, terms, floor=floor)
+    assert weak.stationarity_rel <= 1e-4
+    # a model of the Hessian (the quasi-Newton matrix) counts where the floor sets the scale,
+    # as here; where the gradient itself does (no floor), it is not used
+    strong = kkt_report(w, ev, terms, floor=floor, model_hessian=H)
+    assert strong.stationarity_rel == pytest.approx(0.3 / np.linalg.norm(w), rel=1e-6)
+    assert not strong.passed(1e-4, 1e-4)
+    if not boxed:      # the Newton model's Hessian: the same step, floor or not
+        exact = kkt_report(w, ev, terms, floor=floor, hessian=H)
+        assert exact.stationarity_rel == pytest.approx(strong.stationarity_rel, rel=1e-12)
+    no_floor = kkt_report(w, ev, terms, floor=1e-6, model_hessian=H)
+    assert no_floor.stationarity_rel == pytest.approx(
+        kkt_report(w, ev, terms, floor=1e-6).stationarity_rel, rel=1e-12)
+    # nor with a constraint at its bound (there the floor also stands in where the
+    # objective's gradient vanishes at a constrained solution)
+    one = ProblemTerms(True, np.zeros(1), det)
+    e1 = np.array([[1.0], [0.0], [0.0]])
+    active = _evaluation(g, e1, [0.0, 0.0])
+    assert kkt_report(w, active, one, floor=floor, model_hessian=H).stationarity_rel == \
+        pytest.approx(kkt_report(w, active, one, floor=floor).stationarity_rel, rel=1e-12)
+    inactive = _evaluation(g, e1, [0.0, -1.0])
+    assert not kkt_report(w, inactive, one, floor=floor, model_hessian=H).passed(1e-4, 1e-4)
+    opt = np.array([0.5, -0.5, 1.0])
+    g_opt, _ = _flat_valley(opt)
+    at_opt = kkt_report(opt, _evaluation(g_opt, np.zeros((3, 0)), [0.0]), terms, floor=floor,
+                        model_hessian=H)
+    assert at_opt.passed(1e-4, 1e-4)
+
+
+def test_the_quasi_newton_model_is_the_kkt_tests_model_hessian():
+    """With the quasi-Newton model on (a pair held), the KKT test gets its matrix B (d x d,
+    B s = y for the newest pair) as its model of the Hessian; with the first-order surrogates,
+    none."""
+    from problems.classical import CLASSICAL, problem
+    from ssca_solver.methods.ssca.algorithm import SSCA
+
+    c = CLASSICAL["rosenbrock"]
+    seen = []
+    original = SSCA.kkt_model_hessian
+
+    def spy(self, state):
+        H = original(self, state)
+        seen.append((H, state))
+        return H
+
+    SSCA.kkt_model_hessian = spy
+    try:
+        problem(c).solve(seed=0, x0=c.x0, max_iter=40)
+        with_model = [(H, st) for H, st in seen if H is not None]
+        assert with_model
+        make, st = with_model[-1]
+        H = make()                    # a function: the matrix is formed only where read
+        assert H.shape == (2, 2) and np.allclose(H, H.T)
+        np.testing.assert_allclose(H @ st.qn_s[-1], st.qn_y[-1], rtol=1e-8, atol=1e-10)
+        seen.clear()
+        problem(c).solve(seed=0, x0=c.x0, max_iter=5, hessian="none")
+        assert seen and all(H is None for H, _ in seen)
+    finally:
+        SSCA.kkt_model_hessian = original

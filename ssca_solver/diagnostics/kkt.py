@@ -145,7 +145,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
                curvature: Optional[float] = None,
                floor: Optional[float] = None,
                feas_tol: Optional[float] = None,
-               hessian: Optional[np.ndarray] = None) -> KKTReport:
+               hessian: Optional[np.ndarray] = None,
+               model_hessian=None) -> KKTReport:
     """KKT residuals and multipliers of Problem 3 at ``w``, from full-data values and gradients.
 
     Multipliers come from the KKT conditions at ``w`` (never from a penalty c):
@@ -183,7 +184,16 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     is also at least the step's root-mean-square relative change of the coordinates
     (:func:`coordinate_step`); without one and with ``hessian`` (the Lagrangian's Hessian of
     the Newton model), at least Newton's step to the KKT point over max(1, |w|)
-    (:func:`newton_step`).
+    (:func:`newton_step`). ``model_hessian`` (the quasi-Newton model's matrix, or a function
+    of no arguments that forms it, called only where needed) serves as ``hessian`` at a
+    minimum of the objective alone where the floor sets the scale (:func:`_floor_model`),
+    without a domain or with a box (the coordinates at its bounds held:
+    :func:`_box_newton_step`): there the test's curvature is the secant's from the start, and
+    in a flat valley the gradient falls below the floor far from the minimum (S2MPJ's
+    SINROSNB: |g| = 0.002 under a floor of 48.5, 0.42 from the minimiser along a curvature of
+    1.8e-3). Elsewhere a quasi-Newton matrix is not trusted that far: at points whose
+    independent KKT residual was 1e-9 its flattest directions made Newton's step exceed the
+    tolerance (S2MPJ's LUKVLE13, where the gradient set the scale).
     """
     det = terms.deterministic
     _, cons, g0, G = _parts(w, ev, terms)
@@ -210,6 +220,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     # the objective's side of the balance, without the coordinates the domain's simple bounds
     # fix (their components are no force to balance: see DeterministicPart.free)
     scale = max(float(np.linalg.norm(det.free(g))), floor, 1e-300)
+    modelled = _floor_model(model_hessian, floor > float(np.linalg.norm(det.free(g))),
+                            cons, eq, terms.bounds)
     if not det.has_domain and det.smooth:
         if M:
             # the rows eps |grad F_m| mu_m make the fit well posed: among multipliers that
@@ -223,6 +235,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         res = g + G @ mu
         stat = float(np.linalg.norm(res))
         kind, source = "gradient", "nnls"
+        if hessian is None or not np.size(hessian):
+            hessian = modelled
         newton = (newton_step(res, g, G, mu, eq, hessian, w) if hessian is not None
                   and np.size(hessian) else 0.0)
     else:
@@ -268,12 +282,13 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         stat = float(np.linalg.norm(res))
         domain_duals = tuple(duals)
         kind, source = "linearized step", "linearized"
+        newton = (_box_newton_step(w, u, res, g, G, mu, eq, det, modelled)
+                  if modelled is not None else 0.0)
     col = np.linalg.norm(G, axis=0) if M else np.zeros(0)
     relative = stat / scale
     if kind == "linearized step" and w.size:
         relative = max(relative, coordinate_step(u - w, w))
-    elif kind == "gradient":
-        relative = max(relative, newton)
+    relative = max(relative, newton)
     if metric is not None and np.size(metric):
         # the same ratio in the diagonal metric's units (each coordinate divided by the square
         # root of its curvature estimate): without it the large coordinates set both the
@@ -343,6 +358,50 @@ def newton_step(res: np.ndarray, g: np.ndarray, G: np.ndarray, mu: np.ndarray,
     terms = float(np.linalg.norm(g)) + float(np.sum(np.abs(mu) * np.linalg.norm(G, axis=0)))
     noise = NEWTON_ROUNDING * np.finfo(float).eps * terms / float(np.min(lam))
     return max(float(np.linalg.norm(step)) - noise, 0.0) / max(1.0, float(np.linalg.norm(w)))
+
+
+#: with the quasi-Newton model, Newton's step is measured only where no constraint is within
+#: this share of max(1, |U_m|) of its bound (:func:`_floor_model`)
+MODEL_INACTIVE = 1e-3
+
+
+def _floor_model(model_hessian, floor_set: bool, cons, eq, bounds):
+    """``model_hessian`` (a quasi-Newton matrix) where the floor, not the gradient, sets the
+    test's scale and no constraint is an equality or within MODEL_INACTIVE of its bound: a
+    minimum of the objective alone, where the floor stands in for |g| with the secant's
+    curvature from the start; else None. With active constraints the floor also sets the
+    scale where the objective's gradient vanishes at the solution (S2MPJ's LUKVLI15), and
+    there the model's flattest directions made Newton's step exceed the tolerance at points
+    whose independent KKT residual was 1e-8."""
+    if model_hessian is None or not floor_set:
+        return None
+    if np.any(eq) or np.any(cons > -MODEL_INACTIVE * np.maximum(1.0, np.abs(bounds))):
+        return None
+    H = model_hessian() if callable(model_hessian) else model_hessian
+    return H if H is not None and np.size(H) else None
+
+
+def _box_newton_step(w, u, res, g, G, mu, eq, det, hessian) -> float:
+    """:func:`newton_step` where the domain is a box (:meth:`DeterministicPart.box`), from the
+    linearised step's residual ``res`` = (u - w) / t: the coordinates at a bound after the
+    step (within BOUND_ACTIVE of it, relative) are held like active constraints; 0 for a
+    domain of another form, where which of its constraints bind is not known here."""
+    box = det.box()
+    if box is None:
+        return 0.0
+    lo, hi = box[0], box[1]
+    tol = BOUND_ACTIVE * np.maximum(1.0, np.abs(u))
+    at = np.flatnonzero((np.isfinite(lo) & (u - lo <= tol)) | (np.isfinite(hi) & (hi - u <= tol)))
+    E = np.zeros((w.size, at.size))
+    E[at, np.arange(at.size)] = 1.0
+    # held as equalities (their multipliers 0: no force of theirs enters the rounding)
+    return newton_step(res, g, np.hstack([G, E]), np.concatenate([mu, np.zeros(at.size)]),
+                       np.concatenate([eq, np.ones(at.size, dtype=bool)]), hessian, w)
+
+
+#: a coordinate within this share of max(1, |u_j|) of a bound after the linearised KKT step
+#: is held at it by the Newton step of :func:`_box_newton_step`
+BOUND_ACTIVE = 1e-9
 
 
 def coordinate_step(v: np.ndarray, w: np.ndarray) -> float:

@@ -191,6 +191,12 @@ class Method:
         report also measures Newton's step to the KKT point, or None."""
         return None
 
+    def kkt_model_hessian(self, state):
+        """A model of the Lagrangian's Hessian at ``state.w`` (SSCA's quasi-Newton matrix), or
+        a function of no arguments forming it, with which the KKT report measures Newton's
+        step where the floor, not the gradient, sets its scale; or None."""
+        return None
+
     @property
     def num_stages(self) -> int:
         """Stages of the run (Algorithm 2: one per penalty c_j); each runs up to

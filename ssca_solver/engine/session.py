@@ -393,6 +393,7 @@ class Session:
             return kkt_report(state.w, ev, self.evaluator.terms, self.solver,
                               metric=self.algorithm.kkt_metric(state),
                               hessian=self.algorithm.kkt_hessian(state),
+                              model_hessian=self.algorithm.kkt_model_hessian(state),
                               floor=self._floor(state.w, ev),
                               feas_tol=self.certificate.feas_tol if self.certificate
                               else None)

@@ -35,6 +35,7 @@ from . import evidence
 from . import newton
 from . import privacy
 from . import probe
+from . import quasi_newton as qn
 from . import state as ssca_state
 from . import step as ssca_step
 from . import merit as merit_mod
@@ -404,6 +405,18 @@ class SSCA(Method):
     def kkt_hessian(self, state):
         return (state.hess if self.config.newton and not self.config.sketch_rank
                 and np.size(state.hess) else None)
+
+    def kkt_model_hessian(self, state):
+        """A function forming the quasi-Newton model's matrix B while it is on (at most
+        qn.SMALL_DIM variables, where a d x d matrix is worth forming; the KKT report calls it
+        only where it reads it): in a flat valley the gradient falls below the floor that
+        stands in for it, whose curvature is the secant's from the start, far from the
+        minimum, where B's Newton step is long."""
+        cfg = self.config
+        if cfg.newton or not cfg.model_on(state) or state.w.size > qn.SMALL_DIM:
+            return None
+        model = cfg.model(state)
+        return lambda: model.matmat(np.eye(state.w.size))
 
     @property
     def num_stages(self) -> int:
