@@ -191,9 +191,10 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     :func:`_box_newton_step`): there the test's curvature is the secant's from the start, and
     in a flat valley the gradient falls below the floor far from the minimum (a run on S2MPJ's
     SINROSNB that crawled along the valley: |g| = 0.002 under a floor of 48.5, 0.42 from the
-    minimiser along a curvature of 1.8e-3). Elsewhere a quasi-Newton matrix is not trusted that far: at points whose
-    independent KKT residual was 1e-9 its flattest directions made Newton's step exceed the
-    tolerance (S2MPJ's LUKVLE13, where the gradient set the scale).
+    minimiser along a curvature of 1.8e-3). Elsewhere a quasi-Newton matrix is not trusted
+    that far: at points whose independent KKT residual was 1e-9 its flattest directions made
+    Newton's step exceed the tolerance (S2MPJ's LUKVLE13, where the gradient set the
+    scale).
     """
     det = terms.deterministic
     _, cons, g0, G = _parts(w, ev, terms)

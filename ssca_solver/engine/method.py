@@ -192,9 +192,9 @@ class Method:
         return None
 
     def kkt_model_hessian(self, state):
-        """A model of the Lagrangian's Hessian at ``state.w`` (SSCA's quasi-Newton matrix), or
-        a function of no arguments forming it, with which the KKT report measures Newton's
-        step where the floor, not the gradient, sets its scale; or None."""
+        """A model of the Hessian of Problem 3's Lagrangian at ``state.w`` (SSCA's quasi-Newton
+        matrix), or a function of no arguments forming it, with which the KKT report measures
+        Newton's step where the floor, not the gradient, sets its scale; or None."""
         return None
 
     @property

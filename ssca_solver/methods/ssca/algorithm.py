@@ -407,11 +407,12 @@ class SSCA(Method):
                 and np.size(state.hess) else None)
 
     def kkt_model_hessian(self, state):
-        """A function forming the quasi-Newton model's matrix B while it is on (at most
-        qn.SMALL_DIM variables, where a d x d matrix is worth forming; the KKT report calls it
-        only where it reads it): in a flat valley the gradient falls below the floor that
-        stands in for it, whose curvature is the secant's from the start, far from the
-        minimum, where B's Newton step is long."""
+        """A function forming the quasi-Newton model's matrix B (of the Hessian of Problem 3's
+        Lagrangian, :mod:`.quasi_newton`) while it is on, at most qn.SMALL_DIM variables
+        (where a d x d matrix is worth forming; the KKT report calls it only where it reads
+        it): in a flat valley the gradient falls below the floor that stands in for it, whose
+        curvature is the secant's from the start, far from the minimum, where B's Newton step
+        is long."""
         cfg = self.config
         if cfg.newton or not cfg.model_on(state) or state.w.size > qn.SMALL_DIM:
             return None
