@@ -184,8 +184,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     is also at least the step's root-mean-square relative change of the coordinates
     (:func:`coordinate_step`); without one and with ``hessian`` (the Lagrangian's Hessian of
     the Newton model), at least Newton's step to the KKT point over max(1, |w|)
-    (:func:`newton_step`). ``model_hessian`` (the quasi-Newton model's matrix, or a function
-    of no arguments that forms it, called only where needed) serves as ``hessian`` at a
+    (:func:`newton_step`). ``model_hessian`` (a function of no arguments that forms the
+    quasi-Newton model's matrix, called only where it is read) serves as ``hessian`` at a
     minimum of the objective alone where the floor sets the scale (:func:`_floor_model`),
     without a domain or with a box (the coordinates at its bounds held:
     :func:`_box_newton_step`): there the test's curvature is the secant's from the start, and
@@ -203,8 +203,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
           else np.asarray(terms.equality, dtype=bool).reshape(M))
     domain_duals: tuple = ()
     g = g0 + (det.grad(w) if det.smooth else 0.0)
-    if M and not (np.isfinite(np.linalg.norm(g))
-                  and np.all(np.isfinite(np.linalg.norm(G, axis=0)))):
+    col = np.linalg.norm(G, axis=0) if M else np.zeros(0)
+    if M and not (np.isfinite(np.linalg.norm(g)) and np.all(np.isfinite(col))):
         # finite gradients whose squares overflow (a trial point far out, where an exp
         # reached 1e235): no fit can be computed there, and the point is no KKT point
         return KKTReport.failed_at("the gradients' squares overflow (entries up to "
@@ -220,9 +220,9 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         floor = stationarity_floor(grad_scale, curvature, w)
     # the objective's side of the balance, without the coordinates the domain's simple bounds
     # fix (their components are no force to balance: see DeterministicPart.free)
-    scale = max(float(np.linalg.norm(det.free(g))), floor, 1e-300)
-    modelled = _floor_model(model_hessian, floor > float(np.linalg.norm(det.free(g))),
-                            cons, eq, terms.bounds)
+    g_free = float(np.linalg.norm(det.free(g)))
+    scale = max(g_free, floor, 1e-300)
+    modelled = _floor_model(model_hessian, floor > g_free, cons, eq, terms.bounds)
     if not det.has_domain and det.smooth:
         if M:
             # the rows eps |grad F_m| mu_m make the fit well posed: among multipliers that
@@ -236,10 +236,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         res = g + G @ mu
         stat = float(np.linalg.norm(res))
         kind, source = "gradient", "nnls"
-        if hessian is None or not np.size(hessian):
-            hessian = modelled
-        newton = (newton_step(res, g, G, mu, eq, hessian, w) if hessian is not None
-                  and np.size(hessian) else 0.0)
+        H = hessian if hessian is not None and np.size(hessian) else modelled
+        newton = newton_step(res, g, G, mu, eq, H, w) if H is not None else 0.0
     else:
         # the step length t at which the objective's gradient alone would move w by
         # max(1, |w|): (u - w) / t is then in gradient units, and stat / scale =
@@ -285,7 +283,6 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         kind, source = "linearized step", "linearized"
         newton = (_box_newton_step(w, u, res, g, G, mu, eq, det, modelled)
                   if modelled is not None else 0.0)
-    col = np.linalg.norm(G, axis=0) if M else np.zeros(0)
     relative = stat / scale
     if kind == "linearized step" and w.size:
         relative = max(relative, coordinate_step(u - w, w))
@@ -367,7 +364,7 @@ MODEL_INACTIVE = 1e-3
 
 
 def _floor_model(model_hessian, floor_set: bool, cons, eq, bounds):
-    """``model_hessian`` (a quasi-Newton matrix) where the floor, not the gradient, sets the
+    """``model_hessian()`` (a quasi-Newton matrix) where the floor, not the gradient, sets the
     test's scale and no constraint is an equality or within MODEL_INACTIVE of its bound: a
     minimum of the objective alone, where the floor stands in for |g| with the secant's
     curvature from the start; else None. With active constraints the floor also sets the
@@ -378,7 +375,7 @@ def _floor_model(model_hessian, floor_set: bool, cons, eq, bounds):
         return None
     if np.any(eq) or np.any(cons > -MODEL_INACTIVE * np.maximum(1.0, np.abs(bounds))):
         return None
-    H = model_hessian() if callable(model_hessian) else model_hessian
+    H = model_hessian()
     return H if H is not None and np.size(H) else None
 
 

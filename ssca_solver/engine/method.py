@@ -192,8 +192,8 @@ class Method:
         return None
 
     def kkt_model_hessian(self, state):
-        """A model of the Hessian of Problem 3's Lagrangian at ``state.w`` (SSCA's quasi-Newton
-        matrix), or a function of no arguments forming it, with which the KKT report measures
+        """A function of no arguments forming a model of the Hessian of Problem 3's Lagrangian
+        at ``state.w`` (SSCA's quasi-Newton matrix), with which the KKT report measures
         Newton's step where the floor, not the gradient, sets its scale; or None."""
         return None
 

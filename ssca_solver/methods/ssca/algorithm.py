@@ -416,8 +416,7 @@ class SSCA(Method):
         cfg = self.config
         if cfg.newton or not cfg.model_on(state) or state.w.size > qn.SMALL_DIM:
             return None
-        model = cfg.model(state)
-        return lambda: model.matmat(np.eye(state.w.size))
+        return lambda: cfg.model(state).matmat(np.eye(state.w.size))
 
     @property
     def num_stages(self) -> int:
