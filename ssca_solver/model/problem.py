@@ -39,6 +39,36 @@ def _as_list(x) -> list:
     return [x]
 
 
+def _zero_values(w, X, y):
+    return np.zeros(np.shape(X)[0])
+
+
+def _zero_grad(w, X, y):
+    return np.zeros(np.shape(w))
+
+
+def _zero_hess(w, X, y):
+    return np.zeros((np.size(w), np.size(w)))
+
+
+#: the name of :func:`anchor_objective`'s function in reports
+ANCHOR_NAME = "0 (proximal anchor)"
+
+
+def anchor_objective() -> SampleFunction:
+    """F_0 = 0 as a SampleFunction, for a problem whose objective is deterministic without a
+    term lambda |w|^2 (lambda > 0): zero, linear, a norm, or none at all (a feasibility
+    problem). Its surrogate (eq. (surrogate-F0) with F_0 = 0) is the proximal term
+    tau |w - w_t|^2, so the subproblem's objective is strongly convex as Assumption 2 asks
+    and tau controls the step's length. Without it an equality's affine surrogate leaves the
+    subproblem without a unique solution (a zero objective: any point of the linearisation's
+    hyperplane) or unbounded (a linear one), and no tau shortens a rejected step. Its
+    statistics cost d + 2 floats per client and round like any function's; its Hessian (for
+    ``hessian="auto"``) is the d x d zero matrix."""
+    return SampleFunction(_zero_values, _zero_grad, name=ANCHOR_NAME, hess=_zero_hess,
+                          convexity="affine")
+
+
 class Problem:
     """A constrained (or unconstrained) sample-based federated optimisation problem.
 
@@ -101,6 +131,11 @@ class Problem:
             if not callable(dfn):
                 raise ModelError(f"domain #{i} must be a callable w -> CVXPY constraint(s)")
         self.deterministic = DeterministicPart(terms, doms, self.dim)
+        if self.objective is None and self.constraints and not self.deterministic._ridge():
+            # a deterministic objective other than lambda |w|^2 (lambda > 0): F_0 = 0, whose
+            # surrogate is the proximal term tau |w - w_t|^2 that Assumption 2 asks of the
+            # objective's (anchor_objective)
+            self.objective = anchor_objective()
         if self.functions and not isinstance(data, FederatedData):
             raise ModelError("a problem with SampleFunctions needs data=FederatedData(...), got "
                              f"{type(data).__name__}")
