@@ -75,7 +75,10 @@ class Problem:
     Args:
       objective: a :class:`SampleFunction` (F_0, eq. (Fs0)), or a callable ``w -> convex CVXPY
         expression`` for a deterministic objective kept exact (e.g. the paper's |w|^2 in
-        (prob:class-con)).
+        (prob:class-con)). A deterministic objective other than lambda |w|^2 (lambda > 0)
+        with stochastic constraints -- zero for a feasibility problem, linear, a norm -- makes
+        :attr:`objective` F_0 = 0 (:func:`anchor_objective`), whose surrogate is the proximal
+        term tau |w - w_t|^2 that Assumption 2 asks of the objective's.
       constraints: stochastic constraints ``f <= U`` (or ``f >= L``), and equalities ``f == b``,
         built from SampleFunctions; the tuple of K constraints that a
         :class:`~ssca_solver.model.vector.VectorSampleFunction` comparison gives counts as its
