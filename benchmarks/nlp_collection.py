@@ -14,7 +14,9 @@ scheme): continuous variables (C), general constraints (L, N, Q or O), regular (
 and m <= 30 (problems whose size is variable, "V", are instantiated with their default
 parameters and kept when those give n <= 50 and 1 <= m <= 30), and NOT the HS family (names
 starting with "HS"), which is held out for an independent check. Problems without an objective
-(classification "N": systems of equations) get F_0 = 0 and count apart.
+(classification "N": systems of equations) count apart; where S2MPJ has no objective function
+they are written as a user writes a feasibility problem, with the deterministic objective
+``lambda w: 0``, which the library gives F_0 = 0 (its proximal anchor).
 
 Each problem becomes ONE client holding one dummy row: the objective and each constraint a
 ``SampleFunction`` whose value is an array of length 1 and whose grad is S2MPJ's gradient
@@ -332,8 +334,9 @@ def run_library(s2mpj: Path, name: str, time_limit: float, hessians: bool = Fals
     def obj_grad(w, X, y):
         return ev.obj(w)[1]
 
-    objective = ss.SampleFunction(obj_value, obj_grad, name="f" if ev.has_obj else "0",
-                                  hess=(lambda w, X, y: ev.obj_hess(w)) if hessians else None)
+    objective = (ss.SampleFunction(obj_value, obj_grad, name="f",
+                                   hess=(lambda w, X, y: ev.obj_hess(w)) if hessians else None)
+                 if ev.has_obj else (lambda w: 0))
     cnames = [str(s) for s in getattr(P, "cnames", [])] or [f"c{i}" for i in range(m)]
     constraints, kinds = [], []
     for i in range(m):
