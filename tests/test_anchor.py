@@ -109,3 +109,39 @@ def test_anchor_only_where_the_objective_lacks_curvature():
         assert np.all(prob.objective.value(w, X, None) == 0.0)
         assert np.all(prob.objective.grad(w, X, None) == 0.0)
         assert np.all(prob.objective.hess(w, X, None) == 0.0)
+
+
+def test_l1_objective_is_certified_at_the_basis_pursuit_optimum():
+    """min |w|_1 s.t. the mean squared residual <= eps (basis pursuit denoising over 4
+    clients): F_0 = 0, so the stationarity scale is the l1 term's subgradient; with a scale of
+    0 the KKT test's linearised step was taken at a length of 1e300, its problem failed and
+    the run ended "max_iter" at the optimum. Against CVXPY + Clarabel on the pooled rows."""
+    rng = np.random.default_rng(0)
+    n, d, k = 60, 40, 5
+    A = rng.standard_normal((n, d))
+    x_true = np.zeros(d)
+    x_true[:k] = 3.0 * rng.standard_normal(k)
+    b = A @ x_true + 0.05 * rng.standard_normal(n)
+    data = ss.FederatedData.split(A, b, num_clients=4, seed=0)
+    mse = ss.SampleFunction(lambda w, X, y: (X @ w - y) ** 2,
+                            lambda w, X, y: 2.0 * X.T @ (X @ w - y) / len(y), name="mse",
+                            convexity="convex")
+    eps = 0.01
+    res = ss.Problem(lambda w: cp.norm1(w), [mse <= eps], dim=d, data=data).solve(seed=0)
+    w = cp.Variable(d)
+    ref = cp.Problem(cp.Minimize(cp.norm1(w)), [cp.sum_squares(A @ w - b) / n <= eps])
+    ref.solve(solver="CLARABEL")
+    assert res.status == "converged", res.message
+    assert np.linalg.norm(res.x - w.value) <= 1e-4 * np.linalg.norm(w.value)
+    assert res.fun == pytest.approx(ref.value, rel=1e-6)
+    assert np.mean((A @ res.x - b) ** 2) <= eps * (1.0 + 1e-4)
+
+
+def test_l1_objective_on_the_circle_is_certified_at_a_vertex():
+    """min |w|_1 s.t. |w|^2 = 1 from (2, 1): the optimum (1, 0) (value 1) at a kink of the
+    norm; the run ended "max_iter" there (relative stationarity 1 over a scale of 0)."""
+    res = ss.Problem(lambda w: cp.norm1(w), [_circle() == 0.0], dim=2, data=DATA).solve(
+        x0=X0, seed=0)
+    assert res.status == "converged", res.message
+    assert np.abs(res.x) == pytest.approx([1.0, 0.0], abs=1e-3)
+    assert res.fun == pytest.approx(1.0, abs=1e-4)

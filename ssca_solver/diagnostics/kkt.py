@@ -221,6 +221,15 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     # the objective's side of the balance, without the coordinates the domain's simple bounds
     # fix (their components are no force to balance: see DeterministicPart.free)
     g_free = float(np.linalg.norm(det.free(g)))
+    if not det.smooth:
+        # a nonsmooth term (an l1 norm) is a force on the objective's side as well: the size
+        # of its subgradient (CVXPY's, at a kink the one it gives) counts. Without it an
+        # objective that is only such a term (min |w|_1 s.t. a stochastic constraint: F_0 = 0)
+        # had a scale of 0, and the linearised step that measures stationarity was taken at a
+        # length of 1e300 (its problem then failed)
+        sub = det.grad(w)
+        if np.all(np.isfinite(sub)):
+            g_free = max(g_free, float(np.linalg.norm(det.free(sub))))
     scale = max(g_free, floor, 1e-300)
     modelled = _floor_model(model_hessian, floor > g_free, cons, eq, terms.bounds)
     if not det.has_domain and det.smooth:
