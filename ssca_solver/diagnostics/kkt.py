@@ -165,7 +165,8 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
 
     Relative residuals (what :meth:`KKTReport.passed` tests): stationarity over
     ``scale = max(|g|, min(START_FLOOR grad_scale, L max(1, |w|)))``, the size of the
-    objective's side of the balance g + sum_m mu_m grad F_m = 0, with a floor that stands in
+    objective's side of the balance g + sum_m mu_m grad F_m = 0 (with a nonsmooth
+    deterministic term, |g| is at least the size of its subgradient), with a floor that stands in
     when |g| vanishes, at an unconstrained minimum: 1 % of |g| at the starting point
     (``grad_scale``), but never more than ``curvature`` L (the secant curvature of F_0 + R
     from the start, measured by the session) times max(1, |w|), so that a far start cannot
