@@ -129,11 +129,13 @@ class DeterministicPart:
         """lambda when the terms add up to lambda |w|^2 (lambda >= 0) and there is no domain."""
         if self._domain:
             return None
-        return self._ridge()
+        return self.ridge_coefficient()
 
-    def _ridge(self) -> Optional[float]:
-        """lambda when the terms add up to lambda |w|^2, whatever the domain (None when not;
-        0.0 without terms): their value at three random points and at 0, computed once."""
+    def ridge_coefficient(self) -> Optional[float]:
+        """lambda when the terms add up to lambda |w|^2 (the paper's deterministic objective in
+        (prob:class-con), lambda = 1), whatever the domain (None when not; 0.0 without terms
+        or with terms that vanish everywhere): their value at three random points and at 0,
+        computed once."""
         if not self._exprs:
             return 0.0
         if "_ridge_value" in self.__dict__:
@@ -158,12 +160,12 @@ class DeterministicPart:
 
     def grad(self, w) -> np.ndarray:
         """Gradient (a subgradient at kinks, as CVXPY gives it) of the terms' sum at ``w``;
-        2 lambda w without CVXPY when they are lambda |w|^2 (:meth:`_ridge`: CVXPY's
+        2 lambda w without CVXPY when they are lambda |w|^2 (:meth:`ridge_coefficient`: CVXPY's
         gradient costs a sizeable share of a small problem's KKT test)."""
         g = np.zeros(self.dim)
         if not self._exprs:
             return g
-        lam = self._ridge()
+        lam = self.ridge_coefficient()
         if lam is not None:
             return 2.0 * lam * np.asarray(w, dtype=float).reshape(self.dim)
         self._w.value = np.asarray(w, dtype=float)
@@ -388,7 +390,7 @@ class DeterministicPart:
         lambda |w|^2 or are absent (lambda = 0): the deterministic part of a quadratic program
         over a box; None otherwise."""
         box = self.box()
-        lam = self._ridge() if box is not None else None
+        lam = self.ridge_coefficient() if box is not None else None
         return None if lam is None else (box, lam)
 
     def _linearized_problem(self, recentred: bool, eq: np.ndarray, data: tuple,

@@ -58,9 +58,9 @@ ANCHOR_NAME = "0 (proximal anchor)"
 def anchor_objective() -> SampleFunction:
     """F_0 = 0 as a SampleFunction, for a problem whose objective is deterministic without a
     term lambda |w|^2 (lambda > 0): zero, linear, a norm, or none at all (a feasibility
-    problem). Its surrogate (eq. (surrogate-F0) with F_0 = 0) is the proximal term
-    tau |w - w_t|^2, so the subproblem's objective is strongly convex as Assumption 2 asks
-    and tau controls the step's length. Without it an equality's affine surrogate leaves the
+    problem). Its surrogate (eq. (fs0bar) with f_0 = 0) is the proximal term tau |w - w_t|^2,
+    so the subproblem's objective is strongly convex as Assumption 2 (asump:fbar) asks and
+    tau controls the step's length. Without it an equality's affine surrogate leaves the
     subproblem without a unique solution (a zero objective: any point of the linearisation's
     hyperplane) or unbounded (a linear one), and no tau shortens a rejected step. Its
     statistics cost d + 2 floats per client and round like any function's; its Hessian (for
@@ -134,7 +134,8 @@ class Problem:
             if not callable(dfn):
                 raise ModelError(f"domain #{i} must be a callable w -> CVXPY constraint(s)")
         self.deterministic = DeterministicPart(terms, doms, self.dim)
-        if self.objective is None and self.constraints and not self.deterministic._ridge():
+        if (self.objective is None and self.constraints
+                and not self.deterministic.ridge_coefficient()):
             # a deterministic objective other than lambda |w|^2 (lambda > 0): F_0 = 0, whose
             # surrogate is the proximal term tau |w - w_t|^2 that Assumption 2 asks of the
             # objective's (anchor_objective)
