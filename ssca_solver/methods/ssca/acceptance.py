@@ -145,25 +145,6 @@ def inactive_inequalities(cfg: Settings, nu) -> np.ndarray:
     return ~active & ~np.asarray(cfg.equality, dtype=bool).reshape(cfg.M)
 
 
-def constraint_surrogates(cfg: Settings, state: SSCAState, stats, center) -> tuple:
-    """The constraints' surrogates of a backtracking round's subproblem at ``center`` (the
-    averaged statistics ``stats`` of eq. (fsmbar), their tau the round's): with the
-    quasi-Newton model each inequality's proximal weight is CONSTRAINT_TAU_SHARE tau (the same
-    value and gradient at ``center``, :func:`.adaptive.rescale_tau`), its curvature being the
-    model's; under the Newton model :func:`constraint_curvature`; else ``stats``. An
-    equality's surrogate is its linearisation in every case."""
-    if cfg.newton:
-        return constraint_curvature(cfg, state, stats, center)
-    if not (cfg.M and cfg.model_ok):
-        return stats
-    out = list(stats)
-    for m in range(cfg.first, len(out)):
-        quad = out[m].get("quad")
-        if quad is not None and np.all(np.asarray(quad, dtype=float) > 0.0):
-            out[m] = ad.rescale_tau(out[m], center, ad.CONSTRAINT_TAU_SHARE)
-    return tuple(out)
-
-
 def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tuple:
     """Under the Newton model, each inequality that the last subproblem left inactive (a
     multiplier below INACTIVE_SHARE of the largest) gets a surrogate with a curvature of at least half the largest eigenvalue of
@@ -380,9 +361,6 @@ def second_order_correction(cfg: Settings, state: SSCAState, stats,
     base = state.prev_stats
     if not all("const" in base[m] for m in range(k0, len(cfg.builders))):
         return None
-    if not cfg.newton:
-        # the constraints' surrogates of the rejected step's subproblem
-        base = constraint_surrogates(cfg, state, base, state.prev_w)
     true = np.array([cfg.builders[m].evaluate(stats[m], state.w)
                      for m in range(k0, len(cfg.builders))])
     model = np.array([cfg.builders[m].evaluate(base[m], state.w)
@@ -411,7 +389,7 @@ def second_order_correction(cfg: Settings, state: SSCAState, stats,
                                 > at_most * float(np.linalg.norm(state.w - state.prev_w))):
         return None
     new = new._replace(tau=cfg.tau_of(state), merit=state.merit, prev_w=state.prev_w.copy(),
-                       prev_stats=state.prev_stats, rejects=state.rejects + 1)
+                       prev_stats=base, rejects=state.rejects + 1)
     return remember(new, corrected=True), RoundInfo(info, None, cfg.tau_of(state), 0.0, 1)
 
 
@@ -480,7 +458,7 @@ def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse,
     scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
     start = state._replace(w=base_w)
     try:
-        new, info = ssca_step.move(start, constraint_surrogates(cfg, state, scaled, base_w),
+        new, info = ssca_step.move(start, constraint_curvature(cfg, state, scaled, base_w),
                                    1.0, 1.0, solver(cfg, state, base_w))
     except SubproblemError:
         if not cfg.model_on(state):

@@ -72,15 +72,6 @@ TAU_DOWN_MODEL = 0.25
 #: accepted; on an ill-conditioned quadratic a slower fall leaves the low-curvature
 #: directions damped for tens of rounds (log(condition number) / log(1 / factor))
 TAU_DOWN_NEWTON = 0.1
-#: with the quasi-Newton model (full batches, ``hessian="lbfgs"``) an inequality's surrogate
-#: carries this share of tau as its proximal weight (.acceptance.constraint_surrogates): the
-#: constraints' curvature is the model's, weighted by the multipliers as in SQP, whose
-#: constraints are linearised, and the small proximal term keeps each surrogate strongly
-#: convex (Assumption 2). With tau itself, a step of length r lowers a constraint by at most
-#: |grad F_m| r - tau r^2: from a far point the linearised constraints were out of reach, the
-#: subproblem kept slack at multiplier c, and the pairs built with those multipliers gave a
-#: model c / |nu*| times too stiff, whose short steps kept the slack for several rounds
-CONSTRAINT_TAU_SHARE = 1e-3
 #: after a rejected quasi-Newton step tau is at least this times the model's scale delta
 #: (the curvature of its initial matrix), so that the retried step is shorter
 MODEL_REJECT = 0.5
