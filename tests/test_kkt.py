@@ -343,7 +343,8 @@ def test_the_deterministic_gradient_of_a_ridge_term_is_read_without_cvxpy():
     for term, lam in cases:
         for domain in ([], [lambda w: [w >= -5.0]]):
             det = DeterministicPart([("r", term)], domain, 6)
-            assert det.ridge_coefficient() == (None if lam is None else pytest.approx(lam, rel=1e-12))
+            expected = None if lam is None else pytest.approx(lam, rel=1e-12)
+            assert det.ridge_coefficient() == expected
             w = rng.standard_normal(6)
             g = det.grad(w)
             fd = np.array([(det.value(w + 1e-6 * e) - det.value(w - 1e-6 * e)) / 2e-6
