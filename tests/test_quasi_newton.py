@@ -346,3 +346,63 @@ def test_the_closed_form_over_the_whole_space_takes_the_models_eigenvectors():
     np.testing.assert_allclose(sol.w, ref.w, rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(sol.multipliers, ref.multipliers, atol=1e-9)
     assert np.any(sol.multipliers > 0)
+
+
+def _cb2(objective: str, equality: bool = False):
+    """S2MPJ's CB2 (Charalambous and Bandler's minimax problem): min u s.t.
+    g_i(x) - u <= 0, g = (x1^2 + x2^4, (2 - x1)^2 + (2 - x2)^2, 2 exp(x2 - x1)), from
+    (2, 2, 1); ``objective``: u as a SampleFunction ("stochastic"), as the deterministic
+    w[2] ("deterministic"), or none ("none": a feasibility problem); ``equality``: also
+    x1 + x2 == 2.0386 (close to the optimum's)."""
+    import ssca_solver as ss
+
+    gs = [lambda x: x[0] ** 2 + x[1] ** 4, lambda x: (2 - x[0]) ** 2 + (2 - x[1]) ** 2,
+          lambda x: 2 * np.exp(x[1] - x[0])]
+    dg = [lambda x: np.array([2 * x[0], 4 * x[1] ** 3]),
+          lambda x: np.array([-2 * (2 - x[0]), -2 * (2 - x[1])]),
+          lambda x: 2 * np.exp(x[1] - x[0]) * np.array([-1.0, 1.0])]
+    data = ss.FederatedData([np.zeros((1, 1))])
+    cons = [ss.SampleFunction((lambda g: lambda w, X, y: np.full(len(X), g(w[:2]) - w[2]))(g),
+                              (lambda d: lambda w, X, y: np.append(d(w[:2]), -1.0))(d),
+                              name=f"g{i}") <= 0.0 for i, (g, d) in enumerate(zip(gs, dg))]
+    if equality:
+        cons.append(ss.SampleFunction(lambda w, X, y: np.full(len(X), w[0] + w[1]),
+                                      lambda w, X, y: np.array([1.0, 1.0, 0.0]),
+                                      name="sum") == 2.0386)
+    obj = {"stochastic": ss.SampleFunction(lambda w, X, y: np.full(len(X), w[2]),
+                                           lambda w, X, y: np.array([0.0, 0.0, 1.0]),
+                                           name="u"),
+           "deterministic": lambda w: w[2], "none": lambda w: 0}[objective]
+    return ss.Problem(obj, cons, dim=3, data=data), gs
+
+
+@pytest.mark.parametrize("objective", ["stochastic", "deterministic"])
+def test_round_one_tau_is_the_objectives_with_inequalities_only(objective):
+    """With inequality constraints only, round 1's tau is set by the objective as in SQP's
+    first step: u's own curvature along its gradient (0: the fallback 0.1), at least the
+    first trust radius |grad u| / (2 max(1, |x0|)) = 1/6 -- not the constraints' largest
+    curvature (47.6 at x0), which every inequality's surrogate carries as its proximal weight
+    and which put round 1's linearised constraints out of reach (18 rounds, 7 of them with
+    every multiplier at c). Certified at SLSQP's point in at most as many rounds as SLSQP's
+    10 iterations, with u written either way. With an equality, or without an objective, the
+    constraints' curvature stays in round 1's tau."""
+    from scipy.optimize import minimize
+
+    x0 = np.array([2.0, 2.0, 1.0])
+    prob, gs = _cb2(objective)
+    res = prob.solve(seed=0, x0=x0)
+    ref = minimize(lambda w: w[2], x0, jac=lambda w: np.array([0.0, 0.0, 1.0]), method="SLSQP",
+                   tol=1e-12, constraints=[{"type": "ineq", "fun": (lambda g: lambda w: w[2]
+                                                                     - g(w[:2]))(g)}
+                                           for g in gs])
+    assert ref.success
+    assert res.status == "converged", res.message
+    # the history's tau is the one the round left for the next (round 1's accepted step
+    # lowered it)
+    assert res.history.as_dict()["tau"][0] <= 1.0 / 6.0
+    assert res.nit <= 10, res.nit
+    np.testing.assert_allclose(res.x, ref.x, atol=1e-5)
+    for other, equality in ((objective, True), ("none", False)):
+        again, _ = _cb2(other, equality)
+        first = again.solve(seed=0, x0=x0, max_iter=1).history.as_dict()["tau"][0]
+        assert first > 40.0, (other, equality, first)

@@ -134,12 +134,15 @@ class Problem:
             if not callable(dfn):
                 raise ModelError(f"domain #{i} must be a callable w -> CVXPY constraint(s)")
         self.deterministic = DeterministicPart(terms, doms, self.dim)
+        #: whether the objective is F_0 = 0 put in by the library (:func:`anchor_objective`)
+        self.anchored = False
         if (self.objective is None and self.constraints
                 and not self.deterministic.ridge_coefficient()):
             # a deterministic objective other than lambda |w|^2 (lambda > 0): F_0 = 0, whose
             # surrogate is the proximal term tau |w - w_t|^2 that Assumption 2 asks of the
             # objective's (anchor_objective)
             self.objective = anchor_objective()
+            self.anchored = True
         if self.functions and not isinstance(data, FederatedData):
             raise ModelError("a problem with SampleFunctions needs data=FederatedData(...), got "
                              f"{type(data).__name__}")

@@ -196,8 +196,9 @@ class SSCA(Method):
             found = probe.run(self.config, exchange, state.w)
             self.unstable_tau = found.unstable
             metric = probe.measure_metric(self.config, exchange, state.w)
-            state = self.init(state.w, self.config.penalties[0], found.tau, metric,
-                              found.curvature)
+            # a diagonal metric replaces the model, and with it the reason for model_tau
+            tau = found.tau if metric is not None or found.model_tau is None else found.model_tau
+            state = self.init(state.w, self.config.penalties[0], tau, metric, found.curvature)
         return state
 
     def client_seed(self, seed):

@@ -24,11 +24,15 @@ class Probe(NamedTuple):
       curvature: the largest secant curvature along the gradient (NaN when not measured).
       unstable: with a fixed tau below round 1's stability bound, (tau, bound, curvature);
         else None (:func:`divergence_cause` quotes it).
+      model_tau: the starting tau of a run whose rounds will carry the model of the
+        Lagrangian's Hessian, where it differs from ``tau`` (:func:`model_start_tau`), else
+        None; it applies when no diagonal metric replaces the model.
     """
 
     tau: float
     curvature: float
     unstable: Optional[tuple] = None
+    model_tau: Optional[float] = None
 
 
 def run(cfg: Settings, exchange, x0: np.ndarray) -> Probe:
@@ -39,8 +43,8 @@ def run(cfg: Settings, exchange, x0: np.ndarray) -> Probe:
     batch = cfg.rows(cfg.first_batch)
     failed = {}
     fixed = cfg.problem.deterministic.bound_fixed(x0)
-    curvature, norms = _probe_at(cfg, exchange, x0, batch, failed,
-                                 fixed=",".join(str(int(i)) for i in fixed))
+    curvature, norms, own = _probe_at(cfg, exchange, x0, batch, failed,
+                                      fixed=",".join(str(int(i)) for i in fixed))
     _refuse_a_dead_default_start(cfg, x0, norms)
     if failed:
         _recheck_elsewhere(cfg, exchange, x0, batch, failed)
@@ -55,7 +59,50 @@ def run(cfg: Settings, exchange, x0: np.ndarray) -> Probe:
         # coordinate: the flat ones would freeze
         return Probe(cfg.tau, curvature)
     tau = curvature if np.isfinite(curvature) and curvature > 0 else cfg.tau
-    return Probe(max(tau, _first_step_tau(cfg, x0, norms)), curvature)
+    first = _first_step_tau(cfg, x0, norms)
+    return Probe(max(tau, first), curvature,
+                 model_tau=None if batch is not None else model_start_tau(cfg, x0, own, first))
+
+
+def model_start_tau(cfg: Settings, x0: np.ndarray, objective_curvature: float,
+                    first: float) -> Optional[float]:
+    """Round 1's tau (on full batches) in a run whose later rounds carry the quasi-Newton
+    model of the Lagrangian's Hessian (:mod:`.quasi_newton`) on a problem with inequality
+    constraints only, where the objective sets it as in SQP's first step: the stochastic
+    objective's own curvature along its gradient at x0 (``objective_curvature``; ``cfg.tau``
+    where it vanishes, a linear objective), at least ``first`` (:func:`_first_step_tau`,
+    SQP's initial trust radius |grad F_0| / (2 max(1, |x0|))); with a deterministic
+    objective (the library's F_0 = 0 in the stochastic one's place) whose gradient at x0 is
+    not 0 (a linear one: min u s.t. g_i(x) <= u), the same trust radius with that gradient,
+    at least ``cfg.tau``. None elsewhere: round 1's tau is then the largest curvature of
+    every function.
+
+    Every inequality's surrogate carries tau's proximal term, and a step lowers it by at most
+    |grad F_m|^2 / (4 tau): with the constraints' largest curvature as tau a far point's
+    linearised constraints are out of reach, the subproblem keeps slack at multiplier c for
+    rounds, and the model's pairs, weighted by those multipliers, learn a curvature c / nu*
+    times too large (a minimax problem: 7 rounds at nu = c, the model's scale 4,700 against 4
+    at the solution). SQP's first step (an identity Hessian, the constraints linearised) has
+    no such bound; the constraints' curvature enters through the pairs, and a rejected first
+    step is shortened by the line search of the rounds before the first pair. With
+    equalities the constraints' curvature stays in tau (on S2MPJ the rounds rose on problems
+    with equalities: a step along a curved equality from a tau without its curvature
+    overshoots), and so it does for a feasibility problem (no objective to set it). Under the
+    Newton model (the clients' Hessians) the rule was measured neutral on the same problems
+    (as many rounds taken off as added, some doubled), so it does not apply there."""
+    if not (cfg.model_ok and not cfg.newton and cfg.M and cfg.objective_stochastic
+            and not np.any(cfg.equality)):
+        return None
+    radius = max(1.0, float(np.linalg.norm(x0)))
+    if cfg.anchored:
+        try:
+            g = float(np.linalg.norm(cfg.problem.deterministic.grad(x0)))
+        except Exception:       # a term without a gradient at x0: the rule for every function
+            return None
+        return max(cfg.tau, g / (2.0 * radius)) if np.isfinite(g) and g > 0 else None
+    tau = (objective_curvature if np.isfinite(objective_curvature) and objective_curvature > 0
+           else cfg.tau)
+    return max(tau, first)
 
 
 def _refuse_a_dead_default_start(cfg: Settings, x0: np.ndarray, norms) -> None:
@@ -207,7 +254,8 @@ def _first_step_tau(cfg: Settings, x0, norms) -> float:
 
 def _probe_at(cfg: Settings, exchange, x0, batch, failed, only=None, fixed: str = ""):
     """One probe exchange at ``x0``: (the largest secant curvature, the clients' gradient
-    norms as (function, rows, norm)); the gradient check's failures go into ``failed``
+    norms as (function, rows, norm), the objective's secant curvature: 0 without a
+    stochastic objective); the gradient check's failures go into ``failed``
     (function index -> UserFunctionError) instead of raising (``only``: the functions to
     check, None: all; ``fixed``: "i,j,..." the coordinates left out of the direction of the
     comparison)."""
@@ -216,13 +264,15 @@ def _probe_at(cfg: Settings, exchange, x0, batch, failed, only=None, fixed: str 
     if fixed:
         config["fixed"] = fixed
     replies = exchange(Request(ad.PROBE_TASK, 0, x0, config))
-    curvature, norms = 0.0, []
+    curvature, norms, own = 0.0, [], 0.0
     for reply in replies:
         if reply.client == AGGREGATE:
             # secure aggregation: the clients checked their gradients themselves and the
             # server learns only the data-weighted mean of their secant curvatures
             for m in range(len(cfg.problem.functions)):
-                curvature = max(curvature, reply.weight * float(array(reply, f"probe:{m}")[0]))
+                secant = reply.weight * float(array(reply, f"probe:{m}")[0])
+                curvature = max(curvature, secant)
+                own = max(own, secant) if m < cfg.first else own
             continue
         for m, fn in enumerate(cfg.problem.functions):
             an, fd, value, secant = (float(v) for v in array(reply, f"probe:{m}"))
@@ -241,4 +291,5 @@ def _probe_at(cfg: Settings, exchange, x0, batch, failed, only=None, fixed: str 
                 except UserFunctionError as exc:
                     failed.setdefault(m, exc)
             curvature = max(curvature, secant)
-    return curvature, norms
+            own = max(own, secant) if m < cfg.first else own
+    return curvature, norms, own
