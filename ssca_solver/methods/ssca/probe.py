@@ -94,7 +94,7 @@ def model_start_tau(cfg: Settings, x0: np.ndarray, objective_curvature: float,
             and not np.any(cfg.equality)):
         return None
     radius = max(1.0, float(np.linalg.norm(x0)))
-    if cfg.anchored:
+    if cfg.problem.anchored:         # the library's F_0 = 0 (anchor_objective)
         try:
             g = float(np.linalg.norm(cfg.problem.deterministic.grad(x0)))
         except Exception:       # a term without a gradient at x0: the rule for every function

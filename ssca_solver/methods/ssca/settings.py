@@ -100,8 +100,6 @@ class Settings:
       auto_batch, batch_size: batch_size "auto" or "grow", or the fixed B (None: full
         batches).
       first_batch: round 1's rows per client when ``auto_batch`` (:func:`first_batch`).
-      anchored: the stochastic objective is the library's F_0 = 0
-        (:func:`ssca_solver.model.problem.anchor_objective`), not the user's.
       auto_tau, tau: tau="auto", or the fixed tau (the fallback 0.1 under "auto").
       adapt_tau: tau="auto" and every builder's tau adaptable.
       sampled: the rounds' statistics are random (a fixed B, or K < I clients).
@@ -135,7 +133,6 @@ class Settings:
     auto_batch: bool
     batch_size: Optional[int]
     first_batch: int
-    anchored: bool
     auto_tau: bool
     tau: float
     adapt_tau: bool
@@ -182,7 +179,6 @@ class Settings:
             largest=int(max(problem.data.client_sizes)),
             auto_batch=auto_batch, batch_size=batch_size,
             first_batch=first_batch(o.batch_size, problem.data.client_sizes, problem.dim),
-            anchored=bool(getattr(problem, "anchored", False)),
             auto_tau=auto_tau,
             tau=0.1 if auto_tau else float(o.tau), adapt_tau=adapt_tau,
             # sampled rounds: a fixed B, or a random set of clients (K < I, proportional)
