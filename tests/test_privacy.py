@@ -441,7 +441,13 @@ def test_distributed_needs_secure_aggregation_and_inflates_for_rounding():
                                     {"transport": "flower"}], ids=str)
 def test_distributed_noise_reaches_the_server_only_in_the_sum(monkeypatch, engine):
     """The unmasked sum differs from the clean weighted sum of the clipped sums by noise of
-    standard deviation sigma (the participants' shares together), on every coordinate."""
+    standard deviation sigma (the participants' shares together), on every coordinate.
+
+    The shares come from each client's own secret randomness (no seed reaches them), so this
+    is a statistical test: 64 rounds give 512 draws, whose standard deviation is within 0.15
+    of 1 and mean within 0.2 of 0 but for a chance below 1e-5 (4.5 standard errors), while a
+    share scaled for the wrong number of parties (std 0.5 or 2 with 4 of them) fails."""
+    rounds = 64
     pytest.importorskip("cryptography")
     if engine.get("transport") == "flower":
         pytest.importorskip("flwr")
@@ -451,12 +457,12 @@ def test_distributed_noise_reaches_the_server_only_in_the_sum(monkeypatch, engin
     seen = _inspect(monkeypatch)
     res = prob.solve(method="ssca", privacy=ss.Privacy(noise_multiplier=3.0, clip=0.7,
                                                        mechanism="distributed"),
-                     secure_aggregation=True, batch_size="full", tau=0.2, max_iter=25, seed=0,
+                     secure_aggregation=True, batch_size="full", tau=0.2, max_iter=rounds, seed=0,
                      **engine)
     assert res.status == ss.status.PRIVATE and res.privacy["mechanism"] == "distributed"
     assert {r.task for r, _ in seen} == {TASK}
     plan = dp.Plan(ss.Privacy(noise_multiplier=3.0, clip=0.7, mechanism="distributed"),
-                   data.client_sizes, None, 25, noised=2 * (D + 1), parties=4)
+                   data.client_sizes, None, rounds, noised=2 * (D + 1), parties=4)
     z = []
     for request, reply in seen:
         a = aggregation_weight(reply, N)
@@ -470,7 +476,7 @@ def test_distributed_noise_reaches_the_server_only_in_the_sum(monkeypatch, engin
             # n tau carries no data: exact
             assert a * float(reply.arrays[f"{m}:quad"]) == pytest.approx(0.2, rel=1e-9)
     z = np.array(z)
-    assert z.size == 25 * 2 * (D + 1)
+    assert z.size == rounds * 2 * (D + 1)
     assert abs(np.std(z) - 1.0) < 0.15 and abs(np.mean(z)) < 0.2
 
 
