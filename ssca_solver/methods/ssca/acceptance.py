@@ -455,7 +455,7 @@ def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse,
         # Problem 5 is too badly scaled to be solved
         floor = ad.MODEL_TAU_FLOOR * cfg.model(state).delta
         k = max(k, floor / max(cfg.tau_of(state), 1e-300))
-    scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
+    scaled = ad.rescale_all(base, base_w, k)
     start = state._replace(w=base_w)
     try:
         new, info = ssca_step.move(start, constraint_curvature(cfg, state, scaled, base_w),
@@ -469,7 +469,7 @@ def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse,
         # model starts afresh
         delta = cfg.model(state).delta
         k = max(k, delta / max(cfg.tau_of(state), 1e-300))
-        scaled = tuple(ad.rescale_tau(st, base_w, k) for st in base)
+        scaled = ad.rescale_all(base, base_w, k)
         start = start._replace(qn_s=np.zeros((0, 0)), qn_y=np.zeros((0, 0)),
                                hess=np.zeros((0, 0)), hess_eig=np.zeros(0),
                                curv_top=np.zeros(0))

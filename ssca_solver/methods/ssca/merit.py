@@ -19,10 +19,9 @@ def stacked_quadratics(cfg: Settings, stats):
     ``evaluate`` the proximal-linear one, a scalar curvature); None otherwise. What the
     per-function loops below read, as one matrix for their products; stacked once per
     statistics tuple (``cfg.forms``, when the settings have that cache)."""
-    from ...model.surrogates import ProximalLinear
-
-    if not all(type(b).evaluate is ProximalLinear.evaluate and b.scalar_curvature
-               for b in cfg.builders):
+    cache = getattr(cfg, "forms", None)
+    if not (proximal_forms(cfg.builders) if cache is None
+            else cache.stackable(lambda: proximal_forms(cfg.builders))):
         return None
 
     def make():
@@ -30,8 +29,16 @@ def stacked_quadratics(cfg: Settings, stats):
                 np.array([st["lin"] for st in stats], dtype=float),
                 np.array([float(st["const"]) for st in stats]))
 
-    cache = getattr(cfg, "forms", None)
     return make() if cache is None else cache.get(stats, make)
+
+
+def proximal_forms(builders) -> bool:
+    """Every builder is proximal-linear in form (its ``evaluate`` the proximal-linear one, a
+    scalar curvature): what :func:`stacked_quadratics` needs."""
+    from ...model.surrogates import ProximalLinear
+
+    return all(type(b).evaluate is ProximalLinear.evaluate and b.scalar_curvature
+               for b in builders)
 
 
 def _values(forms, w: np.ndarray) -> np.ndarray:

@@ -65,6 +65,14 @@ class FormsCache:
 
     def __init__(self):
         self._held: list = []
+        self._stackable: Optional[bool] = None
+
+    def stackable(self, test) -> bool:
+        """Whether the settings' builders give stacked forms (``test()``, asked once: the
+        builders are fixed for the settings' life)."""
+        if self._stackable is None:
+            self._stackable = bool(test())
+        return self._stackable
 
     def get(self, stats, make):
         """The forms of ``stats`` (a tuple, compared by identity), made by ``make()`` once."""
