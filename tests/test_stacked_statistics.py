@@ -127,3 +127,33 @@ def test_a_stacked_array_missing_from_a_reply_is_named():
         _problem().solve(seed=0, max_iter=6, transport=name, batch_size=10)
     err = info.value
     assert (err.client, err.round, err.kind, err.array) == (1, 3, "layout", "0..12:lin")
+
+
+def test_rescaling_every_functions_tau_at_once_is_rescaling_each():
+    """A retry's tau factor over hundreds of functions (``rescale_all``, |w|^2 once) gives
+    each function exactly what ``rescale_tau`` gives it: the same floats, scalar curvatures
+    and a diagonal one (a vector quad) alike; the value and gradient at w are kept."""
+    from ssca_solver.methods.ssca import adaptive as ad
+
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=5)
+    stats = [{"quad": np.asarray(rng.uniform(0.1, 2.0)), "lin": rng.normal(size=5),
+              "const": np.asarray(rng.normal())} for _ in range(40)]
+    stats.append({"quad": rng.uniform(0.1, 2.0, size=5), "lin": rng.normal(size=5),
+                  "const": np.asarray(1.5)})
+    for k in (0.25, 2.0, 37.0):
+        together = ad.rescale_all(tuple(stats), w, k)
+        assert len(together) == len(stats)
+        for st, got in zip(stats, together):
+            one = ad.rescale_tau(st, w, k)
+            assert sorted(got) == sorted(one)
+            for name in one:
+                np.testing.assert_array_equal(got[name], one[name])
+            q = np.asarray(got["quad"])
+            value = float(np.sum(q * w * w) + got["lin"] @ w + got["const"])
+            before = float(np.sum(np.asarray(st["quad"]) * w * w) + st["lin"] @ w
+                           + st["const"])
+            assert value == pytest.approx(before, rel=1e-12)
+            np.testing.assert_allclose(2.0 * q * w + got["lin"],
+                                       2.0 * np.asarray(st["quad"]) * w + st["lin"],
+                                       rtol=1e-12, atol=1e-12)

@@ -450,8 +450,9 @@ def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float) -> dic
 
 
 def rescale_all(stats, w: np.ndarray, k: float) -> tuple:
-    """:func:`rescale_tau` of every function's statistics (the same arrays, |w|^2 computed
-    once: with hundreds of constraints the per-function work is the round's)."""
+    """:func:`rescale_tau` of every function's statistics (eq. (fsmbar)'s proximal-linear
+    surrogates with tau multiplied by k; the same floats, |w|^2 computed once: with hundreds
+    of constraints the per-function work is the round's)."""
     ww = float(w @ w)
     km1 = k - 1.0
     out = []
