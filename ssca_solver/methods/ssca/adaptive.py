@@ -436,14 +436,18 @@ def surrogate_gradient(stats: Mapping[str, np.ndarray], w: np.ndarray) -> Option
     return 2.0 * np.asarray(stats["quad"]) * w + np.asarray(stats["lin"])
 
 
-def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float) -> dict:
+def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float,
+                ww: Optional[float] = None) -> dict:
     """Proximal-linear statistics at w with tau multiplied by k: quad' = k quad,
     lin' = lin - 2 (k - 1) quad w, const' = const + (k - 1) quad |w|^2 (the same values and
     gradient at w, k times the curvature). ``quad`` may be a vector (DiagonalCurvature's
-    h / 2 + tau per coordinate): then elementwise."""
+    h / 2 + tau per coordinate): then elementwise. ``ww``: |w|^2 when the caller has it."""
     quad = np.asarray(stats["quad"], dtype=float)
     q = float(quad) if quad.ndim == 0 else quad
-    added = (k - 1.0) * q * float(w @ w) if quad.ndim == 0 else (k - 1.0) * float(q @ (w * w))
+    if quad.ndim:
+        added = (k - 1.0) * float(q @ (w * w))
+    else:
+        added = (k - 1.0) * q * (float(w @ w) if ww is None else ww)
     return {"quad": np.asarray(k * q),
             "lin": np.asarray(stats["lin"]) - 2.0 * (k - 1.0) * q * w,
             "const": np.asarray(float(stats["const"]) + added)}
@@ -451,21 +455,9 @@ def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float) -> dic
 
 def rescale_all(stats, w: np.ndarray, k: float) -> tuple:
     """:func:`rescale_tau` of every function's statistics (eq. (fsmbar)'s proximal-linear
-    surrogates with tau multiplied by k; the same floats, |w|^2 computed once: with hundreds
-    of constraints the per-function work is the round's)."""
+    surrogates with tau multiplied by k), |w|^2 computed once for all of them."""
     ww = float(w @ w)
-    km1 = k - 1.0
-    out = []
-    for st in stats:
-        quad = np.asarray(st["quad"], dtype=float)
-        if quad.ndim:
-            out.append(rescale_tau(st, w, k))
-            continue
-        q = float(quad)
-        out.append({"quad": np.asarray(k * q),
-                    "lin": np.asarray(st["lin"]) - 2.0 * km1 * q * w,
-                    "const": np.asarray(float(st["const"]) + km1 * q * ww)})
-    return tuple(out)
+    return tuple(rescale_tau(st, w, k, ww) for st in stats)
 
 
 def raise_curvature(stats: Mapping[str, np.ndarray], w: np.ndarray, a: float) -> dict:
