@@ -419,37 +419,66 @@ def _kkt_like_system(rng, n=60, m=80):
     return A, b
 
 
-def test_a_guessed_support_gives_nnls_answer_or_is_dropped(monkeypatch):
-    """nonnegative_least_squares with a support guess: the least-squares solution on the
-    guessed columns when the optimality conditions hold there (the same answer as nnls, with
-    nnls not called), nnls's answer when the guess is wrong (a column missing, one too many,
-    an empty one)."""
+def test_the_active_set_method_gives_nnls_answer_from_any_guess(monkeypatch):
+    """nonnegative_least_squares's active-set iterations on a KKT fit's system: nnls's answer
+    (rtol 1e-9) from the right support in one least-squares solve, and from wrong guesses (a
+    column missing, one too many, none, no guess at all) in a few, with nnls not called; a
+    fit with more columns than rows and no regularisation rows (force_multipliers' system),
+    where a support can be rank deficient, still gives nnls's residual."""
     from scipy.optimize import nnls
 
     from ssca_solver.diagnostics import kkt
 
     rng = np.random.default_rng(3)
-    calls = []
-    real = kkt.nnls
+    calls, solves = [], []
+    real, real_ls = kkt.nnls, kkt._least_squares_on
     monkeypatch.setattr(kkt, "nnls", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(kkt, "_least_squares_on",
+                        lambda *a: solves.append(1) or real_ls(*a))
     for _ in range(5):
         A, b = _kkt_like_system(rng)
         ref = nnls(A, b, maxiter=50 * A.shape[1])[0]
         right = ref > 0.0
         assert 3 < right.sum() < A.shape[1] - 3
-        del calls[:]
+        del calls[:], solves[:]
         x = kkt.nonnegative_least_squares(A, b, right)
-        assert calls == []
+        assert calls == [] and solves == [1]
         np.testing.assert_allclose(x, ref, rtol=1e-9, atol=1e-12)
         missing = right.copy()
         missing[np.flatnonzero(right)[0]] = False
         extra = right.copy()
         extra[np.flatnonzero(~right)[0]] = True
-        for wrong in (missing, extra, np.zeros_like(right)):
-            del calls[:]
+        for wrong in (missing, extra, np.zeros_like(right), None):
+            del calls[:], solves[:]
             np.testing.assert_allclose(kkt.nonnegative_least_squares(A, b, wrong), ref,
                                        rtol=1e-9, atol=1e-12)
-            assert calls == [1]
+            assert calls == [] and 1 < len(solves) <= kkt.ACTIVE_SET_ITERATIONS
+    wide = rng.standard_normal((20, 60))
+    target = -rng.standard_normal(20)
+    ref = nnls(wide, target, maxiter=50 * 60)[0]
+    x = kkt.nonnegative_least_squares(wide, target)
+    assert np.all(x >= 0.0)
+    assert np.linalg.norm(wide @ x - target) == pytest.approx(
+        np.linalg.norm(wide @ ref - target), rel=1e-9, abs=1e-12)
+
+
+def test_a_cycling_active_set_hands_the_fit_to_nnls(monkeypatch):
+    """Where the active-set iterations do not settle (here: allowed one support only, started
+    from a wrong one), nnls gives the answer."""
+    from scipy.optimize import nnls
+
+    from ssca_solver.diagnostics import kkt
+
+    rng = np.random.default_rng(5)
+    A, b = _kkt_like_system(rng)
+    ref = nnls(A, b, maxiter=50 * A.shape[1])[0]
+    calls = []
+    real = kkt.nnls
+    monkeypatch.setattr(kkt, "nnls", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(kkt, "ACTIVE_SET_ITERATIONS", 1)
+    x = kkt.nonnegative_least_squares(A, b, np.zeros(A.shape[1], dtype=bool))
+    assert calls == [1]
+    np.testing.assert_allclose(x, ref, rtol=1e-9, atol=1e-12)
 
 
 def test_the_fits_over_subsets_give_the_same_multipliers_with_the_guess(monkeypatch):
@@ -471,7 +500,7 @@ def test_the_fits_over_subsets_give_the_same_multipliers_with_the_guess(monkeypa
         scale = max(1.0, float(np.linalg.norm(g)))
         bound_scale = np.ones(m)
         hits = []
-        real = kkt._on_support
+        real = kkt._active_set
 
         def counted(*args):
             x = real(*args)
@@ -479,10 +508,10 @@ def test_the_fits_over_subsets_give_the_same_multipliers_with_the_guess(monkeypa
                 hits.append(1)
             return x
 
-        monkeypatch.setattr(kkt, "_on_support", counted)
+        monkeypatch.setattr(kkt, "_active_set", counted)
         guessed = kkt._best_fit(g, G, cons, eq, scale, bound_scale)
-        assert hits                        # a guess was taken
-        monkeypatch.setattr(kkt, "_on_support", lambda *a: None)
+        assert hits                        # the active-set method gave an answer
+        monkeypatch.setattr(kkt, "_active_set", lambda *a: None)
         plain = kkt._best_fit(g, G, cons, eq, scale, bound_scale)
         monkeypatch.undo()
         np.testing.assert_allclose(guessed, plain, rtol=1e-8, atol=1e-12)

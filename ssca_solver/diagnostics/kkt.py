@@ -9,7 +9,7 @@ from typing import Optional
 
 import cvxpy as cp
 import numpy as np
-from scipy.linalg import solve_triangular
+from scipy.linalg import LinAlgError, cho_solve, cholesky, solve_triangular
 from scipy.optimize import lsq_linear, nnls
 
 from .evaluation import Evaluation, ProblemTerms, split_values
@@ -557,52 +557,99 @@ SUPPORT_DUAL_TOL = 1e-10
 #: and when the least-squares problem on it is well posed: the QR's diagonal spans at most
 #: 1 / SUPPORT_RANK_TOL
 SUPPORT_RANK_TOL = 1e-12
-#: a guess is tried from this many columns on (below, nnls's few iterations cost less than
-#: the QR and the check of a guess that may fail)
+#: from this many columns on, the primal-dual active-set method runs before nnls (below,
+#: nnls's few iterations cost less than the Gram matrix and the checks)
 SUPPORT_MIN_COLUMNS = 32
+#: supports the active-set method tries before nnls takes over (it stops early on a support
+#: it has tried before: a cycle)
+ACTIVE_SET_ITERATIONS = 12
+#: the normal equations of a support are solved by Cholesky, with one refinement step from
+#: the residual b - A x, while the factor's diagonal spans at most 1 / NORMAL_RANK_TOL
+#: (cond(A_S) below about that) and the solution leaves |A_j'(b - A x)| within the dual
+#: tolerance on the support too; by QR otherwise
+NORMAL_RANK_TOL = 1e-4
 
 
 def nonnegative_least_squares(A, b, support: Optional[np.ndarray] = None) -> np.ndarray:
-    """argmin |A x - b| over x >= 0: SciPy's nnls (an active-set method: where it converges
-    within its default iterations the answer is the same) with NNLS_ITERATIONS per unknown,
-    and bounded-variable least squares where it still runs out.
+    """argmin |A x - b| over x >= 0 (the KKT fit's multipliers: :func:`_fit_multipliers`).
 
-    ``support`` (boolean, one per column): a guess of the columns with x_j > 0, e.g. the
-    solution of a nearby fit. The least-squares solution on those columns is returned when it
-    satisfies the conditions that make it the answer -- every x_j > 0 on the support, and
-    A_j'(b - A x) <= 0 off it (to SUPPORT_DUAL_TOL) -- one QR instead of the active-set
-    iterations (which add one column at a time: hundreds on a fit over hundreds of
-    constraints); otherwise the guess is dropped and nnls runs as without it."""
-    x = (None if support is None or A.shape[1] < SUPPORT_MIN_COLUMNS
-         else _on_support(A, b, np.asarray(support, dtype=bool)))
-    if x is not None:
-        return x
+    With SUPPORT_MIN_COLUMNS columns or more: a primal-dual active-set method
+    (Hintermueller, Ito and Kunisch, SIAM J. Optim. 13 (2002)) on the support -- the columns
+    with x_j > 0 -- starting from ``support`` (boolean, one per column: a guess, e.g. the
+    solution of a nearby fit) or else from the columns with A_j'b > 0. Each iteration solves
+    the least-squares problem on the support and keeps its positive part plus the columns
+    outside it whose A_j'(b - A x) is positive; it returns the least-squares solution on a
+    support where the conditions that make it the answer hold: every x_j > 0 on the support,
+    A_j'(b - A x) <= SUPPORT_DUAL_TOL |A_j| |b| off it. That changes many columns an
+    iteration where SciPy's nnls (Lawson and Hanson's active-set method) adds one at a time:
+    hundreds on a fit over hundreds of constraints. Where it does not settle within
+    ACTIVE_SET_ITERATIONS (a cycle, a rank-deficient support), and below
+    SUPPORT_MIN_COLUMNS columns, SciPy's nnls runs, with NNLS_ITERATIONS per unknown, and
+    bounded-variable least squares where it still runs out."""
+    A = np.asarray(A, dtype=float)
+    b = np.asarray(b, dtype=float)
+    if A.shape[1] >= SUPPORT_MIN_COLUMNS:
+        x = _active_set(A, b, None if support is None else np.asarray(support, dtype=bool))
+        if x is not None:
+            return x
     try:
         return nnls(A, b, maxiter=NNLS_ITERATIONS * max(1, A.shape[1]))[0]
     except RuntimeError:
         return lsq_linear(A, b, bounds=(0.0, np.inf), method="bvls", tol=1e-12).x
 
 
-def _on_support(A, b, support: np.ndarray) -> Optional[np.ndarray]:
-    """The nonnegative least-squares solution if it is the least-squares solution on the
-    columns ``support`` (see :func:`nonnegative_least_squares`), else None."""
-    idx = np.flatnonzero(support)
-    if idx.size == 0 or idx.size > A.shape[0] or support.size != A.shape[1]:
+def _active_set(A, b, support: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    """:func:`nonnegative_least_squares`'s active-set iterations: its answer, or None."""
+    H = A.T @ A
+    q = A.T @ b
+    bound = SUPPORT_DUAL_TOL * np.sqrt(np.maximum(np.diag(H), 0.0)) * float(np.linalg.norm(b))
+    S = q > bound if support is None or support.size != A.shape[1] else support.copy()
+    tried = set()
+    for _ in range(ACTIVE_SET_ITERATIONS):
+        key = S.tobytes()
+        if key in tried:
+            return None
+        tried.add(key)
+        idx = np.flatnonzero(S)
+        x = np.zeros(A.shape[1])
+        if idx.size:
+            z = _least_squares_on(A, b, H, q, idx, bound[idx])
+            if z is None:
+                return None
+            x[idx] = z
+        dual = A.T @ (b - A @ x)
+        positive = x > 0.0
+        if np.all(positive[S]) and not np.any(dual[~S] > bound[~S]):
+            return x
+        S = (S & positive) | (~S & (dual > bound))
+    return None
+
+
+def _least_squares_on(A, b, H, q, idx, bound) -> Optional[np.ndarray]:
+    """argmin |A_S z - b| over the columns ``idx`` (H = A'A, q = A'b): Cholesky on H_SS with
+    one refinement step where that is accurate (NORMAL_RANK_TOL, and |A_S'(b - A_S z)| <=
+    ``bound``), else QR of A_S; None where A_S is rank deficient (SUPPORT_RANK_TOL) or has
+    more columns than rows."""
+    if idx.size > A.shape[0]:
         return None
+    try:
+        L = cholesky(H[np.ix_(idx, idx)], lower=True, check_finite=False)
+    except LinAlgError:
+        L = None
+    if L is not None:
+        diag = np.abs(np.diag(L))
+        if diag.min(initial=np.inf) > NORMAL_RANK_TOL * diag.max(initial=0.0):
+            z = cho_solve((L, True), q[idx], check_finite=False)
+            AS = A[:, idx]
+            z += cho_solve((L, True), AS.T @ (b - AS @ z), check_finite=False)
+            if np.all(np.isfinite(z)) and np.all(np.abs(AS.T @ (b - AS @ z)) <= bound):
+                return z
     Q, R = np.linalg.qr(A[:, idx])
     diag = np.abs(np.diag(R))
     if not diag.min(initial=np.inf) > SUPPORT_RANK_TOL * diag.max(initial=0.0):
         return None
     z = solve_triangular(R, Q.T @ b)
-    if not (np.all(np.isfinite(z)) and np.all(z > 0.0)):
-        return None
-    x = np.zeros(A.shape[1])
-    x[idx] = z
-    dual = A.T @ (b - A @ x)
-    bound = SUPPORT_DUAL_TOL * np.linalg.norm(A, axis=0) * float(np.linalg.norm(b))
-    if np.any(dual[~support] > bound[~support]):
-        return None
-    return x
+    return z if np.all(np.isfinite(z)) else None
 
 
 def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION,
