@@ -157,3 +157,63 @@ def test_rescaling_every_functions_tau_at_once_is_rescaling_each():
             np.testing.assert_allclose(2.0 * q * w + got["lin"],
                                        2.0 * np.asarray(st["quad"]) * w + st["lin"],
                                        rtol=1e-12, atol=1e-12)
+
+
+def test_a_run_of_plain_functions_gives_each_its_own_statistics_bit_for_bit():
+    """A client's run of plain functions with the proximal-linear builder (scalar_blocks;
+    a DiagonalCurvature splits it) gives every function exactly the floats
+    ProximalLinear.statistics gives it on its own (eq. (fsmbar)), with a builder's own tau."""
+    from ssca_solver.methods.ssca.client import scalar_blocks, scalar_statistics
+
+    prob = _problem(diagonal_at=3)
+    fns = [prob.objective] + [c.function for c in prob.constraints]
+    builders = list(prob.builders)
+    builders[6] = ss.ProximalLinear(2.5)
+    blocks = scalar_blocks(fns, builders)
+    assert blocks == [[0, 1, 2, 3], list(range(5, M + 1))]
+    rng = np.random.default_rng(7)
+    X, y, w = rng.standard_normal((11, D)), rng.standard_normal(11), rng.standard_normal(D)
+    got = scalar_statistics(blocks, fns, builders, w, X, y, 0.7)
+    assert sorted(got) == [0, 1, 2, 3] + list(range(5, M + 1))
+    for m, st in got.items():
+        t = builders[m].tau if builders[m].tau is not None else 0.7
+        ref = builders[m].statistics(fns[m], w, X, y, t, "here")
+        assert set(st) == set(ref)
+        for k in ref:
+            assert np.shape(st[k]) == np.shape(ref[k]) and np.array_equal(st[k], ref[k]), (m, k)
+
+
+@pytest.mark.parametrize("fault", ["nan", "shape", "raises"])
+def test_a_run_with_a_faulty_function_goes_one_by_one_and_names_it(fault):
+    """A function of a run that is not finite, answers with the wrong shape or raises leaves
+    the run out of the joint path; one by one, the error names that function."""
+    from ssca_solver.methods.ssca.client import scalar_blocks, scalar_statistics
+
+    def value(w, X, y):
+        if fault == "raises":
+            raise ZeroDivisionError("boom")
+        return np.full(len(X) + (fault == "shape"), np.nan if fault == "nan" else 1.0)
+
+    good = ss.SampleFunction(lambda w, X, y: np.ones(len(X)), lambda w, X, y: np.ones(D),
+                             name="good")
+    bad = ss.SampleFunction(value, lambda w, X, y: np.ones(D), name="bad")
+    fns, builders = [good, bad, good], [ss.ProximalLinear()] * 3
+    X = np.ones((4, D))
+    assert scalar_statistics(scalar_blocks(fns, builders), fns, builders, np.zeros(D), X,
+                             None, 1.0) == {}
+    prob = ss.Problem(good, [bad <= 1.0, good <= 2.0], dim=D,
+                      data=ss.FederatedData([X, X]))
+    with pytest.raises(ss.UserFunctionError, match=r"bad\.value"):
+        prob.solve(seed=0, max_iter=3)
+
+
+def test_runs_of_plain_functions_give_the_iterates_of_one_by_one(monkeypatch):
+    """Solving with the clients' joint path for runs of plain functions gives the iterates,
+    multipliers and status of every function evaluated on its own path."""
+    from ssca_solver.methods.ssca import client
+
+    prob = _problem(diagonal_at=3)
+    a = prob.solve(seed=0, max_iter=40)
+    monkeypatch.setattr(client, "scalar_blocks", lambda functions, builders: [])
+    b = prob.solve(seed=0, max_iter=40)
+    _same(a, b)

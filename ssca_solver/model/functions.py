@@ -350,6 +350,15 @@ def mean_value_or_nan(fn: SampleFunction, w, X, y, n: int, where: str) -> float:
     return m if np.isfinite(m) else float("nan")
 
 
+def raw_value_and_grad(fn: SampleFunction, w, X, y):
+    """(per-sample values, mean gradient) as ``fn`` returns them, unchecked (one call when
+    ``fn.value_and_grad`` exists): for callers that check many functions' answers at once and
+    fall back to :func:`checked_value_and_grad`, whose errors name the function."""
+    if fn.value_and_grad is None:
+        return fn.value(w, X, y), fn.grad(w, X, y)
+    return fn.value_and_grad(w, X, y)
+
+
 def checked_value_and_grad(fn: SampleFunction, w, X, y, where: str):
     """(per-sample values, mean gradient), checked; one call when ``fn.value_and_grad`` exists."""
     n, d = X.shape[0], w.size

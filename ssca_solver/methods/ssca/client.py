@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import UserFunctionError, not_finite_at_point
-from ...model.functions import checked_hessp, whole_hessian
+from ...model.functions import checked_hessp, raw_value_and_grad, whole_hessian
 from ...model.surrogates import ProximalLinear, proximal_linear_statistics
 from ...federated.messages import Request, optional_int, own_factor, secagg_active, summed
 from . import adaptive as ad
@@ -84,6 +84,62 @@ def component_blocks(functions, builders) -> list:
     return blocks
 
 
+def scalar_blocks(functions, builders) -> list:
+    """Runs of at least two consecutive plain SampleFunctions (not components of a
+    VectorSampleFunction) with the proximal-linear builder (its own ``statistics``):
+    [[m, ...]]. Each function is still called on its own; :func:`scalar_statistics` checks
+    their answers and forms eq. (fsmbar)'s statistics for the run at once."""
+    blocks, run = [], []
+    for m, (fn, b) in enumerate(zip(functions, builders)):
+        if (getattr(fn, "component_of", None) is None
+                and type(b).statistics is ProximalLinear.statistics):
+            run.append(m)
+            continue
+        if len(run) >= 2:
+            blocks.append(run)
+        run = []
+    if len(run) >= 2:
+        blocks.append(run)
+    return blocks
+
+
+def scalar_statistics(blocks, functions, builders, w, X, y, tau: float) -> dict:
+    """{m: q_m} for the functions of ``blocks`` (:func:`scalar_blocks`): the proximal-linear
+    statistics of eq. (fsmbar), the same floats :meth:`~ssca_solver.ProximalLinear.statistics`
+    gives one function at a time, with the checks of the answers' shapes and finiteness made
+    once for the run. A run where a function raises, answers with a wrong shape or is not
+    finite is left out: its functions then go one by one, whose errors name the function,
+    client and round."""
+    out = {}
+    n, d = X.shape[0], w.size
+    ww = w @ w
+    for ms in blocks:
+        sums, grads = np.empty(len(ms)), np.empty((len(ms), d))
+        try:
+            for i, m in enumerate(ms):
+                v, g = raw_value_and_grad(functions[m], w, X, y)
+                v, g = np.asarray(v, dtype=float), np.asarray(g, dtype=float)
+                if v.shape != (n,) or g.shape != (d,):
+                    raise ValueError("shape")
+                sums[i] = v.sum()
+                grads[i] = g
+        except Exception:
+            continue
+        if not (np.all(np.isfinite(sums)) and np.all(np.isfinite(grads))):
+            continue
+        nt = n * np.array([builders[m].tau if builders[m].tau is not None else tau for m in ms],
+                          dtype=float)
+        lin = np.multiply(grads, n)
+        for i, m in enumerate(ms):
+            # row by row, as ProximalLinear.statistics computes one function's (the same dot
+            # products and the same order of operations: the same floats)
+            const = sums[i] - lin[i] @ w + nt[i] * ww
+            row = lin[i]
+            row -= (2.0 * nt[i]) * w
+            out[m] = {"const": np.asarray(const), "lin": row, "quad": np.asarray(nt[i])}
+    return out
+
+
 def block_statistics(blocks, functions, builders, w, X, y, tau: float) -> dict:
     """{m: q_m} for the functions of ``blocks`` (:func:`component_blocks`): the proximal-linear
     statistics of eq. (fsmbar) of every component from one evaluation of their vector
@@ -129,6 +185,7 @@ class SSCARoundTask:
         self.functions = tuple(functions)
         self.builders = tuple(builders)
         self.blocks = component_blocks(self.functions, self.builders)
+        self.scalar_blocks = scalar_blocks(self.functions, self.builders)
 
     def pooling(self, request: Request):
         """The batch the shards pool for ``request`` (:class:`~ssca_solver.federated.shards.
@@ -176,11 +233,15 @@ class SSCARoundTask:
         stats, noise, curvature = [], [], {}
         sketch = request.arrays.get(SKETCH) if request.config.get("curvature") else None
         omega = None if sketch is None else np.asarray(sketch, dtype=float).T     # (d, k)
-        # consecutive components of one VectorSampleFunction: their statistics at once
-        # (not with the noise split or the curvature, which go function by function)
-        read = ({} if noisy or request.config.get("curvature")
-                else block_statistics(self.blocks, self.functions, self.builders, request.w,
-                                      X, y, tau))
+        # consecutive components of one VectorSampleFunction, and runs of plain functions:
+        # their statistics at once (not with the noise split or the curvature, which go
+        # function by function)
+        read = {}
+        if not (noisy or request.config.get("curvature")):
+            read.update(block_statistics(self.blocks, self.functions, self.builders,
+                                         request.w, X, y, tau))
+            read.update(scalar_statistics(self.scalar_blocks, self.functions, self.builders,
+                                          request.w, X, y, tau))
         try:
             for m, (fn, builder) in enumerate(zip(self.functions, self.builders)):
                 t = builder.tau if builder.tau is not None else tau
