@@ -128,18 +128,24 @@ def recentre_quadratic(stats: Mapping[str, np.ndarray], center: np.ndarray) -> d
     return {"const": np.asarray(const), "lin": lin + 2.0 * quad * c, "quad": quad}
 
 
-def proximal_linear_statistics(value_sums, grads, n: int, w: np.ndarray, nt):
-    """(const, lin, quad) of :class:`ProximalLinear` over a batch of n rows: quad = n tau,
-    lin = g - 2 n tau w_t, const = v - g.w_t + n tau |w_t|^2 with v the sum of the values and
-    g = n grad the sum of the gradients. One function (``grads`` (d,), scalars ``value_sums``
-    and ``nt``) or K of them at once (``grads`` (K, d), ``value_sums`` and ``nt`` (K,): the
-    components of a vector function, :func:`ssca_solver.methods.ssca.client.block_statistics`)."""
+def proximal_linear_statistics(value_sums, grads, n: int, w: np.ndarray, nt, ww=None):
+    """(const, lin, quad) of :class:`ProximalLinear` over a batch of n rows (eq. (fsmbar)):
+    quad = n tau, lin = g - 2 n tau w_t, const = v - g.w_t + n tau |w_t|^2 with v the sum of
+    the values and g = n grad the sum of the gradients. One function (``grads`` (d,), scalars
+    ``value_sums`` and ``nt``) or K of them at once (``grads`` (K, d), ``value_sums`` and
+    ``nt`` (K,): a vector function's components or a run of functions,
+    :mod:`ssca_solver.methods.ssca.client`), each row the same floats as on its own.
+    ``ww``: |w_t|^2 when the caller has it."""
     lin = np.multiply(grads, n)                # g = n grad, the batch's gradient sums
-    const = value_sums - lin @ w + nt * (w @ w)
+    ww = w @ w if ww is None else ww
     if lin.ndim == 1:
+        const = value_sums - lin @ w + nt * ww
         axpy(-2.0 * nt, w, lin)                # lin = g - 2 n tau w, in place
     else:
-        lin -= 2.0 * np.multiply.outer(nt, w)
+        # one dot product per row, as one function's (a matrix-vector product may round
+        # differently)
+        const = value_sums - np.array([row @ w for row in lin]) + nt * ww
+        lin -= np.multiply.outer(2.0 * nt, w)
     return const, lin, nt
 
 

@@ -127,16 +127,8 @@ def scalar_statistics(blocks, functions, builders, w, X, y, tau: float) -> dict:
             continue
         if not (np.all(np.isfinite(sums)) and np.all(np.isfinite(grads))):
             continue
-        nt = n * np.array([builders[m].tau if builders[m].tau is not None else tau for m in ms],
-                          dtype=float)
-        lin = np.multiply(grads, n)
-        for i, m in enumerate(ms):
-            # row by row, as ProximalLinear.statistics computes one function's (the same dot
-            # products and the same order of operations: the same floats)
-            const = sums[i] - lin[i] @ w + nt[i] * ww
-            row = lin[i]
-            row -= (2.0 * nt[i]) * w
-            out[m] = {"const": np.asarray(const), "lin": row, "quad": np.asarray(nt[i])}
+        _split_statistics(out, ms, proximal_linear_statistics(
+            sums, grads, n, w, n * _taus(builders, ms, tau), ww))
     return out
 
 
@@ -157,12 +149,22 @@ def block_statistics(blocks, functions, builders, w, X, y, tau: float) -> dict:
         sums = V.sum(axis=0)
         if not (np.all(np.isfinite(sums)) and np.all(np.isfinite(G))):
             continue
-        taus = np.array([builders[m].tau if builders[m].tau is not None else tau for m in ms],
-                        dtype=float)
-        const, lin, quad = proximal_linear_statistics(sums, G, n, w, n * taus)
-        for i, m in enumerate(ms):
-            out[m] = {"const": np.asarray(const[i]), "lin": lin[i], "quad": np.asarray(quad[i])}
+        _split_statistics(out, ms, proximal_linear_statistics(sums, G, n, w,
+                                                              n * _taus(builders, ms, tau)))
     return out
+
+
+def _taus(builders, ms, tau: float) -> np.ndarray:
+    """Each function's tau: its builder's own, else the round's."""
+    return np.array([builders[m].tau if builders[m].tau is not None else tau for m in ms],
+                    dtype=float)
+
+
+def _split_statistics(out: dict, ms, stats) -> None:
+    """out[m] = function m's statistics, rows of K functions' (const, lin, quad)."""
+    const, lin, quad = stats
+    for i, m in enumerate(ms):
+        out[m] = {"const": np.asarray(const[i]), "lin": lin[i], "quad": np.asarray(quad[i])}
 
 
 class SSCARoundTask:
