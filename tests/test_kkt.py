@@ -600,3 +600,18 @@ def test_the_quasi_newton_model_is_the_kkt_tests_model_hessian():
         assert seen and all(H is None for H, _ in seen)
     finally:
         SSCA.kkt_model_hessian = original
+
+
+def test_the_active_set_method_runs_with_one_blas_thread(monkeypatch):
+    """Its products (NumPy's BLAS) and factorisations (SciPy's) run inside one_blas_thread:
+    both libraries' thread pools otherwise fight over the cores between the calls."""
+    from ssca_solver import _blas
+    from ssca_solver.diagnostics import kkt
+
+    depths = []
+    real = kkt._active_set_iterations
+    monkeypatch.setattr(kkt, "_active_set_iterations",
+                        lambda *a: depths.append(_blas._state["depth"]) or real(*a))
+    A, b = _kkt_like_system(np.random.default_rng(6))
+    kkt.nonnegative_least_squares(A, b)
+    assert depths == [1] and _blas._state["depth"] == 0

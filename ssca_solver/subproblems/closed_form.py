@@ -592,9 +592,10 @@ class ClosedFormSubproblem(SubproblemSolver):
         """Problem 5 at the averaged statistics with (w - x)' B (w - x) / 2 added to the
         objective's surrogate, x = ``center`` (:func:`solve_closed_form_model`)."""
         a0, b0, c0, a, bs, c = self._forms(self._quadratic_forms(stats), (0.0, None, 0.0))
-        sol = solve_closed_form_model(a0, b0, c0, a, bs, c, self.bounds, penalty, model, center,
-                                      nu0=nu0, max_iter=self.newton_max_iter,
-                                      equality=self.equality)
+        with one_blas_thread():
+            sol = solve_closed_form_model(a0, b0, c0, a, bs, c, self.bounds, penalty, model,
+                                          center, nu0=nu0, max_iter=self.newton_max_iter,
+                                          equality=self.equality)
         return self._flagged(sol, penalty)
 
     def with_metric(self, metric: np.ndarray, center: np.ndarray) -> BoundSolver:
