@@ -603,8 +603,8 @@ def _active_set(A, b, support: Optional[np.ndarray]) -> Optional[np.ndarray]:
     """:func:`nonnegative_least_squares`'s active-set iterations: its answer, or None. With
     one BLAS thread (:func:`ssca_solver._blas.one_blas_thread`): its products go to NumPy's
     BLAS and its factorisations to SciPy's, whose thread pools otherwise fight over the
-    cores between the calls (n = m = 300 on 2 cores: a Cholesky of 170 unknowns 3.4 ms
-    with both pools at 2 threads, 0.1 ms at 1)."""
+    cores between the calls (n = m = 300 on 2 cores: its Cholesky factorisations, of up to
+    300 unknowns, took 3.4 ms each on average with both pools at 2 threads, 0.1 ms at 1)."""
     with one_blas_thread():
         return _active_set_iterations(A, b, support)
 
