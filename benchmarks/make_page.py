@@ -514,7 +514,8 @@ def r_rounds(d: dict) -> str:
                     + ["yes" if all(r["targets"].values()) else "no"])
     return (head + table(["condition", "default", "batch full", "L-BFGS, full",
                           "kkt_tol 1e-8", "SLSQP", "trust-constr", "targets met"], rows)
-            + "\n" + figure("rounds.png", "rounds and distance against the condition number")
+            + "\n" + figure("rounds.png", "rounds and distance against the condition number; "
+                                         "a round's time against m")
             + r_rounds_fair(d) + r_rounds_np(d) + r_rounds_multinomial(d)
             + r_rounds_constraints(d))
 

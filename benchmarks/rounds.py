@@ -37,10 +37,11 @@ synthetic rows of ``second_order.py``; class-1 loss + 1e-3 |w|^2 s.t. class-0 lo
 the default options against SciPy's SLSQP on the pooled rows (exact gradients, ftol 1e-12):
 <= 30 rounds and <= 2x SLSQP's wall time. ``--quick`` skips it.
 
-Writes ``rounds.json`` and ``rounds.png`` (rounds and distance against kappa); ``--quick``
-runs kappa in {1e2, 1e4}.
+Writes ``rounds.json`` and ``rounds.png`` (rounds and distance against kappa, and a round's
+time against m beside an SLSQP iteration's); ``--quick`` runs kappa in {1e2, 1e4};
+``--replot`` redraws the PNG from the JSON.
 
-    python benchmarks/rounds.py [--quick] [--publish]
+    python benchmarks/rounds.py [--quick] [--publish] [--replot]
 """
 
 from __future__ import annotations
@@ -364,13 +365,17 @@ def constraints_case() -> list:
     return out
 
 
-def plot(results, path):
+def plot(results, path, constraints=()):
+    """Rounds and distance against the condition number; with ``constraints`` (the
+    constraint case's records) a third panel: a round's time against m beside an SLSQP
+    iteration's."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     k = [r["kappa"] for r in results]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3 if constraints else 2, figsize=(15 if constraints else 10, 4))
+    a, b = axes[0], axes[1]
     for name, style in (("default", "o-"), ("full", "s-"), ("lbfgs_full", "^--"),
                         ("tight", "d:")):
         a.plot(k, [r["ssca"][name]["rounds"] for r in results], style, label=f"SSCA {name}")
@@ -387,7 +392,25 @@ def plot(results, path):
         ax.set_xlabel("condition number of the features")
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
-    fig.suptitle("Ill-conditioned least squares, equality + ball, 8 clients, d = 20")
+    a.set_title("Ill-conditioned least squares, equality + ball, 8 clients, d = 20",
+                fontsize=9, loc="left")
+    if constraints:
+        c = axes[2]
+        ms = [r["m"] for r in constraints]
+        c.plot(ms, [1e3 * r["ssca"]["round_s"] for r in constraints], "o-",
+               label="SSCA round, one function per constraint")
+        c.plot(ms, [1e3 * r["ssca_vector"]["round_s"] for r in constraints], "s--",
+               label="SSCA round, one vector function")
+        c.plot(ms, [1e3 * r["slsqp"]["iteration_s"] for r in constraints], "k-",
+               label="SLSQP iteration")
+        c.plot(ms, [TARGET_CONS_RATIO * 1e3 * r["slsqp"]["iteration_s"] for r in constraints],
+               color="0.6", lw=0.8, label=f"{TARGET_CONS_RATIO:g}x an SLSQP iteration")
+        c.set_xscale("log")
+        c.set_yscale("log")
+        c.set_xlabel("constraints m")
+        c.set_ylabel("ms (fastest of a few solves)")
+        c.set_title(f"A round against m, n = {constraints[0]['n']}", fontsize=9, loc="left")
+        c.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -395,8 +418,17 @@ def plot(results, path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="kappa in {1e2, 1e4} only")
+    ap.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON")
     args = ap.parse_args(argv)
     from defaults import library_version
+
+    if args.replot:
+        import json
+        stem = "rounds_quick" if args.quick else "rounds"
+        payload = json.loads((RESULTS / f"{stem}.json").read_text())
+        plot(payload["results"], RESULTS / f"{stem}.png", payload.get("constraints") or ())
+        log(f"redrew {stem}.png from {stem}.json")
+        return 0
 
     t_all = time.perf_counter()
     kappas = (1e2, 1e4) if args.quick else KAPPAS
@@ -415,7 +447,7 @@ def main(argv=None) -> int:
                "targets_met": sum(all(r["targets"].values()) for r in results),
                "problems": len(results)}
     path = write_json(stem, payload)
-    plot(results, RESULTS / f"{stem}.png")
+    plot(results, RESULTS / f"{stem}.png", many)
     log(f"wrote {path} and {stem}.png; targets met on {payload['targets_met']} of "
         f"{len(results)} condition numbers; fair logistic: default / full rounds = "
         f"{fair['default_over_full_rounds']:.2f} (target <= {TARGET_FAIR_RATIO})")
