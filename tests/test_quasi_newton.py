@@ -330,22 +330,82 @@ class _WithoutEigen:
 
 
 def test_the_closed_form_over_the_whole_space_takes_the_models_eigenvectors():
-    """2 memory + M + 1 >= d: the rotated problem in the model's own eigenvectors gives the
-    w-bar and multipliers of the eigendecomposition of B (d = 12, 4 pairs, M = 5)."""
+    """Directions spanning R^d (2 memory >= d): the rotated problem in the model's own
+    eigenvectors gives the w-bar and multipliers of the eigendecomposition of B (d = 12,
+    6 pairs, M = 5)."""
     rng = np.random.default_rng(5)
     d, M = 12, 5
     H = rng.standard_normal((d, d))
-    S, Y = _pairs(rng, d, 4, H @ H.T / d + 0.1 * np.eye(d))
+    S, Y = _pairs(rng, d, 6, H @ H.T / d + 0.1 * np.eye(d))
     model = LBFGSModel(S, Y)
     x, b0 = rng.standard_normal(d), rng.standard_normal(d)
     a, bs = rng.uniform(0.05, 0.3, M), [rng.standard_normal(d) for _ in range(M)]
     cs, U = rng.standard_normal(M), rng.uniform(-1.0, 0.5, M)
     sol = solve_closed_form_model(0.3, b0, 1.0, a, bs, cs, U, 10.0, model, x)
     ref = solve_closed_form_model(0.3, b0, 1.0, a, bs, cs, U, 10.0, _WithoutEigen(model), x)
-    assert 2 * len(model) + M + 1 >= d
+    assert model.directions().shape[0] >= d
     np.testing.assert_allclose(sol.w, ref.w, rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(sol.multipliers, ref.multipliers, atol=1e-9)
     assert np.any(sol.multipliers > 0)
+
+
+class _AllDirections(_WithoutEigen):
+    """The same model declaring all of R^d its directions, with its own ``eigen``: the
+    closed form then solves in the model's d eigenvectors (the reference for the split)."""
+
+    def eigen(self):
+        return self.model.eigen()
+
+    def directions(self):
+        return np.eye(self.model.directions().shape[1])
+
+
+def _sketch(rng, d, k):
+    from ssca_solver.methods.ssca.newton import SketchModel
+
+    U, _ = np.linalg.qr(rng.standard_normal((d, k)))
+    return SketchModel(U.T, np.concatenate([np.sort(rng.uniform(1.0, 5.0, k))[::-1], [0.7]]))
+
+
+@pytest.mark.parametrize("kind, M, equality", [("lbfgs", 3, False), ("lbfgs", 40, False),
+                                               ("lbfgs", 40, True), ("sketch", 40, False),
+                                               ("none", 40, False)])
+def test_the_split_closed_form_equals_the_one_in_the_models_eigenvectors(kind, M, equality):
+    """Directions spanning less than R^d: the dual split into the span's coordinates and the
+    complement's Gram matrix (M = 40 runs the working set) gives the w-bar, slacks, value and
+    multipliers of the diagonal closed form in all d of the model's eigenvectors. With no
+    pair (B = 0) it is the plain scalar closed form."""
+    from ssca_solver.subproblems.closed_form import solve_closed_form
+
+    rng = np.random.default_rng(M + len(kind))
+    d = 60
+    H = rng.standard_normal((d, d))
+    if kind == "sketch":
+        model = _sketch(rng, d, 7)
+    else:
+        S, Y = _pairs(rng, d, 5 if kind == "lbfgs" else 0, H @ H.T / d + 0.1 * np.eye(d))
+        model = LBFGSModel(S, Y)
+    assert model.directions().shape[0] < d
+    x, b0 = rng.standard_normal(d), rng.standard_normal(d)
+    eq = np.zeros(M, dtype=bool)
+    if equality:
+        eq[[3, 17]] = True
+    a = np.where(eq, 0.0, rng.uniform(0.0, 0.3, M))
+    bs = [rng.standard_normal(d) for _ in range(M)]
+    cs, U = rng.standard_normal(M), rng.uniform(-1.0, 0.5, M)
+    sol = solve_closed_form_model(0.3, b0, 1.0, a, bs, cs, U, 10.0, model, x, equality=eq)
+    if kind == "none":
+        ref = solve_closed_form(0.3, b0, 1.0, a, bs, cs, U, 10.0, equality=eq)
+    else:
+        ref = solve_closed_form_model(0.3, b0, 1.0, a, bs, cs, U, 10.0, _AllDirections(model),
+                                      x, equality=eq)
+    scale = max(1.0, float(np.max(np.abs(ref.w))))
+    np.testing.assert_allclose(sol.w, ref.w, rtol=0, atol=1e-9 * scale)
+    np.testing.assert_allclose(sol.multipliers, ref.multipliers, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(sol.slack, ref.slack, rtol=0, atol=1e-9 * scale)
+    assert abs(sol.value - ref.value) <= 1e-10 * max(1.0, abs(ref.value))
+    assert sol.residual <= 1e-13 * 11.0 and np.any(sol.multipliers > 0)
+    assert np.sum((sol.multipliers > 0) & (sol.multipliers < 10.0)) >= 2
 
 
 def _cb2(objective: str, equality: bool = False):

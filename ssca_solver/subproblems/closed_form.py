@@ -189,30 +189,46 @@ def _dual_diag_curvature(a0v, b0v, Ac, Bc, nu, free):
     return np.dot(J, J.T)
 
 
+#: how the dual's terms are held (``mode`` of the kernels below): the Gram matrix of scalar
+#: curvatures; per-coordinate curvature vectors; or both added up, the split of a
+#: quasi-Newton model's subproblem into its directions and their complement
+#: (:func:`solve_closed_form_model`)
+GRAM, DIAG, SPLIT = 0, 1, 2
+
+
 @njit(cache=True)
-def _evaluate(diag, G, a0, a, a0v, b0v, Ac, Bc, d, nu):
-    if diag:
+def _evaluate(mode, G, a0, a, a0v, b0v, Ac, Bc, d, nu):
+    if mode == DIAG:
         return _dual_diag(a0v, b0v, Ac, Bc, d, nu)
-    return _dual(G, a0, a, d, nu)
+    if mode == GRAM:
+        return _dual(G, a0, a, d, nu)
+    # SPLIT: g is the sum of the two parts' -|B|^2 / 4A terms plus nu.d, counted once
+    g1, grad1, scale1 = _dual(G, a0, a, d, nu)
+    g2, grad2, scale2 = _dual_diag(a0v, b0v, Ac, Bc, d, nu)
+    nd = np.dot(nu, d)
+    return g1 + g2 - nd, grad1 + grad2 - d, scale1 + scale2 - np.sum(np.abs(nu * d))
 
 
 @njit(cache=True)
-def _curvature(diag, G, a0, a, a0v, b0v, Ac, Bc, nu, free):
-    if diag:
+def _curvature(mode, G, a0, a, a0v, b0v, Ac, Bc, nu, free):
+    if mode == DIAG:
         return _dual_diag_curvature(a0v, b0v, Ac, Bc, nu, free)
-    return _dual_curvature(G, a0, a, nu, free)
+    if mode == GRAM:
+        return _dual_curvature(G, a0, a, nu, free)
+    return (_dual_curvature(G, a0, a, nu, free)
+            + _dual_diag_curvature(a0v, b0v, Ac, Bc, nu, free))
 
 
 @njit(cache=True)
-def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, a0v, b0v, Ac, Bc, lower):
+def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, mode, a0v, b0v, Ac, Bc, lower):
     """Maximise the concave g on the box [lower, c] (lower_m = 0, or -c for an equality) by
-    projected Newton with an Armijo arc search (g from the Gram matrix, or from the curvature
-    vectors when ``diag``)."""
+    projected Newton with an Armijo arc search (g from the Gram matrix, from the curvature
+    vectors, or from both: ``mode``)."""
     M = d.size
     nu = np.minimum(np.maximum(nu0, lower), c)
     res = np.inf
     for _ in range(max_iter):
-        g, grad, gscale = _evaluate(diag, G, a0, a, a0v, b0v, Ac, Bc, d, nu)
+        g, grad, gscale = _evaluate(mode, G, a0, a, a0v, b0v, Ac, Bc, d, nu)
         pg = nu - np.minimum(np.maximum(nu + grad, lower), c)
         res = np.max(np.abs(pg))
         if res <= tol:
@@ -225,7 +241,7 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, a0v, b0v, Ac, Bc
         free = np.where(~binding)[0]
         direction = grad.copy()  # binding coordinates: gradient step, stopped by the projection
         if free.size > 0:
-            Hf = _curvature(diag, G, a0, a, a0v, b0v, Ac, Bc, nu, free)
+            Hf = _curvature(mode, G, a0, a, a0v, b0v, Ac, Bc, nu, free)
             reg = 1e-14 * (1.0 + np.trace(Hf))
             for i in range(free.size):
                 Hf[i, i] += reg
@@ -236,7 +252,7 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, a0v, b0v, Ac, Bc
         accepted = False
         for _ in range(60):
             trial = np.minimum(np.maximum(nu + alpha * direction, lower), c)
-            gt, gradt, _ = _evaluate(diag, G, a0, a, a0v, b0v, Ac, Bc, d, trial)
+            gt, gradt, _ = _evaluate(mode, G, a0, a, a0v, b0v, Ac, Bc, d, trial)
             if gt - g >= 1e-4 * np.dot(grad, trial - nu) and gt >= g:
                 nu = trial
                 accepted = True
@@ -259,7 +275,7 @@ def _projected_newton(G, a0, a, d, c, nu0, tol, max_iter, diag, a0v, b0v, Ac, Bc
 WORKING_SET_MIN = 32
 
 
-def _maximise_dual(G, a0, a, d, c, start, tol, max_iter, diag, a0v, b0v, Ac, Bc, lower):
+def _maximise_dual(G, a0, a, d, c, start, tol, max_iter, mode, a0v, b0v, Ac, Bc, lower):
     """The projected Newton method (:func:`_projected_newton`, one BLAS thread) on the whole
     box, or, above WORKING_SET_MIN constraints, on a working set that grows until the whole
     box's projected-gradient residual is within ``tol``.
@@ -277,12 +293,12 @@ def _maximise_dual(G, a0, a, d, c, start, tol, max_iter, diag, a0v, b0v, Ac, Bc,
     nu = np.minimum(np.maximum(start, lower), c)
     with one_blas_thread():
         if M <= WORKING_SET_MIN:
-            return _projected_newton(G, a0, a, d, c, nu, tol, max_iter, diag, a0v, b0v, Ac,
+            return _projected_newton(G, a0, a, d, c, nu, tol, max_iter, mode, a0v, b0v, Ac,
                                      Bc, lower)
         inside = (nu != 0.0) | (lower < 0.0)
         residual = np.inf
         for _ in range(M):
-            _, grad, _ = _evaluate(diag, G, a0, a, a0v, b0v, Ac, Bc, d, nu)
+            _, grad, _ = _evaluate(mode, G, a0, a, a0v, b0v, Ac, Bc, d, nu)
             pg = np.abs(nu - np.minimum(np.maximum(nu + grad, lower), c))
             residual = float(np.max(pg))
             out = np.flatnonzero(~inside & (pg > tol))
@@ -292,19 +308,19 @@ def _maximise_dual(G, a0, a, d, c, start, tol, max_iter, diag, a0v, b0v, Ac, Bc,
                 room = max(WORKING_SET_MIN - int(inside.sum()), int(inside.sum()), 1)
                 inside[out[np.argsort(-pg[out], kind="stable")[:room]]] = True
             W = np.flatnonzero(inside)
-            if diag:
-                sub, sub_res = _projected_newton(
-                    G, a0, a, d[W], c, nu[W], tol, max_iter, True, a0v, b0v,
-                    np.ascontiguousarray(Ac[W]), np.ascontiguousarray(Bc[W]), lower[W])
-            else:
+            # the dual restricted to W: its rows of whatever holds the terms
+            Gw, aw, Acw, Bcw = G, a, Ac, Bc
+            if mode != DIAG:
                 rows = np.concatenate(([0], W + 1))
-                sub, sub_res = _projected_newton(
-                    np.ascontiguousarray(G[np.ix_(rows, rows)]), a0, a[W], d[W], c, nu[W], tol,
-                    max_iter, False, a0v, b0v, Ac, Bc, lower[W])
+                Gw, aw = np.ascontiguousarray(G[np.ix_(rows, rows)]), a[W]
+            if mode != GRAM:
+                Acw, Bcw = np.ascontiguousarray(Ac[W]), np.ascontiguousarray(Bc[W])
+            sub, sub_res = _projected_newton(Gw, a0, aw, d[W], c, nu[W], tol, max_iter, mode,
+                                             a0v, b0v, Acw, Bcw, lower[W])
             nu = np.zeros(M)
             nu[W] = sub
             if not sub_res <= tol:       # the restricted solve stopped short: say so as it is
-                _, grad, _ = _evaluate(diag, G, a0, a, a0v, b0v, Ac, Bc, d, nu)
+                _, grad, _ = _evaluate(mode, G, a0, a, a0v, b0v, Ac, Bc, d, nu)
                 pg = np.abs(nu - np.minimum(np.maximum(nu + grad, lower), c))
                 return nu, float(np.max(pg))
         return nu, residual
@@ -379,7 +395,7 @@ def solve_closed_form(a0: float, b0: np.ndarray | None, c0: float, a: np.ndarray
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
         nu, residual = _maximise_dual(G, float(a0), a, d, c, start, 1e-13 * (1.0 + c),
-                                      int(max_iter), False, _EMPTY, _EMPTY, _NONE, _NONE,
+                                      int(max_iter), GRAM, _EMPTY, _EMPTY, _NONE, _NONE,
                                       lower)
     coef = np.concatenate(([0.0 if b0 is None else 1.0], nu))
     A, ww, bw, slack, value = _summary(G, coef, float(a0), a, d, float(c0), c, lower)
@@ -443,7 +459,7 @@ def solve_closed_form_diag(a0: np.ndarray, b0: np.ndarray | None, c0: float,
     else:
         start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
         nu, residual = _maximise_dual(_NONE, 0.0, np.zeros(M), d, c, start,
-                                      1e-13 * (1.0 + c), int(max_iter), True, Acur[0], Bv[0],
+                                      1e-13 * (1.0 + c), int(max_iter), DIAG, Acur[0], Bv[0],
                                       np.ascontiguousarray(Acur[1:]),
                                       np.ascontiguousarray(Bv[1:]), lower)
     A = Acur[0] + nu @ Acur[1:]
@@ -463,17 +479,21 @@ def solve_closed_form_model(a0: float, b0: np.ndarray | None, c0: float, a: np.n
         p_0(w) = a_0 |w|^2 + b_0.w + c_0 + (w - x)' B (w - x) / 2,   x = ``center``,
 
     the constraints' surrogates a_m |w|^2 + b_m.w + c_m as in :func:`solve_closed_form`, and
-    B = delta I + (a term whose range is the span of ``model.directions()``) positive
-    definite (:class:`ssca_solver.methods.ssca.quasi_newton.LBFGSModel`). The Lagrangian's
-    Hessian 2 A(nu) = 2 (a_0 + delta / 2 + sum_m nu_m a_m) I + (B - delta I) maps the span Z of
-    the model's directions and of b_0 - B x, b_1, ..., b_M into itself, and every linear term
-    lies in Z, so the minimiser w(nu) lies in Z for every nu: in an orthonormal basis of Z that
-    diagonalises Z' B Z the problem is the diagonal closed form
-    (:func:`solve_closed_form_diag`) in at most 2 memory + M + 1 coordinates, exactly (the
-    dual stays M-dimensional; one QR of d x dim Z and one small eigendecomposition a round).
-    Where Z would be all of R^d (2 memory + M + 1 >= d) the basis is the eigenvectors of
-    B / 2 + a_0 I: from the model's ``eigen()`` when it has one (the Newton model; the L-BFGS
-    model's from a QR of its 2 memory directions), else from B itself.
+    B positive definite, B = delta I on the complement of the span of ``model.directions()``
+    (:class:`ssca_solver.methods.ssca.quasi_newton.LBFGSModel`, the Newton and sketch models
+    of :mod:`ssca_solver.methods.ssca.newton`; ``model.delta`` is delta).
+
+    Where the directions span less than R^d, R^d splits into their span P (an orthonormal
+    basis from one QR of d x dim P, rotated to diagonalise P' B P / 2 + a_0 I: curvatures h_k)
+    and its complement, where the Lagrangian's curvature is the scalar
+    delta / 2 + a_0 + sum_m nu_m a_m. The dual g(nu) is then the sum of the diagonal closed
+    form's terms in the dim P coordinates (:func:`solve_closed_form_diag`) and the scalar
+    closed form's in the complement (:func:`solve_closed_form`, from the Gram matrix of the
+    linear terms b_0 - B x, b_1, ..., b_M projected onto it): the same M-dimensional dual,
+    exactly, at the cost of dim P coordinates plus an (M + 1) x (M + 1) Gram matrix, whatever
+    M is. Where the directions span R^d (the Newton model) the basis is the eigenvectors of
+    B / 2 + a_0 I from the model's ``eigen()`` (else from B itself), and the problem is the
+    diagonal closed form in d coordinates.
     """
     x = np.asarray(center, dtype=float)
     dim = x.size
@@ -482,33 +502,85 @@ def solve_closed_form_model(a0: float, b0: np.ndarray | None, c0: float, a: np.n
     lin0 = (np.zeros_like(x) if b0 is None else np.asarray(b0, dtype=float)) - Bx
     const0 = float(c0) + 0.5 * float(x @ Bx)
     Bm = np.asarray(bs, dtype=float).reshape(M, dim)        # the constraints' b_m as rows
+    a = np.asarray(a, dtype=float).reshape(M)
     D = model.directions()
-    whole = D.shape[0] + 1 + M >= dim
+    if D.shape[0] < dim:
+        return _solve_split(float(a0), lin0, const0, a, Bm, cs, U, penalty, model, D, nu0,
+                            max_iter, equality)
     eigen = getattr(model, "eigen", None)
-    if whole and eigen is not None:
-        # the span is all of R^d and the model gives its eigenvectors (the Newton model's
-        # own, the L-BFGS model's from a QR of its directions): they diagonalise B
+    if eigen is not None:
         lam, V = eigen()
         h = 0.5 * lam + float(a0)
     else:
-        if whole:
-            # the span Z would (generically) be all of R^d: take the whole space, no QR
-            H = 0.5 * model.matmat(np.eye(dim))
-        else:
-            Z, _ = np.linalg.qr(np.vstack([D, lin0[None, :], Bm]).T)  # (d, k), orthonormal
-            H = 0.5 * (Z.T @ model.matmat(Z))
-        H = 0.5 * (H + H.T) + float(a0) * np.eye(H.shape[0])
-        h, E = np.linalg.eigh(H)
-        V = E if whole else Z @ E                            # the rotated basis
-    # B is positive definite in exact arithmetic (every pair has s'y > 0); nearly dependent
-    # pairs can leave rounding below a_0 in Z' B Z / 2 + a_0 I: no eigenvalue below a_0 (or,
-    # when a_0 is negligible, below 1e-12 of the largest)
-    h = np.maximum(h, max(float(a0), 1e-12 * float(np.max(np.abs(h)))))
-    a = np.asarray(a, dtype=float).reshape(M)
+        H = 0.5 * model.matmat(np.eye(dim))
+        H = 0.5 * (H + H.T) + float(a0) * np.eye(dim)
+        h, V = np.linalg.eigh(H)
+    h = _floored(h, float(a0))
     sol = solve_closed_form_diag(h, V.T @ lin0, const0, np.repeat(a[:, None], h.size, axis=1),
                                  Bm @ V, cs, U, penalty, nu0=nu0, max_iter=max_iter,
                                  equality=equality)
     return SubproblemSolution(V @ sol.w, sol.slack, sol.multipliers, sol.value, sol.residual)
+
+
+def _floored(h: np.ndarray, a0: float) -> np.ndarray:
+    """The model's curvatures h with none below a_0 (or, when a_0 is negligible, below 1e-12
+    of the largest). B is positive definite in exact arithmetic (every pair has s'y > 0);
+    nearly dependent pairs can leave rounding below a_0 in Z' B Z / 2 + a_0 I."""
+    return np.maximum(h, max(a0, 1e-12 * float(np.max(np.abs(h), initial=0.0))))
+
+
+def _solve_split(a0: float, lin0: np.ndarray, const0: float, a: np.ndarray, Bm: np.ndarray,
+                 cs, U, penalty: float, model, D: np.ndarray, nu0, max_iter: int,
+                 equality) -> SubproblemSolution:
+    """:func:`solve_closed_form_model` where the model's directions ``D`` (rows) span less
+    than R^d: the dual over the span's rotated basis V (diagonal curvatures h) plus the
+    complement (scalar curvature delta / 2 + a_0, the projected terms' Gram matrix)."""
+    dim = lin0.size
+    M = a.size
+    if D.shape[0]:
+        Q, _ = np.linalg.qr(np.asarray(D, dtype=float).T)   # (d, r): contains span(D)
+        H = 0.5 * (Q.T @ model.matmat(Q))
+        h, E = np.linalg.eigh(0.5 * (H + H.T) + a0 * np.eye(Q.shape[1]))
+        V = Q @ E
+    else:
+        h, V = np.zeros(0), np.zeros((dim, 0))
+    h = _floored(np.append(h, 0.5 * float(model.delta) + a0), a0)
+    h, hp = h[:-1], float(h[-1])
+    # the linear terms b_0 - B x, b_1, ..., b_M (rows of L) in V's coordinates (C) and the
+    # Gram matrix of their parts in the complement, projected twice (not L L' - C C', which
+    # loses the digits of a part that is small beside its term)
+    L = np.vstack([lin0[None, :], Bm])
+    C = L @ V
+    L -= C @ V.T
+    L -= (L @ V) @ V.T
+    G = L @ L.T
+    G = 0.5 * (G + G.T)
+    d = np.asarray(cs, dtype=float) - np.asarray(U, dtype=float)
+    c = float(penalty)
+    lower = _lower_bounds(equality, M, c, a)
+    nu, residual = np.zeros(M), 0.0
+    if M:
+        start = np.zeros(M) if nu0 is None else np.asarray(nu0, dtype=float)
+        if V.shape[1]:
+            nu, residual = _maximise_dual(G, hp, a, d, c, start, 1e-13 * (1.0 + c),
+                                          int(max_iter), SPLIT, h, np.ascontiguousarray(C[0]),
+                                          np.ascontiguousarray(np.repeat(a[:, None], h.size,
+                                                                         axis=1)),
+                                          np.ascontiguousarray(C[1:]), lower)
+        else:
+            nu, residual = _maximise_dual(G, hp, a, d, c, start, 1e-13 * (1.0 + c),
+                                          int(max_iter), GRAM, _EMPTY, _EMPTY, _NONE, _NONE,
+                                          lower)
+    curv = float(nu @ a)
+    u = -(C[0] + nu @ C[1:]) / (2.0 * (h + curv))            # w's coordinates in V
+    Bnu = lin0 + nu @ Bm
+    wp = -(Bnu - V @ (V.T @ Bnu)) / (2.0 * (hp + curv))      # w's part in the complement
+    w = V @ u + wp
+    excess = a * float(w @ w) + Bm @ w + d
+    slack = np.where(lower < 0.0, np.abs(excess), np.maximum(excess, 0.0))
+    value = (float(h @ (u * u)) + hp * float(wp @ wp) + float(lin0 @ w) + const0
+             + c * float(np.sum(slack)))
+    return SubproblemSolution(w, slack, nu, value, float(residual))
 
 
 def _solution(terms, slack, nu, value, residual, like, out) -> SubproblemSolution:

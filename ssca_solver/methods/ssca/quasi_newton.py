@@ -24,7 +24,8 @@ proximal term tau |w - w_t|^2 (tau is the backtracking's regularisation, a Leven
 weight; it falls fast while steps are accepted): the subproblem is the SQP step with an l1
 exact penalty (Fletcher's Sl1QP) and the constraints linearised with tau's proximal term. The
 closed form keeps its M-dimensional dual: B is a multiple of I plus a rank <= 2 memory term, so
-the subproblem lives in an orthonormal basis of at most 2 memory + M + 1 directions
+the dual is the diagonal closed form's in an orthonormal basis of the 2 memory directions plus
+the scalar closed form's on their complement
 (:func:`ssca_solver.subproblems.closed_form.solve_closed_form_model`).
 
 B models the whole Lagrangian, the constraints' curvature included (weighted by nu). It is
