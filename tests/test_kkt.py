@@ -615,3 +615,36 @@ def test_the_active_set_method_runs_with_one_blas_thread(monkeypatch):
     A, b = _kkt_like_system(np.random.default_rng(6))
     kkt.nonnegative_least_squares(A, b)
     assert depths == [1] and _blas._state["depth"] == 0
+
+
+@pytest.mark.parametrize("equalities", [0, 3])
+def test_the_fits_normal_equations_from_the_shared_gram_are_their_own(monkeypatch, equalities):
+    """_best_fit forms G'G and G'g once; each fit's normal equations built from their rows
+    and columns (plus its diagonal rows, and the mu- columns of the equalities) equal A'A and
+    A'b of the fit's own system (1e-14), and the fit over all constraints gives the
+    multipliers it gives without them."""
+    from ssca_solver.diagnostics import kkt
+
+    rng = np.random.default_rng(8 + equalities)
+    n, M = 40, 50
+    G, g = rng.standard_normal((n, M)), rng.standard_normal(n)
+    cons = np.where(rng.random(M) < 0.3, 0.0, -rng.uniform(0.0, 1.0, M))
+    eq = np.zeros(M, dtype=bool)
+    eq[:equalities] = True
+    seen = []
+    real = kkt.nonnegative_least_squares
+    monkeypatch.setattr(kkt, "nonnegative_least_squares",
+                        lambda A, b, support=None, normal=None:
+                        seen.append((A, b, normal)) or real(A, b, support, normal))
+    shared = kkt._fit_multipliers(g, G, cons, eq, gram=(G.T @ G, G.T @ g))
+    own = kkt._fit_multipliers(g, G, cons, eq)
+    A, b, (H, q) = seen[0]
+    assert seen[1][2] is None
+    scale = float(np.max(np.abs(A.T @ A)))
+    np.testing.assert_allclose(H, A.T @ A, rtol=0, atol=1e-14 * scale)
+    np.testing.assert_allclose(q, A.T @ b, rtol=0, atol=1e-14 * scale)
+    np.testing.assert_allclose(shared, own, rtol=1e-9, atol=1e-12)
+    assert np.any(shared != 0.0)
+    del seen[:]
+    kkt._best_fit(g, G, cons, eq, 1.0, np.ones(M))
+    assert seen and all(normal is not None for _, _, normal in seen)

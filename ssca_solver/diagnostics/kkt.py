@@ -519,7 +519,10 @@ def _best_fit(g, G, cons, eq, scale: float, bound_scale: np.ndarray) -> np.ndarr
         comp = np.where(eq, 0.0, np.minimum(np.abs(mu) * col / scale, near))
         return max(stat, float(np.max(comp, initial=0.0)))
 
-    best = first = _fit_multipliers(g, G, cons, eq)
+    # G'G and G'g once: every fit's normal equations are their rows and columns of them
+    with one_blas_thread():
+        GG, Gg = G.T @ G, G.T @ g
+    best = first = _fit_multipliers(g, G, cons, eq, gram=(GG, Gg))
     best_value = worst(best)
     tried, regularised_value = set(), None
     for eps in (MULTIPLIER_REGULARIZATION, 0.0):
@@ -534,7 +537,8 @@ def _best_fit(g, G, cons, eq, scale: float, bound_scale: np.ndarray) -> np.ndarr
             mu = np.zeros(cons.size)
             # the fit over all constraints guesses which multipliers are positive
             mu[keep] = _fit_multipliers(g, G[:, keep], cons[keep], eq[keep], eps,
-                                        start=first[keep])
+                                        start=first[keep],
+                                        gram=(GG[np.ix_(keep, keep)], Gg[keep]))
             if eps == 0.0 and not (float(np.max(np.abs(mu) * col, initial=0.0))
                                    <= FORCE_LIMIT * scale):
                 continue
@@ -571,7 +575,8 @@ ACTIVE_SET_ITERATIONS = 12
 NORMAL_RANK_TOL = 1e-4
 
 
-def nonnegative_least_squares(A, b, support: Optional[np.ndarray] = None) -> np.ndarray:
+def nonnegative_least_squares(A, b, support: Optional[np.ndarray] = None,
+                              normal: Optional[tuple] = None) -> np.ndarray:
     """argmin |A x - b| over x >= 0 (the KKT fit's multipliers: :func:`_fit_multipliers`).
 
     With SUPPORT_MIN_COLUMNS columns or more: a primal-dual active-set method
@@ -586,11 +591,13 @@ def nonnegative_least_squares(A, b, support: Optional[np.ndarray] = None) -> np.
     hundreds on a fit over hundreds of constraints. Where it does not settle within
     ACTIVE_SET_ITERATIONS (a cycle, a rank-deficient support), and below
     SUPPORT_MIN_COLUMNS columns, SciPy's nnls runs, with NNLS_ITERATIONS per unknown, and
-    bounded-variable least squares where it still runs out."""
+    bounded-variable least squares where it still runs out. ``normal``: (A'A, A'b) when the
+    caller has them (the KKT fits share one G'G), else formed here."""
     A = np.asarray(A, dtype=float)
     b = np.asarray(b, dtype=float)
     if A.shape[1] >= SUPPORT_MIN_COLUMNS:
-        x = _active_set(A, b, None if support is None else np.asarray(support, dtype=bool))
+        x = _active_set(A, b, None if support is None else np.asarray(support, dtype=bool),
+                        normal)
         if x is not None:
             return x
     try:
@@ -599,19 +606,20 @@ def nonnegative_least_squares(A, b, support: Optional[np.ndarray] = None) -> np.
         return lsq_linear(A, b, bounds=(0.0, np.inf), method="bvls", tol=1e-12).x
 
 
-def _active_set(A, b, support: Optional[np.ndarray]) -> Optional[np.ndarray]:
+def _active_set(A, b, support: Optional[np.ndarray],
+                normal: Optional[tuple] = None) -> Optional[np.ndarray]:
     """:func:`nonnegative_least_squares`'s active-set iterations: its answer, or None. With
     one BLAS thread (:func:`ssca_solver._blas.one_blas_thread`): its products go to NumPy's
     BLAS and its factorisations to SciPy's, whose thread pools otherwise fight over the
     cores between the calls (n = m = 300 on 2 cores: its Cholesky factorisations, of up to
     300 unknowns, took 3.4 ms each on average with both pools at 2 threads, 0.1 ms at 1)."""
     with one_blas_thread():
-        return _active_set_iterations(A, b, support)
+        return _active_set_iterations(A, b, support, normal)
 
 
-def _active_set_iterations(A, b, support: Optional[np.ndarray]) -> Optional[np.ndarray]:
-    H = A.T @ A
-    q = A.T @ b
+def _active_set_iterations(A, b, support: Optional[np.ndarray],
+                           normal: Optional[tuple] = None) -> Optional[np.ndarray]:
+    H, q = (A.T @ A, A.T @ b) if normal is None else normal
     bound = SUPPORT_DUAL_TOL * np.sqrt(np.maximum(np.diag(H), 0.0)) * float(np.linalg.norm(b))
     S = q > bound if support is None or support.size != A.shape[1] else support.copy()
     tried = set()
@@ -663,23 +671,32 @@ def _least_squares_on(A, b, H, q, idx, bound) -> Optional[np.ndarray]:
 
 
 def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION,
-                     start: Optional[np.ndarray] = None) -> np.ndarray:
+                     start: Optional[np.ndarray] = None,
+                     gram: Optional[tuple] = None) -> np.ndarray:
     """The regularised least-squares multipliers (see :func:`kkt_report`; ``eps`` the weight
     of the regularisation rows, 0 for the plain fit): mu_m >= 0 for an inequality, free sign
     for an equality (written as mu+ - mu-, both >= 0, with no complementarity row: the
     regularisation then keeps one of the two at 0). ``start``: the multipliers of a nearby fit
     (same constraints), whose signs guess the answer's support
-    (:func:`nonnegative_least_squares`)."""
+    (:func:`nonnegative_least_squares`); ``gram``: (G'G, G'g) of these columns, from which
+    the fit's normal equations are formed (else from its rows)."""
     M = cons.size
     col = np.linalg.norm(G, axis=0)
     comp_rows = np.where(eq, 0.0, cons)
     # the complementarity rows mu_m (F_m - U_m) and the regularisation rows eps |grad F_m| mu_m
     # are both diagonal: one diagonal row block with their root sum of squares has the same
     # objective, with a third fewer rows for the active-set method to carry
-    A = np.vstack([G, np.diag(np.hypot(comp_rows, eps * col))])
+    diag = np.hypot(comp_rows, eps * col)
+    A = np.vstack([G, np.diag(diag)])
     b = np.concatenate([-g, np.zeros(M)])
+    normal = None
+    if gram is not None:
+        GG, Gg = gram
+        H = GG.copy()
+        H[np.diag_indices(M)] += diag * diag
+        normal = (H, -Gg)
     if not np.any(eq):
-        return nonnegative_least_squares(A, b, None if start is None else start > 0.0)
+        return nonnegative_least_squares(A, b, None if start is None else start > 0.0, normal)
     E = np.flatnonzero(eq)
     neg = np.zeros((A.shape[0], E.size))
     neg[:G.shape[0]] = -G[:, E]
@@ -689,7 +706,17 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION,
     A2 = np.vstack([np.hstack([A, neg]), reg])
     b2 = np.concatenate([b, np.zeros(E.size)])
     support = None if start is None else np.concatenate([start > 0.0, start[E] < 0.0])
-    x = nonnegative_least_squares(A2, b2, support)
+    if normal is not None:
+        # mu- = the columns -G_E with their own regularisation rows
+        H2 = np.empty((M + E.size, M + E.size))
+        H2[:M, :M] = normal[0]
+        H2[:M, M:] = -GG[:, E]
+        H2[M:, :M] = -GG[E, :]
+        H2[M:, M:] = GG[np.ix_(E, E)]
+        minus = np.arange(M, M + E.size)
+        H2[minus, minus] += (eps * col[E]) ** 2
+        normal = (H2, np.concatenate([-Gg, Gg[E]]))
+    x = nonnegative_least_squares(A2, b2, support, normal)
     mu = x[:M].copy()
     mu[E] -= x[M:]
     return mu

@@ -52,13 +52,20 @@ def stat_runs(stats: Sequence[Mapping]) -> list:
     shapes: [(first, stop, ((name, shape), ...))], ``stop`` exclusive. A run of at least
     STACK_RUN functions is sent stacked (:func:`pack_statistics`); the client and the server
     both derive the runs from the statistics' layout, which Problem fixes."""
-    signatures = [_signature(st) for st in stats]
     runs, first = [], 0
-    for m in range(1, len(signatures) + 1):
-        if m == len(signatures) or signatures[m] != signatures[first]:
-            runs.append((first, m, signatures[first]))
+    layout = _layout(stats[0]) if len(stats) else None
+    for m in range(1, len(stats) + 1):
+        if m == len(stats) or _layout(stats[m]) != layout:
+            runs.append((first, m, _signature(stats[first])))
             first = m
+            layout = _layout(stats[m]) if m < len(stats) else None
     return runs
+
+
+def _layout(st: Mapping) -> dict:
+    """A function's statistics' names and shapes (what :func:`_signature` sorts), compared as
+    a dict: with hundreds of constraints a round derives the runs more than once."""
+    return {k: v.shape if isinstance(v, np.ndarray) else np.shape(v) for k, v in st.items()}
 
 
 def _signature(st: Mapping) -> tuple:
