@@ -55,10 +55,10 @@ def stat_runs(stats: Sequence[Mapping]) -> list:
     runs, first = [], 0
     layout = _layout(stats[0]) if len(stats) else None
     for m in range(1, len(stats) + 1):
-        if m == len(stats) or _layout(stats[m]) != layout:
+        here = _layout(stats[m]) if m < len(stats) else None      # None: past the end
+        if here != layout:
             runs.append((first, m, _signature(stats[first])))
-            first = m
-            layout = _layout(stats[m]) if m < len(stats) else None
+            first, layout = m, here
     return runs
 
 
@@ -70,8 +70,7 @@ def _layout(st: Mapping) -> dict:
 
 def _signature(st: Mapping) -> tuple:
     """A function's statistics' names and shapes, in name order."""
-    return tuple(sorted([(k, v.shape if isinstance(v, np.ndarray) else np.shape(v))
-                         for k, v in st.items()]))
+    return tuple(sorted(_layout(st).items()))
 
 
 def _stacked(run) -> bool:
