@@ -639,6 +639,7 @@ def test_the_fits_normal_equations_from_the_shared_gram_are_their_own(monkeypatc
     shared = kkt._fit_multipliers(g, G, cons, eq, gram=(G.T @ G, G.T @ g))
     own = kkt._fit_multipliers(g, G, cons, eq)
     A, b, (H, q) = seen[0]
+    A, b = A.dense(b)
     assert seen[1][2] is None
     scale = float(np.max(np.abs(A.T @ A)))
     np.testing.assert_allclose(H, A.T @ A, rtol=0, atol=1e-14 * scale)
@@ -648,3 +649,38 @@ def test_the_fits_normal_equations_from_the_shared_gram_are_their_own(monkeypatc
     del seen[:]
     kkt._best_fit(g, G, cons, eq, 1.0, np.ones(M))
     assert seen and all(normal is not None for _, _, normal in seen)
+
+
+@pytest.mark.parametrize("M", [12, 60])
+def test_a_fit_with_its_diagonal_rows_kept_as_a_diagonal_is_the_dense_fit(M):
+    """DiagonalRows [G; diag(D)] (the KKT fit's matrix, its diagonal block kept as a vector):
+    its residual and transposed products equal the dense matrix's (1e-14), the least-squares
+    problem on a set of columns is the dense one's, and nonnegative_least_squares gives the
+    dense system's answer through the active-set method (M >= SUPPORT_MIN_COLUMNS) and through
+    nnls (below it), both checked against nnls on the dense matrix."""
+    from scipy.optimize import nnls
+
+    from ssca_solver.diagnostics import kkt
+
+    rng = np.random.default_rng(M)
+    n = 40
+    G, r = rng.standard_normal((n, M)), -rng.standard_normal(n)
+    D = np.where(rng.random(M) < 0.3, 1e-6, rng.uniform(0.5, 3.0, M))
+    A = kkt.DiagonalRows(G, D)
+    dense, b = A.dense(r)
+    assert A.shape == dense.shape == (n + M, M)
+    x = rng.standard_normal(M)
+    res = A.residual(r, x)
+    np.testing.assert_allclose(np.concatenate(res), b - dense @ x, rtol=0, atol=1e-14 * n)
+    np.testing.assert_allclose(A.transposed(res), dense.T @ (b - dense @ x), rtol=1e-13,
+                               atol=1e-13)
+    idx = np.flatnonzero(rng.random(M) < 0.5)
+    H, q = dense.T @ dense, dense.T @ b
+    z = kkt._least_squares_on(A, r, H, q, idx, np.full(idx.size, 1e-8))
+    np.testing.assert_allclose(z, np.linalg.lstsq(dense[:, idx], b, rcond=None)[0],
+                               rtol=1e-9, atol=1e-12)
+    ref = nnls(dense, b, maxiter=50 * M)[0]
+    got = kkt.nonnegative_least_squares(A, r)
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(kkt.nonnegative_least_squares(dense, b), ref, rtol=1e-9,
+                               atol=1e-12)

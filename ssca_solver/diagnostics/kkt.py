@@ -575,6 +575,37 @@ ACTIVE_SET_ITERATIONS = 12
 NORMAL_RANK_TOL = 1e-4
 
 
+class DiagonalRows:
+    """A least-squares matrix [G; diag(D)] (D None: G alone), the form of a KKT fit's
+    (:func:`_fit_multipliers`: the gradients above the diagonal block of the complementarity
+    and regularisation rows), whose right-hand side is [b; 0]. The diagonal block is kept as
+    its diagonal: the products of the active-set method cost n k, not (n + k) k, and the
+    least-squares problem on columns S keeps only their rows of it (the others are 0 on S)."""
+
+    def __init__(self, G: np.ndarray, D: Optional[np.ndarray] = None):
+        self.G, self.D = G, D
+        self.shape = (G.shape[0] + (0 if D is None else D.size), G.shape[1])
+
+    def columns(self, idx) -> "DiagonalRows":
+        """The columns ``idx`` with their rows of the diagonal block."""
+        return DiagonalRows(self.G[:, idx], None if self.D is None else self.D[idx])
+
+    def residual(self, b: np.ndarray, x: np.ndarray) -> tuple:
+        """[b; 0] - A x, as its two blocks."""
+        return b - self.G @ x, (None if self.D is None else -self.D * x)
+
+    def transposed(self, res: tuple) -> np.ndarray:
+        """A' [res_G; res_D]."""
+        out = self.G.T @ res[0]
+        return out if self.D is None else out + self.D * res[1]
+
+    def dense(self, b: np.ndarray) -> tuple:
+        """(A, [b; 0]) as arrays."""
+        if self.D is None:
+            return self.G, b
+        return np.vstack([self.G, np.diag(self.D)]), np.concatenate([b, np.zeros(self.D.size)])
+
+
 def nonnegative_least_squares(A, b, support: Optional[np.ndarray] = None,
                               normal: Optional[tuple] = None) -> np.ndarray:
     """argmin |A x - b| over x >= 0 (the KKT fit's multipliers: :func:`_fit_multipliers`).
@@ -592,14 +623,17 @@ def nonnegative_least_squares(A, b, support: Optional[np.ndarray] = None,
     ACTIVE_SET_ITERATIONS (a cycle, a rank-deficient support), and below
     SUPPORT_MIN_COLUMNS columns, SciPy's nnls runs, with NNLS_ITERATIONS per unknown, and
     bounded-variable least squares where it still runs out. ``normal``: (A'A, A'b) when the
-    caller has them (the KKT fits share one G'G), else formed here."""
-    A = np.asarray(A, dtype=float)
+    caller has them (the KKT fits share one G'G), else formed here. ``A`` is an array or a
+    :class:`DiagonalRows` (``b`` then the right-hand side of its G rows)."""
+    if not isinstance(A, DiagonalRows):
+        A = DiagonalRows(np.asarray(A, dtype=float))
     b = np.asarray(b, dtype=float)
     if A.shape[1] >= SUPPORT_MIN_COLUMNS:
         x = _active_set(A, b, None if support is None else np.asarray(support, dtype=bool),
                         normal)
         if x is not None:
             return x
+    A, b = A.dense(b)
     try:
         return nnls(A, b, maxiter=NNLS_ITERATIONS * max(1, A.shape[1]))[0]
     except RuntimeError:
@@ -617,9 +651,14 @@ def _active_set(A, b, support: Optional[np.ndarray],
         return _active_set_iterations(A, b, support, normal)
 
 
-def _active_set_iterations(A, b, support: Optional[np.ndarray],
+def _active_set_iterations(A: DiagonalRows, b, support: Optional[np.ndarray],
                            normal: Optional[tuple] = None) -> Optional[np.ndarray]:
-    H, q = (A.T @ A, A.T @ b) if normal is None else normal
+    if normal is None:
+        H = A.G.T @ A.G
+        if A.D is not None:
+            H[np.diag_indices(A.shape[1])] += A.D * A.D
+        normal = (H, A.G.T @ b)
+    H, q = normal
     bound = SUPPORT_DUAL_TOL * np.sqrt(np.maximum(np.diag(H), 0.0)) * float(np.linalg.norm(b))
     S = q > bound if support is None or support.size != A.shape[1] else support.copy()
     tried = set()
@@ -635,7 +674,7 @@ def _active_set_iterations(A, b, support: Optional[np.ndarray],
             if z is None:
                 return None
             x[idx] = z
-        dual = A.T @ (b - A @ x)
+        dual = A.transposed(A.residual(b, x))
         positive = x > 0.0
         if np.all(positive[S]) and not np.any(dual[~S] > bound[~S]):
             return x
@@ -643,11 +682,11 @@ def _active_set_iterations(A, b, support: Optional[np.ndarray],
     return None
 
 
-def _least_squares_on(A, b, H, q, idx, bound) -> Optional[np.ndarray]:
-    """argmin |A_S z - b| over the columns ``idx`` (H = A'A, q = A'b): Cholesky on H_SS with
-    one refinement step where that is accurate (NORMAL_RANK_TOL, and |A_S'(b - A_S z)| <=
-    ``bound``), else QR of A_S; None where A_S is rank deficient (SUPPORT_RANK_TOL) or has
-    more columns than rows."""
+def _least_squares_on(A: DiagonalRows, b, H, q, idx, bound) -> Optional[np.ndarray]:
+    """argmin |A_S z - [b; 0]| over the columns ``idx`` (H = A'A, q = A'[b; 0]): Cholesky on
+    H_SS with one refinement step where that is accurate (NORMAL_RANK_TOL, and
+    |A_S'([b; 0] - A_S z)| <= ``bound``), else QR of A_S; None where A_S is rank deficient
+    (SUPPORT_RANK_TOL) or has more columns than rows."""
     if idx.size > A.shape[0]:
         return None
     try:
@@ -658,15 +697,18 @@ def _least_squares_on(A, b, H, q, idx, bound) -> Optional[np.ndarray]:
         diag = np.abs(np.diag(L))
         if diag.min(initial=np.inf) > NORMAL_RANK_TOL * diag.max(initial=0.0):
             z = cho_solve((L, True), q[idx], check_finite=False)
-            AS = A[:, idx]
-            z += cho_solve((L, True), AS.T @ (b - AS @ z), check_finite=False)
-            if np.all(np.isfinite(z)) and np.all(np.abs(AS.T @ (b - AS @ z)) <= bound):
+            AS = A.columns(idx)
+            z += cho_solve((L, True), AS.transposed(AS.residual(b, z)), check_finite=False)
+            if np.all(np.isfinite(z)) and np.all(np.abs(AS.transposed(AS.residual(b, z)))
+                                                  <= bound):
                 return z
-    Q, R = np.linalg.qr(A[:, idx])
+    # the diagonal block's rows outside S are 0 on S: A_S is G_S over diag(D_S)
+    AS, bS = A.columns(idx).dense(b)
+    Q, R = np.linalg.qr(AS)
     diag = np.abs(np.diag(R))
     if not diag.min(initial=np.inf) > SUPPORT_RANK_TOL * diag.max(initial=0.0):
         return None
-    z = solve_triangular(R, Q.T @ b)
+    z = solve_triangular(R, Q.T @ bS)
     return z if np.all(np.isfinite(z)) else None
 
 
@@ -687,8 +729,6 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION,
     # are both diagonal: one diagonal row block with their root sum of squares has the same
     # objective, with a third fewer rows for the active-set method to carry
     diag = np.hypot(comp_rows, eps * col)
-    A = np.vstack([G, np.diag(diag)])
-    b = np.concatenate([-g, np.zeros(M)])
     normal = None
     if gram is not None:
         GG, Gg = gram
@@ -696,15 +736,11 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION,
         H[np.diag_indices(M)] += diag * diag
         normal = (H, -Gg)
     if not np.any(eq):
-        return nonnegative_least_squares(A, b, None if start is None else start > 0.0, normal)
+        return nonnegative_least_squares(DiagonalRows(G, diag), -g,
+                                         None if start is None else start > 0.0, normal)
     E = np.flatnonzero(eq)
-    neg = np.zeros((A.shape[0], E.size))
-    neg[:G.shape[0]] = -G[:, E]
-    reg = np.zeros((E.size, M + E.size))           # the regularisation rows of mu-
-    for j, m in enumerate(E):
-        reg[j, M + j] = eps * col[m]
-    A2 = np.vstack([np.hstack([A, neg]), reg])
-    b2 = np.concatenate([b, np.zeros(E.size)])
+    # mu- = the columns -G_E, each with its own regularisation row eps |grad F_m|
+    A2 = DiagonalRows(np.hstack([G, -G[:, E]]), np.concatenate([diag, eps * col[E]]))
     support = None if start is None else np.concatenate([start > 0.0, start[E] < 0.0])
     if normal is not None:
         # mu- = the columns -G_E with their own regularisation rows
@@ -716,7 +752,7 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION,
         minus = np.arange(M, M + E.size)
         H2[minus, minus] += (eps * col[E]) ** 2
         normal = (H2, np.concatenate([-Gg, Gg[E]]))
-    x = nonnegative_least_squares(A2, b2, support, normal)
+    x = nonnegative_least_squares(A2, -g, support, normal)
     mu = x[:M].copy()
     mu[E] -= x[M:]
     return mu
