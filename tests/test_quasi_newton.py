@@ -466,3 +466,118 @@ def test_round_one_tau_is_the_objectives_with_inequalities_only(objective):
         again, _ = _cb2(other, equality)
         first = again.solve(seed=0, x0=x0, max_iter=1).history.as_dict()["tau"][0]
         assert first > 40.0, (other, equality, first)
+
+
+def _quadratic_problem(H, g, constraint=None):
+    import ssca_solver as ss
+
+    data = ss.FederatedData([np.zeros((1, 1))])
+    f = ss.SampleFunction(lambda w, X, y: np.full(len(X), 0.5 * w @ H @ w + g @ w),
+                          lambda w, X, y: H @ w + g, name="f")
+    return ss.Problem(f, [] if constraint is None else [constraint], dim=g.size, data=data)
+
+
+def test_the_agreement_is_the_merits_fall_over_the_models_predicted_fall():
+    """acceptance.agreement on a quadratic f = w'Hw/2 + g.w, from x with the statistics of
+    tau and an L-BFGS model B of pairs from another matrix: r = (f(x) - f(w)) /
+    -(grad f(x).s + tau |s|^2 + s'Bs/2) for any trial step s (the model's and a random one),
+    computed here from f and the model's own class; with a constraint the penalty's part
+    enters both. NaN where the model predicts no fall."""
+    import ssca_solver as ss
+    from ssca_solver.methods.ssca import SSCA, acceptance
+    from ssca_solver.methods.ssca.state import SSCAState
+
+    rng = np.random.default_rng(11)
+    d = 6
+    A = rng.standard_normal((d, d))
+    H = A @ A.T / d + 0.5 * np.eye(d)
+    g = rng.standard_normal(d)
+    S, Y = _pairs(rng, d, 3, H + 0.3 * np.eye(d))
+    B = LBFGSModel(S, Y)
+    X, tau = np.zeros((1, 1)), 0.7
+    for constrained in (False, True):
+        a = rng.standard_normal(d)
+        con = (ss.SampleFunction(lambda w, X, y: np.full(len(X), a @ w), lambda w, X, y: a,
+                                 name="a") <= -0.2) if constrained else None
+        prob = _quadratic_problem(H, g, con)
+        options = {"seed": 0, "batch_size": "full"}
+        method = SSCA.build(prob, SSCA.parse(prob, options), options)
+        cfg, c = method.config, 10.0
+
+        def stats_at(w):
+            return tuple(b.statistics(fn, w, X, None, tau if b.tau is None else b.tau, "test")
+                         for b, fn in zip(method.builders, prob.functions))
+
+        def merit(w):
+            f = 0.5 * w @ H @ w + g @ w
+            return f + (c * max(a @ w + 0.2, 0.0) if constrained else 0.0)
+
+        x = rng.standard_normal(d)
+        base = stats_at(x)
+        assert float(base[0]["quad"]) == pytest.approx(tau)
+        steps = (-np.linalg.solve(H + 2 * tau * np.eye(d), H @ x + g),
+                 0.3 * rng.standard_normal(d))
+        for s in steps:
+            w = x + s
+            state = SSCAState(t=2, w=w, stats=stats_at(w), penalty=c, tau=tau, prev_w=x,
+                              prev_stats=base, merit=merit(x), qn_s=S, qn_y=Y)
+            lin = (H @ x + g) @ s + tau * s @ s + 0.5 * s @ B.matvec(s)
+            model = merit(x) + lin
+            if constrained:
+                model += c * max(a @ w + 0.2, 0.0) - c * max(a @ x + 0.2, 0.0)
+            want = ((merit(x) - merit(w)) / (merit(x) - model) if merit(x) > model
+                    else np.nan)
+            got = acceptance.agreement(cfg, state, merit(x), merit(w), c)
+            if np.isnan(want):
+                assert np.isnan(got)
+            else:
+                assert got == pytest.approx(want, rel=1e-9)
+    # a step the model says raises the merit: no agreement
+    up = state._replace(w=x + 10.0 * steps[0] * -1.0)
+    assert np.isnan(acceptance.agreement(cfg, up, merit(x), merit(up.w), c))
+
+
+def test_tau_falls_by_the_agreement_of_each_accepted_quasi_newton_step():
+    """With the quasi-Newton model, tau's factor after an accepted step is TAU_DOWN_AGREE
+    where the step's agreement is at least AGREE_HIGH, 1 below AGREE_LOW, TAU_DOWN_MODEL in
+    between (read from the run: each accepted round's agreement as acceptance.agreement gives
+    it, against the tau the next round used). On an ill-conditioned quadratic whose probe
+    tau is far above its curvature along the path, the fast fall is taken and the run is
+    certified at the optimum."""
+    from ssca_solver.methods.ssca import acceptance, adaptive as ad
+
+    d = 8
+    H = np.diag(np.logspace(0, 4, d))
+    g = -H @ np.linspace(1.0, 2.0, d)
+    prob = _quadratic_problem(H, g)
+    seen = []
+    real = acceptance.agreement
+
+    def spy(cfg, state, reference, value, c_merit):
+        r = real(cfg, state, reference, value, c_merit)
+        seen.append((state.t, r))
+        return r
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(acceptance, "agreement", spy)
+        res = prob.solve(seed=0, x0=np.zeros(d), batch_size="full")
+    assert res.status == "converged", res.message
+    np.testing.assert_allclose(res.x, np.linspace(1.0, 2.0, d), rtol=1e-4)
+    h = res.history.as_dict()
+    tau = np.asarray(h["tau"])
+    checked = 0
+    for t, r in seen:
+        # the step of round t (state.t) accepted: round t + 1 (row t) runs at the tau it left
+        # (row t - 1 is round t's). Below 1e-5 tau may sit at its floor MODEL_TAU_FLOOR delta
+        # (delta, y'y / s'y, is at most H's largest eigenvalue 1e4 here), which overrides
+        # the factor
+        if t >= tau.size or not np.isfinite(r) or tau[t] <= 1e-5:
+            continue
+        k = tau[t] / tau[t - 1]
+        want = (ad.TAU_DOWN_AGREE if r >= ad.AGREE_HIGH else 1.0 if r < ad.AGREE_LOW
+                else ad.TAU_DOWN_MODEL)
+        assert k == pytest.approx(want, rel=1e-9), (t, r, k)
+        checked += 1
+    assert checked >= 3
+    assert any(r >= ad.AGREE_HIGH for _, r in seen)
+    assert ad.TAU_DOWN_AGREE < ad.TAU_DOWN_MODEL < 1.0

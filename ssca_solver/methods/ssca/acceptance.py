@@ -278,6 +278,9 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
         if _line_search(cfg, state):
             return _retry(cfg, state, 1.0, base_w, base, base_merit, worse, shorten=True)
     else:
+        # (the model the step was taken with: before this step's pair joins it)
+        ratio = (agreement(cfg, state, reference, value, c_merit)
+                 if cfg.model_on(state) and not cfg.newton else float("nan"))
         state = track_progress(cfg, state, value, stats, c_merit)
         state = with_anchor(cfg, state, stats)
         if cfg.newton:
@@ -285,9 +288,13 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
         else:
             state = with_pair(cfg, state, stats)
         # with a curvature model tau is the regularisation of a quasi-Newton step, not the
-        # curvature: it falls faster while steps are accepted
+        # curvature: it falls faster while steps are accepted, as fast as the model agrees
         k = ((ad.TAU_DOWN_NEWTON if cfg.newton else ad.TAU_DOWN_MODEL) if cfg.model_on(state)
              else ad.TAU_DOWN)
+        if ratio >= ad.AGREE_HIGH:
+            k = ad.TAU_DOWN_AGREE
+        elif ratio < ad.AGREE_LOW:
+            k = 1.0
         base_w, base, base_merit = state.w, stats, value
         state = remember(state, rejected_trial=float("nan"))
         step = (float(np.linalg.norm(state.w - state.prev_w))
@@ -302,6 +309,27 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
         elif step > 100 * ad.TINY_STEP:
             state = remember(state, tiny=0)
     return _retry(cfg, state, k, base_w, base, base_merit, worse)
+
+
+def agreement(cfg: Settings, state: SSCAState, reference: float, value: float,
+              c_merit: float) -> float:
+    """r = (m(x) - m(w)) / (m(x) - q(w)): the exact penalty m (weight ``c_merit``) fell from
+    ``reference`` at the last accepted point x to ``value`` at the trial point w, against the
+    fall predicted by the round's model q(w) = the same penalty of the surrogates at x (the
+    statistics x's round left, eq. (fsmbar) with their tau) plus s' B s / 2, s = w - x, B the
+    quasi-Newton model the step was taken with: the actual-to-predicted ratio of trust-region
+    methods (Nocedal & Wright, Numerical Optimization, sec. 4.1), read from the statistics the
+    round has (no evaluation). NaN where the model predicted no decrease or the merits are not
+    finite."""
+    if not (len(state.prev_stats) and len(state.prev_w) == len(state.w)):
+        return float("nan")
+    s = state.w - state.prev_w
+    predicted = (mt.merit(cfg, state.prev_stats, state.w, c_merit)
+                 + 0.5 * float(s @ cfg.model(state).matvec(s)))
+    fall = reference - predicted
+    if not (np.isfinite(fall) and fall > 0.0 and np.isfinite(value)):
+        return float("nan")
+    return (reference - value) / fall
 
 
 def with_anchor(cfg: Settings, state: SSCAState, stats) -> SSCAState:

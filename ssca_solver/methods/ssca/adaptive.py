@@ -67,6 +67,14 @@ LINE_SEARCH_TAU = 1e-3
 #: tau's factor after an accepted step once the quasi-Newton model holds a pair (tau is then a
 #: regularisation of the model's step, not the curvature itself)
 TAU_DOWN_MODEL = 0.25
+#: with the quasi-Newton model the factor follows the accepted step's agreement r (the merit's
+#: decrease over the decrease the round's model predicted, .acceptance.agreement): from
+#: AGREE_HIGH on tau falls by TAU_DOWN_AGREE, below AGREE_LOW (a model that predicted a
+#: decrease the merit did not show) it is kept, in between it falls by TAU_DOWN_MODEL. On an
+#: exact quadratic r lies between 1 (the model's curvature sets the step) and 2 (tau does: a
+#: tau far above the curvature, as the probe's start can be, takes log(tau / curvature) /
+#: log(1 / TAU_DOWN_MODEL) rounds to fall out of the way)
+AGREE_HIGH, AGREE_LOW, TAU_DOWN_AGREE = 0.9, 0.25, 0.1
 #: the same under the Newton model (the clients' exact Hessians): the model is the curvature,
 #: and tau only guards the step where the model is poor, so it falls as fast as steps are
 #: accepted; on an ill-conditioned quadratic a slower fall leaves the low-curvature

@@ -93,6 +93,10 @@ def settle(cfg: Settings, state: SSCAState, info) -> tuple:
     return state, bool(info.rejected == 0 and state.memory.tiny >= ad.TINY_ROUNDS)
 
 
+#: a multiplier within this share of c counts as at the box bound c (:func:`_saturated`)
+AT_C_RTOL = 1e-6
+
+
 def _saturated(cfg: Settings, state: SSCAState, info) -> tuple:
     """(state, saturated): the penalty follows the multipliers. With the quasi-Newton model
     (tau a small regularisation, so the linearised constraints are nearly what the step sees),
@@ -108,7 +112,10 @@ def _saturated(cfg: Settings, state: SSCAState, info) -> tuple:
         return state, False
     nu = np.abs(np.asarray(sol.multipliers, dtype=float))
     slack = np.asarray(sol.slack, dtype=float) / cfg.bound_scale
-    at_c = nu >= state.penalty * (1.0 - 1e-9)
+    # a slack above 0 puts nu at c exactly (the slack's own multiplier c - nu is 0); an
+    # interior-point solve (the CVXPY path, Clarabel) leaves nu inside the box by its
+    # tolerance, 1e-9 to 1e-8 of c
+    at_c = nu >= state.penalty * (1.0 - AT_C_RTOL)
     pinned = at_c & (slack > cfg.options.slack_tol)
     # the subproblem alone saturates while the model is still poor: the full-data KKT fit of
     # the latest test must agree
