@@ -570,6 +570,46 @@ def test_a_point_in_a_flat_valley_fails_with_the_models_hessian(boxed):
     assert at_opt.passed(1e-4, 1e-4)
 
 
+def test_newtons_step_holds_only_the_constraints_near_their_bound():
+    """The flat valley's point 0.3 from the minimiser, with an inactive inequality (value -1,
+    bound 0) whose gradient -e_3 opposes the objective's gradient along the flat direction:
+    the fit gives it a small multiplier (about half of g_3 = 3e-4; its force passes the
+    complementarity test). Held as active in Newton's step, it would take the flat direction
+    out of the step, and the point would pass at a relative stationarity of 1e-5; Newton's
+    step keeps only the constraints within MODEL_INACTIVE of their bound, so it measures the
+    step along the flat direction, 0.15 (the residual 1.5e-4 over the curvature 1e-3), and the
+    point fails. At the minimiser the same constraint changes nothing. With the constraint
+    at its bound it is held."""
+    det = DeterministicPart([], [], 3)
+    one = ProblemTerms(True, np.zeros(1), det)
+    w = np.array([0.5, -0.5, 1.3])
+    g, H = _flat_valley(w)
+    G = np.array([[0.0], [0.0], [-1.0]])
+    floor = 10.0
+    far = kkt_report(w, _evaluation(g, G, [0.0, -1.0]), one, floor=floor,
+                     model_hessian=lambda: H)
+    assert 0.0 < far.multipliers[0] < 3e-4
+    assert far.stationarity / far.scale <= 1e-4 and far.complementarity_rel[0] <= 1e-4
+    res = g + G[:, 0] * far.multipliers[0]
+    assert far.stationarity_rel == pytest.approx(res[2] / 1e-3 / np.linalg.norm(w), rel=1e-6)
+    assert not far.passed(1e-4, 1e-4)
+    # the same with the Newton model's Hessian (the clients' own curvature)
+    assert not kkt_report(w, _evaluation(g, G, [0.0, -1.0]), one, floor=floor,
+                          hessian=H).passed(1e-4, 1e-4)
+    # the old rule (every constraint with a multiplier held) let the point pass
+    from ssca_solver.diagnostics import kkt
+    mu = far.multipliers
+    assert kkt.newton_step(res, g, G, mu, np.array([False]), H, w) < 1e-4
+    opt = np.array([0.5, -0.5, 1.0])
+    g_opt, _ = _flat_valley(opt)
+    assert kkt_report(opt, _evaluation(g_opt, G, [0.0, -1.0]), one, floor=floor,
+                      model_hessian=lambda: H).passed(1e-4, 1e-4)
+    # at its bound (value 0) the constraint is held, and the point is a KKT point: its
+    # multiplier balances g_3, and Newton's step in the other directions is 0
+    at_bound = kkt_report(w, _evaluation(g, G, [0.0, 0.0]), one, floor=floor, hessian=H)
+    assert at_bound.passed(1e-4, 1e-4)
+
+
 def test_the_quasi_newton_model_is_the_kkt_tests_model_hessian():
     """With the quasi-Newton model on (a pair held), the KKT test gets its matrix B (d x d,
     B s = y for the newest pair) as its model of the Hessian; with the first-order surrogates,
