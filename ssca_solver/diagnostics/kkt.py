@@ -248,8 +248,11 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         stat = float(np.linalg.norm(res))
         kind, source = "gradient", "nnls"
         H = hessian if hessian is not None and np.size(hessian) else modelled
-        newton = (newton_step(res, g, G, mu, eq, H, w, held=_held(mu, eq, cons, terms.bounds))
-                  if H is not None else 0.0)
+        # the quasi-Newton model's step (a minimum of the objective alone, every constraint
+        # far from its bound) holds none of them; the Newton model's every one with a
+        # multiplier (_held)
+        held = _held(mu, eq, cons, terms.bounds) if H is modelled else None
+        newton = newton_step(res, g, G, mu, eq, H, w, held=held) if H is not None else 0.0
     else:
         # the step length t at which the objective's gradient alone would move w by
         # max(1, |w|): (u - w) / t is then in gradient units, and stat / scale =
@@ -399,14 +402,20 @@ def _floor_model(model_hessian, floor_set: bool, cons, eq, bounds):
 
 
 def _held(mu: np.ndarray, eq: np.ndarray, cons: np.ndarray, bounds) -> np.ndarray:
-    """The constraints Newton's step (:func:`newton_step`) keeps linearised: the equalities,
-    and the inequalities with a multiplier that are within MODEL_INACTIVE of their bound
-    (relative to max(1, |U_m|)). A fit may leave a small multiplier on a constraint far from
+    """The constraints the quasi-Newton model's Newton step (:func:`newton_step`, where
+    :func:`_floor_model` gives the model) keeps linearised: the equalities, and the
+    inequalities with a multiplier that are within MODEL_INACTIVE of their bound (relative to
+    max(1, |U_m|)); there, none. A fit may leave a small multiplier on a constraint far from
     its bound (its force within the complementarity tolerance); held, such a constraint
     takes a direction out of the step, and with as many of them as variables the step
     vanished at a point 2 % from the minimum of an ill-conditioned quadratic objective
     (S2MPJ's S268: four of its five inequalities held with multipliers of 2e-4 to 5e-4, each
-    0.55 or more above its bound of 0; the step measured 1e-8, 0.022 without them)."""
+    0.55 or more above its bound of 0; the step measured 1e-8, 0.022 without them). The
+    Newton model's step (the clients' Hessians) still holds every constraint with a
+    multiplier: there the same rule refused correct points on S2MPJ's LUKVLI family, whose
+    flat directions a constraint beyond 1e-3 of its bound, with a small multiplier, bounds
+    (LUKVLI16 certified in 29 rounds, then not in 800); telling the two apart needs the
+    step's own inequalities."""
     if not mu.size:
         return np.zeros(0, dtype=bool)
     near = cons > -MODEL_INACTIVE * np.maximum(1.0, np.abs(np.asarray(bounds, dtype=float)))
