@@ -581,7 +581,7 @@ def test_newtons_step_holds_only_the_constraints_near_their_bound():
     point fails. At the minimiser the same constraint changes nothing. At its bound the
     constraint is held (and the quasi-Newton model is not asked there: the gradient's test
     alone applies). Under the Newton model every constraint with a multiplier is still held
-    (kkt._held says why)."""
+    (the comment above kkt._box_newton_step says why)."""
     det = DeterministicPart([], [], 3)
     one = ProblemTerms(True, np.zeros(1), det)
     w = np.array([0.5, -0.5, 1.3])

@@ -248,10 +248,9 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         stat = float(np.linalg.norm(res))
         kind, source = "gradient", "nnls"
         H = hessian if hessian is not None and np.size(hessian) else modelled
-        # the quasi-Newton model's step (a minimum of the objective alone, every constraint
-        # far from its bound) holds none of them; the Newton model's every one with a
-        # multiplier (_held)
-        held = _held(mu, eq, cons, terms.bounds) if H is modelled else None
+        # the quasi-Newton model's step holds no constraint (see above _box_newton_step); the Newton
+        # model's every one with a multiplier
+        held = np.zeros(M, dtype=bool) if H is modelled else None
         newton = newton_step(res, g, G, mu, eq, H, w, held=held) if H is not None else 0.0
     else:
         # the step length t at which the objective's gradient alone would move w by
@@ -297,7 +296,7 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         domain_duals = tuple(duals)
         kind, source = "linearized step", "linearized"
         newton = (_box_newton_step(w, u, res, g, G, mu, eq, det, modelled,
-                                   held=_held(mu, eq, cons, terms.bounds))
+                                   held=np.zeros(M, dtype=bool))
                   if modelled is not None else 0.0)
     relative = stat / scale
     if kind == "linearized step" and w.size:
@@ -348,8 +347,8 @@ def newton_step(res: np.ndarray, g: np.ndarray, G: np.ndarray, mu: np.ndarray,
     g at a point 1e-3 from the optimum (the ill-conditioned family at condition 1e4). The
     length rounding in r can account for (NEWTON_ROUNDING units of it, times 1 / min(lam)) is
     taken off: at condition 1e6 it is most of the step, and no tolerance below it could pass.
-    ``held``: the constraints kept linearised (:func:`_held`); by default the equalities and
-    every constraint with a multiplier."""
+    ``held``: the constraints kept linearised (none under the quasi-Newton model:
+    see the comment above :func:`_box_newton_step`); by default the equalities and every constraint with a multiplier."""
     d = w.size
     if held is not None and mu.size:
         keep = np.asarray(held, dtype=bool)
@@ -401,25 +400,18 @@ def _floor_model(model_hessian, floor_set: bool, cons, eq, bounds):
     return H if H is not None and np.size(H) else None
 
 
-def _held(mu: np.ndarray, eq: np.ndarray, cons: np.ndarray, bounds) -> np.ndarray:
-    """The constraints the quasi-Newton model's Newton step (:func:`newton_step`, where
-    :func:`_floor_model` gives the model) keeps linearised: the equalities, and the
-    inequalities with a multiplier that are within MODEL_INACTIVE of their bound (relative to
-    max(1, |U_m|)); there, none. A fit may leave a small multiplier on a constraint far from
-    its bound (its force within the complementarity tolerance); held, such a constraint
-    takes a direction out of the step, and with as many of them as variables the step
-    vanished at a point 2 % from the minimum of an ill-conditioned quadratic objective
-    (S2MPJ's S268: four of its five inequalities held with multipliers of 2e-4 to 5e-4, each
-    0.55 or more above its bound of 0; the step measured 1e-8, 0.022 without them). The
-    Newton model's step (the clients' Hessians) still holds every constraint with a
-    multiplier: there the same rule refused correct points on S2MPJ's LUKVLI family, whose
-    flat directions a constraint beyond 1e-3 of its bound, with a small multiplier, bounds
-    (LUKVLI16 certified in 29 rounds, then not in 800); telling the two apart needs the
-    step's own inequalities."""
-    if not mu.size:
-        return np.zeros(0, dtype=bool)
-    near = cons > -MODEL_INACTIVE * np.maximum(1.0, np.abs(np.asarray(bounds, dtype=float)))
-    return np.asarray(eq, dtype=bool) | ((np.abs(mu) > 0.0) & near)
+# Why the quasi-Newton model's Newton step (asked only where :func:`_floor_model` gives the
+# model: no equality, every constraint more than MODEL_INACTIVE from its bound) holds no
+# constraint, though the multiplier fit may leave small multipliers on some (forces within the
+# complementarity tolerance): held, each takes a direction out of the step, and with as many
+# of them as variables the step vanished at a point 2 % from the minimum of an
+# ill-conditioned quadratic objective (S2MPJ's S268: four of five inequalities, each 0.55 or
+# more above its bound of 0, with multipliers of 2e-4 to 5e-4; the step measured 1e-8, 0.022
+# without them). The Newton model's step (the clients' Hessians) still holds every
+# constraint with a multiplier: holding only those within MODEL_INACTIVE of their bound
+# refused correct points on S2MPJ's LUKVLI family there, where such a constraint bounds a
+# flat direction of the Lagrangian (LUKVLI16 certified in 29 rounds, then not in 800);
+# telling the two apart needs the step's own inequalities.
 
 
 def _box_newton_step(w, u, res, g, G, mu, eq, det, hessian,
