@@ -302,3 +302,43 @@ def test_a_correction_longer_than_its_step_is_refused_under_the_newton_model(mon
     assert quasi.status == "converged"
     np.testing.assert_allclose(quasi.x, ref.x, atol=1e-3)
     assert all(a is None for a, _ in calls)
+
+
+def test_a_rejected_newton_step_is_retried_at_half_its_length(monkeypatch):
+    """Under the Newton model a rejected step's retry takes the tau whose step is
+    RADIUS_SHARE of the rejected one's (acceptance.radius_factor, a trust radius), not tau
+    lifted to MODEL_REJECT times the model's scale, whose step is shorter (on TWOBARS 0.37 of
+    the rejected one; on S2MPJ's HS109 orders of magnitude). The run still reaches SLSQP's
+    optimum."""
+    from scipy.optimize import minimize
+
+    from ssca_solver.methods.ssca import acceptance
+    from ssca_solver.methods.ssca.adaptive import RADIUS_SHARE, TAU_UP
+
+    calls = []
+    real = acceptance.radius_factor
+
+    def spy(cfg, state, base_w, base, k_max):
+        k = real(cfg, state, base_w, base, k_max)
+        length = lambda f: acceptance._step_length(cfg, state, base_w, base, f)  # noqa: E731
+        rejected = float(np.linalg.norm(state.w - base_w))
+        calls.append((k, k_max, length(k) / rejected, length(k_max) / rejected))
+        return k
+
+    monkeypatch.setattr(acceptance, "radius_factor", spy)
+    prob, obj, con, lo, hi = _two_bars()
+    x0 = np.ones(2)
+    ref = minimize(lambda w: obj(w)[0], x0, jac=lambda w: obj(w)[1], method="SLSQP",
+                   bounds=list(zip(lo, hi)), options={"ftol": 1e-12},
+                   constraints=[{"type": "ineq", "fun": (lambda s: lambda w: 1.0 - con(w, s)[0])(s),
+                                 "jac": (lambda s: lambda w: -con(w, s)[1])(s)}
+                                for s in (1.0, -1.0)])
+    res = prob.solve(x0=x0, seed=0)
+    assert res.status == "converged"
+    np.testing.assert_allclose(res.x, ref.x, atol=1e-3)
+    inside = [c for c in calls if TAU_UP < c[0] < c[1]]
+    assert inside, calls
+    for k, k_max, share, share_max in inside:
+        # the bisection's last bracket is below 1 % of log(k_max / TAU_UP) wide
+        assert 0.5 * RADIUS_SHARE <= share <= RADIUS_SHARE * (1 + 1e-9), calls
+        assert share_max < share, calls          # k_max's step: shorter

@@ -83,6 +83,12 @@ TAU_DOWN_NEWTON = 0.1
 #: after a rejected quasi-Newton step tau is at least this times the model's scale delta
 #: (the curvature of its initial matrix), so that the retried step is shorter
 MODEL_REJECT = 0.5
+#: with the Newton model, a rejected step's retry takes the tau between TAU_UP times tau and
+#: that floor whose step is RADIUS_SHARE times the rejected one's (a trust radius), found by
+#: RADIUS_BISECTIONS bisections on log tau, each one server-side subproblem solve
+#: (.acceptance.radius_factor)
+RADIUS_SHARE = 0.5
+RADIUS_BISECTIONS = 8
 #: accepted rounds in a row with the model whose subproblem keeps a slack at multiplier c that
 #: end a penalty stage (.continuation.settle: c is too small for an exact penalty)
 SATURATED = 2
