@@ -267,13 +267,23 @@ def _two_bars():
     return prob, obj, con, lo, hi
 
 
+def _two_bars_slsqp(obj, con, lo, hi, x0):
+    """SciPy's SLSQP on TWOBARS from ``x0``: the reference optimum."""
+    from scipy.optimize import minimize
+
+    return minimize(lambda w: obj(w)[0], x0, jac=lambda w: obj(w)[1], method="SLSQP",
+                    bounds=list(zip(lo, hi)), options={"ftol": 1e-12},
+                    constraints=[{"type": "ineq",
+                                  "fun": (lambda s: lambda w: 1.0 - con(w, s)[0])(s),
+                                  "jac": (lambda s: lambda w: -con(w, s)[1])(s)}
+                                 for s in (1.0, -1.0)])
+
+
 def test_a_correction_longer_than_its_step_is_refused_under_the_newton_model(monkeypatch):
     """Under the Newton model a rejected step's second-order correction that would move the
     trial point farther than the step itself is refused and tau raised instead (TWOBARS: the
     Newton run reaches SLSQP's optimum); under the quasi-Newton model every correction is
     tried (at_most None)."""
-    from scipy.optimize import minimize
-
     from ssca_solver.methods.ssca import acceptance
     from ssca_solver.methods.ssca.adaptive import SOC_MOVE
 
@@ -288,11 +298,7 @@ def test_a_correction_longer_than_its_step_is_refused_under_the_newton_model(mon
     monkeypatch.setattr(acceptance, "second_order_correction", spy)
     prob, obj, con, lo, hi = _two_bars()
     x0 = np.ones(2)
-    ref = minimize(lambda w: obj(w)[0], x0, jac=lambda w: obj(w)[1], method="SLSQP",
-                   bounds=list(zip(lo, hi)), options={"ftol": 1e-12},
-                   constraints=[{"type": "ineq", "fun": (lambda s: lambda w: 1.0 - con(w, s)[0])(s),
-                                 "jac": (lambda s: lambda w: -con(w, s)[1])(s)}
-                                for s in (1.0, -1.0)])
+    ref = _two_bars_slsqp(obj, con, lo, hi, x0)
     res = prob.solve(x0=x0, seed=0)
     assert res.status == "converged"
     np.testing.assert_allclose(res.x, ref.x, atol=1e-3)
@@ -310,8 +316,6 @@ def test_a_rejected_newton_step_is_retried_at_half_its_length(monkeypatch):
     lifted to MODEL_REJECT times the model's scale, whose step is shorter (on TWOBARS 0.37 of
     the rejected one; on S2MPJ's HS109 orders of magnitude). The run still reaches SLSQP's
     optimum."""
-    from scipy.optimize import minimize
-
     from ssca_solver.methods.ssca import acceptance
     from ssca_solver.methods.ssca.adaptive import RADIUS_SHARE, TAU_UP
 
@@ -328,11 +332,7 @@ def test_a_rejected_newton_step_is_retried_at_half_its_length(monkeypatch):
     monkeypatch.setattr(acceptance, "radius_factor", spy)
     prob, obj, con, lo, hi = _two_bars()
     x0 = np.ones(2)
-    ref = minimize(lambda w: obj(w)[0], x0, jac=lambda w: obj(w)[1], method="SLSQP",
-                   bounds=list(zip(lo, hi)), options={"ftol": 1e-12},
-                   constraints=[{"type": "ineq", "fun": (lambda s: lambda w: 1.0 - con(w, s)[0])(s),
-                                 "jac": (lambda s: lambda w: -con(w, s)[1])(s)}
-                                for s in (1.0, -1.0)])
+    ref = _two_bars_slsqp(obj, con, lo, hi, x0)
     res = prob.solve(x0=x0, seed=0)
     assert res.status == "converged"
     np.testing.assert_allclose(res.x, ref.x, atol=1e-3)

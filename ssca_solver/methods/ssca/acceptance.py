@@ -434,12 +434,19 @@ def _reject_factor(cfg: Settings, state: SSCAState) -> float:
     return k
 
 
+def _floored(cfg: Settings, state: SSCAState, k: float) -> float:
+    """tau's factor ``k`` raised so that tau stays above MODEL_TAU_FLOOR of the model's scale
+    while the model is on: far below it the solver's Problem 5 is too badly scaled to be
+    solved."""
+    if cfg.model_on(state):
+        k = max(k, ad.MODEL_TAU_FLOOR * cfg.model(state).delta / max(cfg.tau_of(state), 1e-300))
+    return k
+
+
 def _step_length(cfg: Settings, state: SSCAState, base_w, base, k: float) -> float:
     """|w - base_w| for the subproblem at ``base_w`` with tau multiplied by ``k`` (inf when
     it cannot be solved): :func:`_retry`'s step, without a round."""
-    if cfg.model_on(state):
-        k = max(k, ad.MODEL_TAU_FLOOR * cfg.model(state).delta / max(cfg.tau_of(state), 1e-300))
-    scaled = ad.rescale_all(base, base_w, k)
+    scaled = ad.rescale_all(base, base_w, _floored(cfg, state, k))
     try:
         new, _ = ssca_step.move(state._replace(w=base_w),
                                 constraint_curvature(cfg, state, scaled, base_w),
@@ -522,11 +529,7 @@ def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse,
     """The subproblem at ``base_w`` with tau multiplied by ``k`` (the backtracking's next step
     from the accepted or the last accepted point); ``shorten``: the step from ``base_w`` half
     as long as the rejected trial's, along the new solution (:func:`_line_search`)."""
-    if cfg.model_on(state):
-        # tau stays above MODEL_TAU_FLOOR of the model's scale: far below it the solver's
-        # Problem 5 is too badly scaled to be solved
-        floor = ad.MODEL_TAU_FLOOR * cfg.model(state).delta
-        k = max(k, floor / max(cfg.tau_of(state), 1e-300))
+    k = _floored(cfg, state, k)
     scaled = ad.rescale_all(base, base_w, k)
     start = state._replace(w=base_w)
     try:
