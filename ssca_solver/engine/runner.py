@@ -86,8 +86,9 @@ class Tally:
             setattr(self, k, int(arrays[f"tally/{k}"]))
 
 
-#: a round's own evaluation is tested (KKT) between two eval_every-th rounds only when the
-#: round's step is at most this times max(1, |w|)
+#: a round's own evaluation is tested (KKT) at every round; its report's multipliers join
+#: the method's evidence between two eval_every-th rounds only when the round's step is at
+#: most this times max(1, |w|)
 FREE_TEST_STEP = 1e-2
 
 
@@ -209,16 +210,21 @@ class Runner:
                     point, ev = free
                     self.free_since = new.t
                     evaluated = (new.t, *self.evaluator.split(ev.values, point.w))
-                    # the test itself costs the server a fit (a CVXPY solve with a domain):
-                    # at every eval_every-th round, and in between only once the step is
-                    # short (a KKT point within the tolerances is a fixed point of the step)
+                    # tested at every such round: the test costs the server a fit (a CVXPY
+                    # solve with a domain), no exchange, and a point that passes ends the run
+                    # a round sooner than the next short step would. Its multipliers join the
+                    # continuation's evidence only at every eval_every-th round and once the
+                    # step is short, so the iterates do not depend on the tolerances (a
+                    # report from every round moves the penalty's stages, on S2MPJ as often
+                    # to more rounds as to fewer)
                     near = (step <= FREE_TEST_STEP * max(1.0, float(np.linalg.norm(point.w)))
                             or new.t % opts.eval_every == 0)
-                    if self.stop_test is not None and near:
+                    if self.stop_test is not None:
                         converged, report = self._test(point, ev)
                         if converged:
                             new = point
-                        new = alg.remember_report(new, report)
+                        if near or converged:
+                            new = alg.remember_report(new, report)
                 elif (opts.eval_every and new.t % opts.eval_every == 0
                       and (self.free_since is None
                            or new.t - self.free_since >= opts.eval_every)
