@@ -211,12 +211,12 @@ class Runner:
                     self.free_since = new.t
                     evaluated = (new.t, *self.evaluator.split(ev.values, point.w))
                     # tested at every such round: the test costs the server a fit (a CVXPY
-                    # solve with a domain), no exchange, and a point that passes ends the run
-                    # a round sooner than the next short step would. Its multipliers join the
+                    # solve with a domain), no exchange, and the run ends at the first point
+                    # that passes, not at the next short step. Its multipliers join the
                     # continuation's evidence only at every eval_every-th round and once the
                     # step is short, so the iterates do not depend on the tolerances (a
-                    # report from every round moves the penalty's stages, on S2MPJ as often
-                    # to more rounds as to fewer)
+                    # report from every round moves the penalty's stages: on S2MPJ some runs
+                    # took fewer rounds, others up to twice as many)
                     near = (step <= FREE_TEST_STEP * max(1.0, float(np.linalg.norm(point.w)))
                             or new.t % opts.eval_every == 0)
                     if self.stop_test is not None:
