@@ -148,3 +148,39 @@ def test_every_full_batch_round_is_tested_and_the_iterates_do_not_depend_on_the_
     assert tight.status == "converged" and tight.nit > t
     np.testing.assert_array_equal(tight.history.step_norm[:t], step)
     np.testing.assert_array_equal(tight.history.tau[:t], loose.history.tau)
+
+
+@pytest.mark.parametrize("name", ["linear_on_circle", "equality_as_two_inequalities"])
+def test_the_fit_is_skipped_where_the_violation_alone_fails_the_test(monkeypatch, name):
+    """Where a round's own evaluation violates a constraint by more than feas_tol and its
+    report would not join the method's evidence, the KKT test cannot pass and its multiplier
+    fit is not computed: fewer fits, the same iterates, the same status and final report as
+    runs that fit at every round."""
+    from ssca_solver.engine import session
+
+    fits = []
+    real, exceeds = session.kkt_report, session.feasibility_exceeds
+
+    def counted(w, ev, terms, *args, **kwargs):
+        fits.append(exceeds(ev, terms, 1e-4))
+        return real(w, ev, terms, *args, **kwargs)
+
+    monkeypatch.setattr(session, "kkt_report", counted)
+    c = CLASSICAL[name]
+    runs = []
+    for skip in (True, False):
+        if not skip:
+            monkeypatch.setattr(session, "feasibility_exceeds", lambda *args: False)
+        fits.clear()
+        res = problem(c).solve(seed=0, x0=c.x0, max_iter=300)
+        runs.append((res, list(fits)))
+    (skipped, fits_skipped), (full, fits_full) = runs
+    assert skipped.status == full.status == "converged"
+    assert skipped.nit == full.nit
+    np.testing.assert_array_equal(skipped.history.step_norm, full.history.step_norm)
+    np.testing.assert_array_equal(skipped.history.tau, full.history.tau)
+    np.testing.assert_array_equal(skipped.x, full.x)
+    np.testing.assert_array_equal(skipped.kkt.multipliers, full.kkt.multipliers)
+    # the runs that fit every round met violated points; the skipping run fitted fewer
+    assert any(fits_full)
+    assert len(fits_skipped) < len(fits_full)

@@ -11,6 +11,9 @@ The rules, all here:
   report that could not be computed);
 * when it runs: at every full-data evaluation of a method that declares ``certifies``
   (:class:`Certificate`, the runner's stop test), never on an evaluation some client missed;
+  its multiplier fit is skipped where a constraint's violation alone exceeds ``feas_tol``
+  and the report would not feed the method's evidence
+  (:func:`ssca_solver.diagnostics.kkt.feasibility_exceeds`: the test cannot pass there);
 * the end of a run: a run that used its rounds (or settled) between two tests is promoted to
   "converged" when the test passes at the returned point (:meth:`Certificate.promote`);
 * the final word: "converged" is never claimed against the report the Result carries

@@ -141,6 +141,19 @@ def _parts(w: np.ndarray, ev: Evaluation, terms: ProblemTerms) -> tuple:
     return f0, cons, g0, G
 
 
+def feasibility_exceeds(ev: Evaluation, terms: ProblemTerms, feas_tol: float) -> bool:
+    """Whether some constraint's relative violation at the evaluated point, the
+    ``feasibility_rel`` of :func:`kkt_report` (max(F_m - U_m, 0) / max(1, |U_m|), |F_m - U_m|
+    for an equality: Problem 3's constraints), exceeds ``feas_tol``: the KKT test cannot pass
+    there whatever the multipliers, and its fit need not be computed. False where a value is
+    not finite (the full report says what it is)."""
+    _, cons = split_values(ev.values, terms)
+    if not cons.size:
+        return False
+    violation = np.maximum(terms.excess(cons), 0.0) / np.maximum(1.0, np.abs(terms.bounds))
+    return bool(np.all(np.isfinite(violation)) and np.max(violation) > feas_tol)
+
+
 def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str = "CLARABEL",
                grad_scale: float = 0.0, metric: Optional[np.ndarray] = None,
                curvature: Optional[float] = None,

@@ -110,6 +110,8 @@ class Runner:
       penalty_of: the penalty c in force for a state (None for methods without one).
       stop_test: ``stop_test(state, evaluation) -> (passed, report)``, run at every evaluation
         (which then includes gradients); the run stops with reason "converged" when it passes.
+        Where its report will not join the method's evidence it is called with
+        ``evidence=False`` and may return (False, None) without a report where it cannot pass.
         This is the method's own stopping test, the only way to status "converged". It is not
         run on an evaluation that some client failed to answer (``on_client_failure="drop"``).
       sampler: the participants of each round (:class:`ssca_solver.federated.sampling.Sampler`),
@@ -212,7 +214,8 @@ class Runner:
                     evaluated = (new.t, *self.evaluator.split(ev.values, point.w))
                     # tested at every such round: the test costs the server a fit (a CVXPY
                     # solve with a domain), no exchange, and the run ends at the first point
-                    # that passes, not at the next short step. Its multipliers join the
+                    # that passes, not at the next short step (the fit is skipped where a
+                    # constraint's violation alone fails the test). Its multipliers join the
                     # continuation's evidence only at every eval_every-th round and once the
                     # step is short, so the iterates do not depend on the tolerances (a
                     # report from every round moves the penalty's stages: on S2MPJ some runs
@@ -220,7 +223,7 @@ class Runner:
                     near = (step <= FREE_TEST_STEP * max(1.0, float(np.linalg.norm(point.w)))
                             or new.t % opts.eval_every == 0)
                     if self.stop_test is not None:
-                        converged, report = self._test(point, ev)
+                        converged, report = self._test(point, ev, evidence=near)
                         if converged:
                             new = point
                         if near or converged:
@@ -278,11 +281,14 @@ class Runner:
             self.save(state)              # the end of a run: resume can extend it
         return state, st.MAX_ITER
 
-    def _test(self, state, ev) -> tuple:
+    def _test(self, state, ev, evidence: bool = True) -> tuple:
         """(passed, report) of the stop test at ``state`` on the full-data evaluation ``ev``,
-        kept as :attr:`last_test`."""
-        passed, report = self.stop_test(state, ev)
-        self.last_test = Tested(state.w, ev, report)
+        kept as :attr:`last_test`. ``evidence`` False: the report will not join the method's
+        evidence, and the test may skip it where it cannot pass (report None, nothing kept)."""
+        passed, report = (self.stop_test(state, ev) if evidence
+                          else self.stop_test(state, ev, evidence=False))
+        if report is not None:
+            self.last_test = Tested(state.w, ev, report)
         return passed, report
 
     def _evaluation_affordable(self) -> bool:

@@ -19,7 +19,8 @@ import numpy as np
 from .. import status as st
 from ..errors import CheckpointError, ModelError, SSCAError, SubproblemError
 from ..diagnostics.evaluation import Evaluator
-from ..diagnostics.kkt import StationarityFloor, kkt_report, objective_gap
+from ..diagnostics.kkt import (StationarityFloor, feasibility_exceeds, kkt_report,
+                                objective_gap)
 from ..diagnostics.certificate import Certificate, KKTReport
 from ..diagnostics.result import Communication
 from ..federated import build_clients, make_transport
@@ -334,8 +335,17 @@ class Session:
     def __exit__(self, *exc):
         self.transport.close()
 
-    def _stop_test(self, state, ev):
-        """The runner's stop test: the KKT report at the state, judged by the certificate."""
+    def _stop_test(self, state, ev, evidence: bool = True):
+        """The runner's stop test: the KKT report at the state, judged by the certificate.
+        Where the report is no evidence for the method (``evidence`` False) and a constraint's
+        relative violation already exceeds ``feas_tol`` (:func:`feasibility_exceeds`: the test
+        cannot pass), (False, None): the multiplier fit, a CVXPY solve with a domain, is not
+        computed. The stationarity floor still sees the point, as when the report is
+        computed, so that later reports do not depend on the skipped ones."""
+        if not evidence and feasibility_exceeds(ev, self.evaluator.terms,
+                                                self.certificate.feas_tol):
+            self._floor(state.w, ev)
+            return False, None
         report = self.kkt(state, ev)
         return self.certificate.passes(report), report
 
