@@ -136,7 +136,13 @@ class KKTReport:
     def passed(self, feas_tol: float, kkt_tol: float) -> bool:
         """The KKT test: every relative residual within its tolerance (never for a failed
         report: NaN is within no tolerance)."""
-        return all(v <= tol for _, v, tol in self.residuals(feas_tol, kkt_tol))
+        # the rows of :meth:`residuals`, compared as arrays (one round's test with hundreds of
+        # constraints built and sorted 2 M rows in Python)
+        feas = np.asarray(self.feasibility_rel, dtype=float)
+        comp = np.asarray(self.complementarity_rel, dtype=float)
+        return bool(float(self.stationarity_rel) <= kkt_tol
+                    and float(self.domain_violation) <= feas_tol
+                    and np.all(feas <= feas_tol) and np.all(comp <= kkt_tol))
 
 
 
