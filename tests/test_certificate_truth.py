@@ -420,3 +420,25 @@ def test_the_linearised_step_survives_an_exponentially_flat_objective():
     u, mu, duals, elastic = det.linearized_step(w, g0, G, np.array([0.0]), step=3.3e16)
     assert np.all(np.isfinite(u)) and np.linalg.norm(u - w) / 3.3e16 <= 1e-12
     assert elastic <= 1e-9
+
+
+def test_passed_is_every_listed_residual_within_its_tolerance():
+    """KKTReport.passed is the rule its residuals() lists: every relative residual at most its
+    tolerance, a NaN (a failed report) never; on reports with 0 to 3 constraints whose
+    residuals sit below, at and above the tolerances, some NaN, zero tolerances too."""
+    from ssca_solver.diagnostics.certificate import KKTReport
+
+    rng = np.random.default_rng(0)
+    values = [0.0, 1e-5, 1e-4, 2e-4, np.nan, 1.0]
+    for _ in range(5000):
+        M = int(rng.integers(0, 4))
+        report = KKTReport(multipliers=np.zeros(M), multiplier_source="nnls", stationarity=0.0,
+                           stationarity_kind="gradient", feasibility=np.zeros(M),
+                           complementarity=np.zeros(M),
+                           domain_violation=float(rng.choice(values)),
+                           stationarity_rel=float(rng.choice(values)),
+                           feasibility_rel=rng.choice(values, size=M),
+                           complementarity_rel=rng.choice(values, size=M))
+        feas_tol, kkt_tol = float(rng.choice([1e-4, 1e-5, 0.0])), float(rng.choice([1e-4, 0.0]))
+        listed = all(v <= tol for _, v, tol in report.residuals(feas_tol, kkt_tol))
+        assert report.passed(feas_tol, kkt_tol) == listed
