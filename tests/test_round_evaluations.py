@@ -131,10 +131,10 @@ def test_a_rounds_statistics_serve_as_its_evaluation_only_when_exact_enough():
 def test_every_full_batch_round_is_tested_and_the_iterates_do_not_depend_on_the_tolerance():
     """A round's own evaluation is tested at every round, not only once the step is short: at
     kkt_tol=0.1 the quartic's point passes at a round whose next step is still long (more
-    than FREE_TEST_STEP |w|, not an eval_every-th round), and the run ends there. Testing
+    than EVIDENCE_STEP |w|, not an eval_every-th round), and the run ends there. Testing
     adds no exchange and changes no iterate: the same rounds at kkt_tol=1e-3 take the same
     steps."""
-    from ssca_solver.engine.runner import FREE_TEST_STEP
+    from ssca_solver.engine.runner import EVIDENCE_STEP
 
     c = CLASSICAL["quartic"]
     loose = problem(c).solve(seed=0, x0=c.x0, max_iter=300, kkt_tol=0.1)
@@ -142,7 +142,7 @@ def test_every_full_batch_round_is_tested_and_the_iterates_do_not_depend_on_the_
     t = loose.nit
     assert t % 10 != 0
     step = loose.history.step_norm
-    assert step[-1] > FREE_TEST_STEP * max(1.0, float(np.linalg.norm(loose.x)))
+    assert step[-1] > EVIDENCE_STEP * max(1.0, float(np.linalg.norm(loose.x)))
     assert loose.kkt.passed(1e-4, 0.1) and not loose.kkt.passed(1e-4, 1e-3)
     tight = problem(c).solve(seed=0, x0=c.x0, max_iter=300, kkt_tol=1e-3)
     assert tight.status == "converged" and tight.nit > t

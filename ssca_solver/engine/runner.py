@@ -88,8 +88,8 @@ class Tally:
 
 #: a round's own evaluation is tested (KKT) at every round; its report's multipliers join
 #: the method's evidence between two eval_every-th rounds only when the round's step is at
-#: most this times max(1, |w|)
-FREE_TEST_STEP = 1e-2
+#: most this times max(1, |w|), and elsewhere the test may skip its fit where it cannot pass
+EVIDENCE_STEP = 1e-2
 
 
 class Runner:
@@ -220,7 +220,7 @@ class Runner:
                     # step is short, so the iterates do not depend on the tolerances (a
                     # report from every round moves the penalty's stages: on S2MPJ some runs
                     # took fewer rounds, others up to twice as many)
-                    near = (step <= FREE_TEST_STEP * max(1.0, float(np.linalg.norm(point.w)))
+                    near = (step <= EVIDENCE_STEP * max(1.0, float(np.linalg.norm(point.w)))
                             or new.t % opts.eval_every == 0)
                     if self.stop_test is not None:
                         converged, report = self._test(point, ev, evidence=near)
