@@ -150,8 +150,15 @@ def feasibility_exceeds(ev: Evaluation, terms: ProblemTerms, feas_tol: float) ->
     _, cons = split_values(ev.values, terms)
     if not cons.size:
         return False
-    violation = np.maximum(terms.excess(cons), 0.0) / np.maximum(1.0, np.abs(terms.bounds))
-    return bool(np.all(np.isfinite(violation)) and np.max(violation) > feas_tol)
+    violation, bound_scale = _violation(cons, terms)
+    relative = violation / bound_scale
+    return bool(np.all(np.isfinite(relative)) and np.max(relative) > feas_tol)
+
+
+def _violation(cons: np.ndarray, terms: ProblemTerms) -> tuple:
+    """(max(F_m - U_m, 0), |F_m - U_m| for an equality; max(1, |U_m|)): each constraint's
+    violation and the scale of its relative one."""
+    return np.maximum(terms.excess(cons), 0.0), np.maximum(1.0, np.abs(terms.bounds))
 
 
 def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str = "CLARABEL",
@@ -324,8 +331,7 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
         relative = max(relative, float(np.linalg.norm(res * inv))
                        / max(float(np.linalg.norm(det.free(g) * inv)), floor * float(np.min(inv)),
                              1e-300))
-    bound_scale = np.maximum(1.0, np.abs(terms.bounds))
-    violation = np.maximum(terms.excess(cons), 0.0)     # |F_m - U_m| for an equality
+    violation, bound_scale = _violation(cons, terms)
     # an equality has no complementarity condition (its multiplier has either sign)
     comp = np.where(eq, 0.0, np.abs(mu * cons))
     comp_rel = np.where(eq, 0.0, np.minimum(np.abs(mu) * col / scale,

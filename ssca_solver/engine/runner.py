@@ -108,10 +108,10 @@ class Runner:
       meta: metadata saved with every checkpoint (method, seed, fingerprint); the runner adds the
         round, the stage and the elapsed time.
       penalty_of: the penalty c in force for a state (None for methods without one).
-      stop_test: ``stop_test(state, evaluation) -> (passed, report)``, run at every evaluation
-        (which then includes gradients); the run stops with reason "converged" when it passes.
-        Where its report will not join the method's evidence it is called with
-        ``evidence=False`` and may return (False, None) without a report where it cannot pass.
+      stop_test: ``stop_test(state, evaluation, evidence) -> (passed, report)``, run at every
+        evaluation (which then includes gradients); the run stops with reason "converged" when
+        it passes. ``evidence`` False: its report will not join the method's evidence, and it
+        may return (False, None) without a report where it cannot pass.
         This is the method's own stopping test, the only way to status "converged". It is not
         run on an evaluation that some client failed to answer (``on_client_failure="drop"``).
       sampler: the participants of each round (:class:`ssca_solver.federated.sampling.Sampler`),
@@ -285,8 +285,7 @@ class Runner:
         """(passed, report) of the stop test at ``state`` on the full-data evaluation ``ev``,
         kept as :attr:`last_test`. ``evidence`` False: the report will not join the method's
         evidence, and the test may skip it where it cannot pass (report None, nothing kept)."""
-        passed, report = (self.stop_test(state, ev) if evidence
-                          else self.stop_test(state, ev, evidence=False))
+        passed, report = self.stop_test(state, ev, evidence=evidence)
         if report is not None:
             self.last_test = Tested(state.w, ev, report)
         return passed, report
