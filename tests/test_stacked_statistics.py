@@ -159,6 +159,65 @@ def test_rescaling_every_functions_tau_at_once_is_rescaling_each():
                                        rtol=1e-12, atol=1e-12)
 
 
+def test_statistics_read_from_replies_keep_their_layout_and_rescale_a_run_at_once():
+    """The server's statistics (read from the replies' stacked arrays) carry their runs and
+    those arrays: packing them again gives the same arrays, and a retry's tau factor scales a
+    stacked run as one array with exactly what ``rescale_tau`` gives each function (a run of
+    13 proximal-linear functions, a diagonal one, a short run of 3), keeping the layout for
+    the next round."""
+    from ssca_solver.federated import Reply
+    from ssca_solver.methods.ssca import adaptive as ad
+
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=D)
+
+    def draw(m):
+        quad = rng.uniform(0.1, 2.0, size=D) if m == 13 else np.asarray(rng.uniform(0.1, 2.0))
+        return {"quad": quad, "lin": rng.normal(size=D), "const": np.asarray(rng.normal())}
+
+    plain = tuple(draw(m) for m in range(17))
+    runs = ssca_step.stat_runs(plain)
+    assert [(a, b) for a, b, _ in runs] == [(0, 13), (13, 14), (14, 17)]
+    replies = [Reply(client, "ssca.round", 1, 10, 10, ssca_step.pack_statistics(
+        tuple(draw(m) for m in range(17)))) for client in (0, 1)]
+    got = ssca_step.average_with_messages(plain, replies, 20, 0.5)
+    assert isinstance(got, ssca_step.Statistics) and got.runs == runs
+    fresh = ssca_step.pack_statistics(tuple(dict(st) for st in got))
+    again = ssca_step.pack_statistics(got)
+    assert list(again) == list(fresh)
+    for key in fresh:
+        np.testing.assert_array_equal(again[key], fresh[key])
+    for k in (0.25, 2.0, 37.0):
+        together = ad.rescale_all(got, w, k)
+        assert isinstance(together, ssca_step.Statistics) and together.runs == runs
+        for st, row in zip(got, together):
+            one = ad.rescale_tau(st, w, k)
+            assert sorted(row) == sorted(one)
+            for name in one:
+                assert np.shape(row[name]) == np.shape(one[name])
+                np.testing.assert_array_equal(row[name], one[name])
+        # the plain tuple of the same dicts: the same numbers, function by function
+        for a, b in zip(together, ad.rescale_all(tuple(got), w, k)):
+            for name in a:
+                np.testing.assert_array_equal(a[name], b[name])
+
+    # the merit's stacked surrogates a_m |w|^2 + b_m.w + c_m read from the stacked arrays:
+    # those of the plain tuple (scalar curvatures only: the diagonal one left out)
+    from types import SimpleNamespace
+
+    from ssca_solver.methods.ssca import merit as mt
+
+    scalar = tuple(st for m, st in enumerate(plain) if m != 13)
+    replies = [Reply(client, "ssca.round", 1, 10, 10, ssca_step.pack_statistics(
+        tuple(draw(m) for m in range(17) if m != 13))) for client in (0, 1)]
+    got = ssca_step.average_with_messages(scalar, replies, 20, 0.5)
+    cfg = SimpleNamespace(builders=[ss.ProximalLinear()] * len(scalar))
+    assert mt._packed_forms(got) is not None and mt._packed_forms(tuple(got)) is None
+    for a, b in zip(mt.stacked_quadratics(cfg, got), mt.stacked_quadratics(cfg, tuple(got))):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_run_of_plain_functions_gives_each_its_own_statistics_bit_for_bit():
     """A client's run of plain functions with the proximal-linear builder (scalar_blocks;
     a DiagonalCurvature splits it) gives every function exactly the floats

@@ -469,9 +469,46 @@ def rescale_tau(stats: Mapping[str, np.ndarray], w: np.ndarray, k: float,
 
 def rescale_all(stats, w: np.ndarray, k: float) -> tuple:
     """:func:`rescale_tau` of every function's statistics (eq. (fsmbar)'s proximal-linear
-    surrogates with tau multiplied by k), |w|^2 computed once for all of them."""
+    surrogates with tau multiplied by k), |w|^2 computed once for all of them. Statistics that
+    carry their stacked arrays (:class:`.step.Statistics`) are scaled a stacked run at a time,
+    with the same arithmetic per function (the same numbers)."""
     ww = float(w @ w)
+    stacked = _rescale_packed(stats, w, k, ww)
+    if stacked is not None:
+        return stacked
     return tuple(rescale_tau(st, w, k, ww) for st in stats)
+
+
+def _rescale_packed(stats, w: np.ndarray, k: float, ww: float):
+    """:func:`rescale_all` on a :class:`.step.Statistics` in its packed layout, every stacked
+    run of scalar-curvature proximal-linear statistics as three array operations (the others
+    function by function); None when ``stats`` carries no packed arrays or a stacked run has
+    another form."""
+    from .step import run_key, stacked_run, stat_key, unpack_statistics
+
+    packed, runs = getattr(stats, "packed", None), getattr(stats, "runs", None)
+    if packed is None or runs is None:
+        return None
+    out = {}
+    for run in runs:
+        first, stop, sig = run
+        if stacked_run(run):
+            if dict(sig) != {"const": (), "lin": w.shape, "quad": ()}:
+                return None
+            const, lin, quad = (packed[run_key(first, stop - 1, name)]
+                                for name in ("const", "lin", "quad"))
+            q = np.asarray(quad, dtype=float)
+            # rescale_tau's operations, in its order, on the run's rows at once
+            out[run_key(first, stop - 1, "quad")] = k * q
+            out[run_key(first, stop - 1, "lin")] = (np.asarray(lin)
+                                                     - (2.0 * (k - 1.0) * q)[:, None] * w)
+            out[run_key(first, stop - 1, "const")] = (np.asarray(const, dtype=float)
+                                                       + (k - 1.0) * q * ww)
+        else:
+            for m in range(first, stop):
+                for name, v in rescale_tau(stats[m], w, k, ww).items():
+                    out[stat_key(m, name)] = v
+    return unpack_statistics(out, stats, runs)
 
 
 def raise_curvature(stats: Mapping[str, np.ndarray], w: np.ndarray, a: float) -> dict:

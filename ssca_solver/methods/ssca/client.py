@@ -15,7 +15,7 @@ from ...model.surrogates import ProximalLinear, proximal_linear_statistics
 from ...federated.messages import Request, optional_int, own_factor, secagg_active, summed
 from . import adaptive as ad
 from . import privacy
-from .step import pack_statistics
+from .step import pack_statistics, stat_runs
 
 #: the task name of a round
 TASK = "ssca.round"
@@ -188,6 +188,10 @@ class SSCARoundTask:
         self.builders = tuple(builders)
         self.blocks = component_blocks(self.functions, self.builders)
         self.scalar_blocks = scalar_blocks(self.functions, self.builders)
+        # (number of functions, the runs of the statistics' layout, step.stat_runs), which the
+        # builders fix: taken from the first reply's statistics and kept (a reply of another
+        # layout fails to pack in them: a KeyError, or a ValueError on the shapes)
+        self._runs = None
 
     def pooling(self, request: Request):
         """The batch the shards pool for ``request`` (:class:`~ssca_solver.federated.shards.
@@ -269,7 +273,9 @@ class SSCARoundTask:
                     and not secagg_active(request)):
                 raise
             return {NONFINITE: np.ones(1)}
-        arrays = pack_statistics(stats)
+        if self._runs is None or self._runs[0] != len(stats):
+            self._runs = (len(stats), stat_runs(stats))
+        arrays = pack_statistics(stats, self._runs[1])
         arrays.update(curvature)
         combined = summed(request) and bool(request.config.get("noise"))
         if combined and not noisy:        # every summed reply has the same arrays: a full

@@ -47,11 +47,30 @@ def run_key(first: int, last: int, name: str) -> str:
     return f"{first}..{last}:{name}"
 
 
+class Statistics(tuple):
+    """Every function's statistics (a tuple of dicts, one per function) that also carries
+    their layout's runs (:func:`stat_runs`) and the arrays they were read from in that layout
+    (:func:`pack_statistics`'s, ``packed``: the dicts hold views of its stacked rows). The
+    server's statistics are this from the replies' average on: with hundreds of constraints
+    a round then neither derives the runs again nor restacks the rows, and
+    :func:`.adaptive.rescale_all` scales a stacked run as one array. A plain tuple of the same
+    dicts means the same statistics (the attributes only save work)."""
+
+    def __new__(cls, items=(), runs=None, packed=None):
+        obj = super().__new__(cls, items)
+        obj.runs, obj.packed = runs, packed
+        return obj
+
+
 def stat_runs(stats: Sequence[Mapping]) -> list:
     """The functions in runs of consecutive ones whose statistics have the same names and
     shapes: [(first, stop, ((name, shape), ...))], ``stop`` exclusive. A run of at least
     STACK_RUN functions is sent stacked (:func:`pack_statistics`); the client and the server
-    both derive the runs from the statistics' layout, which Problem fixes."""
+    both derive the runs from the statistics' layout, which Problem fixes (a
+    :class:`Statistics` carries its own)."""
+    known = getattr(stats, "runs", None)
+    if known is not None:
+        return known
     runs, first = [], 0
     layout = _layout(stats[0]) if len(stats) else None
     for m in range(1, len(stats) + 1):
@@ -73,7 +92,8 @@ def _signature(st: Mapping) -> tuple:
     return tuple(sorted(_layout(st).items()))
 
 
-def _stacked(run) -> bool:
+def stacked_run(run) -> bool:
+    """Whether a run of :func:`stat_runs` travels stacked (STACK_RUN functions or more)."""
     return run[1] - run[0] >= STACK_RUN
 
 
@@ -83,7 +103,7 @@ def stat_keys(stats: Sequence[Mapping], runs=None) -> list:
     keys = []
     for run in runs if runs is not None else stat_runs(stats):
         first, stop, sig = run
-        if _stacked(run):
+        if stacked_run(run):
             keys += [run_key(first, stop - 1, name) for name, _ in sig]
         else:
             keys += [stat_key(m, name) for m in range(first, stop) for name, _ in sig]
@@ -95,11 +115,14 @@ def pack_statistics(stats: Sequence[dict], runs=None) -> dict:
     function's own (``"m:name"``), or, for a run of STACK_RUN functions or more with the same
     layout, one array per statistic whose rows are the functions (``"first..last:name"``):
     with hundreds of constraints a reply then carries three arrays, not three per
-    constraint, and the server checks and adds each once."""
+    constraint, and the server checks and adds each once. A :class:`Statistics` read from
+    such arrays gives them back (the same values: its dicts are views of them)."""
+    if getattr(stats, "packed", None) is not None:
+        return stats.packed
     out = {}
     for run in runs if runs is not None else stat_runs(stats):
         first, stop, sig = run
-        if _stacked(run):
+        if stacked_run(run):
             for name, _ in sig:
                 out[run_key(first, stop - 1, name)] = np.array(
                     [stats[m][name] for m in range(first, stop)], dtype=float)
@@ -111,21 +134,23 @@ def pack_statistics(stats: Sequence[dict], runs=None) -> dict:
 
 
 def unpack_statistics(arrays: Mapping, template: Sequence[Mapping], runs=None) -> tuple:
-    """Every function's statistics (a tuple of dicts; stacked ones as views of their rows)
-    from a reply's ``arrays`` packed in the layout of ``template`` (:func:`pack_statistics`);
-    a missing array raises KeyError naming it."""
+    """Every function's statistics (a :class:`Statistics`; stacked ones as views of their
+    rows) from a reply's ``arrays`` packed in the layout of ``template``
+    (:func:`pack_statistics`); a missing array raises KeyError naming it."""
     out = [dict() for _ in template]
-    for run in runs if runs is not None else stat_runs(template):
+    if runs is None:
+        runs = stat_runs(template)
+    for run in runs:
         first, stop, sig = run
         for name, _ in sig:
-            if _stacked(run):
+            if stacked_run(run):
                 block = arrays[run_key(first, stop - 1, name)]
                 for m in range(first, stop):
                     out[m][name] = block[m - first, ...]      # a view, 0-d for a scalar
             else:
                 for m in range(first, stop):
                     out[m][name] = arrays[stat_key(m, name)]
-    return tuple(out)
+    return Statistics(out, runs, {key: arrays[key] for key in stat_keys(template, runs)})
 
 
 class StepInfo(NamedTuple):
