@@ -48,7 +48,8 @@ def run_key(first: int, last: int, name: str) -> str:
 
 
 class Statistics(tuple):
-    """Every function's statistics (a tuple of dicts, one per function) that also carries
+    """Every function's statistics (a tuple of dicts, one per function: eqs.
+    (Fs0bar)/(Fsmbar)'s averaged statistics) that also carries
     their layout's runs (:func:`stat_runs`) and the arrays they were read from in that layout
     (:func:`pack_statistics`'s, ``packed``: the dicts hold views of its stacked rows). The
     server's statistics are this from the replies' average on: with hundreds of constraints
