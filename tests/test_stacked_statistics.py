@@ -187,6 +187,12 @@ def test_statistics_read_from_replies_keep_their_layout_and_rescale_a_run_at_onc
     assert list(again) == list(fresh)
     for key in fresh:
         np.testing.assert_array_equal(again[key], fresh[key])
+    # a statistic over every function, rows the functions; none where the shapes differ
+    lin = got.stacked("lin")
+    assert lin.shape == (17, D)
+    for m, st in enumerate(got):
+        np.testing.assert_array_equal(lin[m], st["lin"])
+    assert got.stacked("quad") is None and got.stacked("const").shape == (17,)
     for k in (0.25, 2.0, 37.0):
         together = ad.rescale_all(got, w, k)
         assert isinstance(together, ssca_step.Statistics) and together.runs == runs

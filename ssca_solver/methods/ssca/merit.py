@@ -34,27 +34,14 @@ def stacked_quadratics(cfg: Settings, stats):
 
 def _packed_forms(stats):
     """:func:`stacked_quadratics`'s arrays from statistics that carry their stacked arrays
-    (:class:`.step.Statistics`): a stacked run's rows as they are, the other functions one by
-    one (the same numbers); None for a plain tuple."""
-    from .step import run_key, stacked_run
-
-    packed, runs = getattr(stats, "packed", None), getattr(stats, "runs", None)
-    if packed is None or not runs:
+    (:meth:`.step.Statistics.stacked`: the same numbers); None for a plain tuple."""
+    stacked = getattr(stats, "stacked", None)
+    if stacked is None:
         return None
-    parts = []
-    for run in runs:
-        first, stop, _ = run
-        if stacked_run(run):
-            parts.append(tuple(packed[run_key(first, stop - 1, name)]
-                               for name in ("quad", "lin", "const")))
-        else:
-            part = stats[first:stop]
-            parts.append(([float(st["quad"]) for st in part], [st["lin"] for st in part],
-                          [float(st["const"]) for st in part]))
-    quad, lin, const = zip(*parts)
-    return (np.concatenate(quad).astype(float, copy=False),
-            np.concatenate(lin).astype(float, copy=False).reshape(len(stats), -1),
-            np.concatenate(const).astype(float, copy=False))
+    forms = tuple(stacked(name) for name in ("quad", "lin", "const"))
+    if any(f is None for f in forms) or forms[0].ndim != 1 or forms[2].ndim != 1:
+        return None
+    return forms
 
 
 def proximal_forms(builders) -> bool:

@@ -62,6 +62,26 @@ class Statistics(tuple):
         obj.runs, obj.packed = runs, packed
         return obj
 
+    def stacked(self, name: str):
+        """Statistic ``name`` of every function as one new array whose rows are the
+        functions (a stacked run's rows as they are, the other functions' own arrays: the
+        same numbers); None when the statistics carry no packed arrays, or the functions'
+        arrays of ``name`` differ in shape (a diagonal curvature beside scalar ones)."""
+        if self.packed is None or not self.runs:
+            return None
+        parts, shape = [], None
+        for run in self.runs:
+            first, stop, sig = run
+            here = dict(sig).get(name)
+            if here is None or (shape is not None and here != shape):
+                return None
+            shape = here
+            if stacked_run(run):
+                parts.append(self.packed[run_key(first, stop - 1, name)])
+            else:
+                parts.extend(np.asarray(self[m][name])[None, ...] for m in range(first, stop))
+        return np.concatenate(parts).astype(float, copy=False)
+
 
 def stat_runs(stats: Sequence[Mapping]) -> list:
     """The functions in runs of consecutive ones whose statistics have the same names and
