@@ -139,7 +139,7 @@ def pack_statistics(stats: Sequence[dict], runs=None) -> dict:
     constraint, and the server checks and adds each once. A :class:`Statistics` read from
     such arrays gives them back (the same values: its dicts are views of them)."""
     if getattr(stats, "packed", None) is not None:
-        return stats.packed
+        return dict(stats.packed)       # the caller's dict; the arrays are the statistics'
     out = {}
     for run in runs if runs is not None else stat_runs(stats):
         first, stop, sig = run
