@@ -158,20 +158,23 @@ def unpack_statistics(arrays: Mapping, template: Sequence[Mapping], runs=None) -
     """Every function's statistics (a :class:`Statistics`; stacked ones as views of their
     rows) from a reply's ``arrays`` packed in the layout of ``template``
     (:func:`pack_statistics`); a missing array raises KeyError naming it."""
-    out = [dict() for _ in template]
+    out, packed = [dict() for _ in template], {}
     if runs is None:
         runs = stat_runs(template)
     for run in runs:
         first, stop, sig = run
-        for name, _ in sig:
-            if stacked_run(run):
-                block = arrays[run_key(first, stop - 1, name)]
+        if stacked_run(run):
+            for name, _ in sig:
+                key = run_key(first, stop - 1, name)
+                block = packed[key] = arrays[key]
                 for m in range(first, stop):
                     out[m][name] = block[m - first, ...]      # a view, 0-d for a scalar
-            else:
-                for m in range(first, stop):
-                    out[m][name] = arrays[stat_key(m, name)]
-    return Statistics(out, runs, {key: arrays[key] for key in stat_keys(template, runs)})
+        else:
+            for m in range(first, stop):
+                for name, _ in sig:
+                    key = stat_key(m, name)
+                    out[m][name] = packed[key] = arrays[key]
+    return Statistics(out, runs, packed)
 
 
 class StepInfo(NamedTuple):
@@ -280,9 +283,9 @@ def average_with_messages(previous: tuple, messages: Iterable[Reply], num_sample
     """
     out, group, held = None, [], 0
     runs = stat_runs(previous)
-    keys = stat_keys(previous, runs)
     # the previous statistics in the replies' layout (a stacked run's rows copied together)
     before = pack_statistics(previous, runs)
+    keys = list(before)
 
     def flush():
         nonlocal out, held
