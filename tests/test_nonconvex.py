@@ -6,6 +6,7 @@ import pytest
 from scipy.optimize import minimize
 
 import ssca_solver as ss
+from ssca_solver.methods.ssca import SSCA
 
 N, D, U = 200, 3, 0.5
 
@@ -111,3 +112,30 @@ def test_a_rejected_first_order_step_is_retried_along_its_direction(name, x0, pa
     assert res.status == "converged", res.message
     assert max(abs(v(res.x)) for v, _ in pairs) <= 1e-4
     assert res.nit <= rounds, (name, res.nit)
+
+
+def test_a_newton_step_that_tau_cannot_shorten_is_retried_along_its_direction():
+    """S2MPJ's HIMMELBC with every function's Hessian (the Newton model): the two linearised
+    equations fix the first Newton step whatever tau, so raising tau after its rejection
+    retried the same step (16 rounds, 10 of them rejected; SLSQP: 5 iterations). The retry
+    is now at half the rejected length along the step (a backtracking line search), and the
+    run takes about SLSQP's iterations."""
+    data = ss.FederatedData([np.zeros((1, 1))])
+    zero = ss.SampleFunction(lambda w, X, y: np.zeros(len(X)), lambda w, X, y: np.zeros(2),
+                             hess=lambda w, X, y: np.zeros((2, 2)), name="0")
+    values = (lambda w: w[0] ** 2 + w[1] - 11.0, lambda w: w[0] + w[1] ** 2 - 7.0)
+    grads = (lambda w: np.array([2.0 * w[0], 1.0]), lambda w: np.array([1.0, 2.0 * w[1]]))
+    hessians = (np.diag([2.0, 0.0]), np.diag([0.0, 2.0]))
+    equations = [ss.SampleFunction((lambda v: lambda w, X, y: np.full(len(X), v(w)))(v),
+                                   (lambda g: lambda w, X, y: g(w))(g),
+                                   hess=(lambda H: lambda w, X, y: H)(H), name=f"F{k}") == 0.0
+                 for k, (v, g, H) in enumerate(zip(values, grads, hessians))]
+    prob = ss.Problem(zero, equations, dim=2, data=data)
+    assert SSCA.parse(prob, {}).hessian == "newton"
+    res = prob.solve(seed=0, x0=np.array([1.0, 1.0]))
+    assert res.status == "converged", res.message
+    assert max(abs(v(res.x)) for v in values) <= 1e-4
+    np.testing.assert_allclose(res.x, [3.0, 2.0], atol=1e-4)
+    # a rejected step retried at half its length: the trial's step fraction is below 1
+    assert np.any(np.asarray(res.history.gamma) < 1.0)
+    assert res.nit <= 8, res.nit

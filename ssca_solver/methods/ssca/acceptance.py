@@ -5,8 +5,9 @@ that raised it is taken back.
 * :func:`backtracking_step` (tau="auto" with unit steps: deterministic SCA, or SQP steps with
   the quasi-Newton model): accept w_t when the merit did not rise (tau then falls), else retry
   from the last accepted point with tau raised, after a second-order correction where a
-  curved constraint is to blame (before the model's first pair: at half the rejected length
-  along the step's direction, a line search);
+  curved constraint is to blame (before the model's first pair, and under the Newton model
+  where a larger tau would not shorten the step: at half the rejected length along the
+  step's direction, a line search);
 * :func:`guarded_step` (a fixed tau, a builder with its own curvature, or given schedules):
   the user's tau and surrogates stay, and the step fraction gamma is halved instead.
 
@@ -277,7 +278,7 @@ def backtracking_step(cfg: Settings, state: SSCAState, stats, nonfinite: bool = 
                                        state.prev_stats, state.merit)
         if cfg.newton and cfg.model_on(state) and k > ad.TAU_UP:
             k = radius_factor(cfg, state, base_w, base, k)
-        if _line_search(cfg, state):
+        if _line_search(cfg, state) or _tau_cannot_shorten(cfg, state, base_w, base, k):
             return _retry(cfg, state, 1.0, base_w, base, base_merit, worse, shorten=True)
     else:
         # (the model the step was taken with: before this step's pair joins it)
@@ -522,6 +523,26 @@ def _line_search(cfg: Settings, state: SSCAState) -> bool:
     return (cfg.model_ok and not cfg.model_on(state) and not state.metric.size
             and np.isfinite(state.curvature)
             and cfg.tau_of(state) >= ad.LINE_SEARCH_TAU * state.curvature)
+
+
+def _tau_cannot_shorten(cfg: Settings, state: SSCAState, base_w, base, k: float) -> bool:
+    """Whether a rejected trial under the Newton model is retried along its own direction at
+    half its length with tau unchanged (as :func:`_line_search` does before the model holds a
+    pair) rather than with tau multiplied by ``k`` (the trust radius of :func:`radius_factor`):
+    when the step at tau times ``k`` (one subproblem solve on the server, no round) would still
+    be longer than METRIC_SHRINK of the rejected one, and fewer than PINNED_HALVINGS steps
+    have been rejected in a row. The linearised constraints of a square system of equations
+    fix the step whatever tau (S2MPJ's HIMMELBC with exact Hessians: the same Newton step
+    retried with tau doubled 10 times, 16 rounds against SLSQP's 5 iterations); a shorter
+    trial along a descent direction of the exact penalty then lowers it. After
+    PINNED_HALVINGS rejections (a trial 1 / 2^PINNED_HALVINGS of the step) the direction
+    itself is suspect and tau is raised as before; the bound also keeps the two remedies
+    from taking turns within one run of rejections."""
+    if not (cfg.newton and cfg.model_on(state) and state.rejects < ad.PINNED_HALVINGS):
+        return False
+    rejected = float(np.linalg.norm(state.w - base_w))
+    step = _step_length(cfg, state, base_w, base, k)
+    return bool(np.isfinite(step) and rejected > 0.0 and step > ad.METRIC_SHRINK * rejected)
 
 
 def _retry(cfg: Settings, state: SSCAState, k, base_w, base, base_merit, worse,

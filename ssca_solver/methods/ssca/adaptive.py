@@ -89,6 +89,10 @@ MODEL_REJECT = 0.5
 #: (.acceptance.radius_factor)
 RADIUS_SHARE = 0.5
 RADIUS_BISECTIONS = 8
+#: with the Newton model, a rejected step whose retry at the raised tau would be about as long
+#: (the linearised constraints fix it) is retried at half its length along its direction
+#: instead, for at most this many rejections in a row (.acceptance._tau_cannot_shorten)
+PINNED_HALVINGS = 3
 #: accepted rounds in a row with the model whose subproblem keeps a slack at multiplier c that
 #: end a penalty stage (.continuation.settle: c is too small for an exact penalty)
 SATURATED = 2
