@@ -532,9 +532,9 @@ def _tau_cannot_shorten(cfg: Settings, state: SSCAState, base_w, base, k: float)
     when the step at tau times ``k`` (one subproblem solve on the server, no round) would still
     be longer than METRIC_SHRINK of the rejected one, and fewer than PINNED_HALVINGS steps
     have been rejected in a row. The linearised constraints of a square system of equations
-    fix the step whatever tau (S2MPJ's HIMMELBC with exact Hessians: the same Newton step
-    retried with tau doubled 10 times, 16 rounds against SLSQP's 5 iterations); a shorter
-    trial along a descent direction of the exact penalty then lowers it. After
+    fix the step whatever tau, so a retry with tau raised repeats the rejected trial (S2MPJ's
+    HIMMELBC with exact Hessians: x1^2 + x2 = 11, x1 + x2^2 = 7 from (1, 1)); a shorter
+    trial along a descent direction of the exact penalty lowers it. After
     PINNED_HALVINGS rejections (a trial 1 / 2^PINNED_HALVINGS of the step) the direction
     itself is suspect and tau is raised as before; the bound also keeps the two remedies
     from taking turns within one run of rejections."""
