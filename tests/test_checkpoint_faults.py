@@ -441,3 +441,25 @@ def test_resume_with_edited_function_code_is_not_silent(tmp_path):
     with pytest.warns(RuntimeWarning, match="other code of the function 'ls'"):
         problem(2.0).solve(seed=0, max_iter=12, checkpoint=path, resume=path,
                            batch_size="full")
+
+
+def test_the_fingerprint_is_hashed_only_for_a_solve_that_writes_or_reads_a_checkpoint(
+        tmp_path, monkeypatch):
+    """Hashing every function's code and closure costs milliseconds a solve with hundreds of
+    functions: a solve without ``checkpoint`` or ``resume`` does not compute it; one with a
+    checkpoint does, and the file carries it (with the data's hash)."""
+    from ssca_solver.engine import session
+
+    calls = []
+    real = session.code_hash
+    monkeypatch.setattr(session, "code_hash", lambda *a, **k: calls.append(1) or real(*a, **k))
+    prob = _problem(bound=1.0)
+    prob.solve(**OPTS)
+    assert calls == []
+    path = tmp_path / "run.npz"
+    prob.solve(checkpoint=path, **OPTS)
+    assert len(calls) == len(prob.functions)
+    meta = json.loads(str(np.load(path)["__meta__"]))
+    assert meta["fingerprint"]["function_code"] and meta["fingerprint"]["data"]
+    res = prob.solve(resume=path, **{**OPTS, "seed": None})
+    assert res.nit == OPTS["max_iter"] and len(calls) == 2 * len(prob.functions)

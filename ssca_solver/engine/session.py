@@ -154,12 +154,14 @@ class Session:
         state = None
         dropouts = []
         check_clients(opts, problem.data.num_clients)
-        fp = {**fingerprint(problem, algorithm.name, **algorithm.fingerprint()),
-              **run_fingerprint(opts)}
-        layout = None
+        fp, layout = None, None
         if opts.checkpoint or opts.resume:
-            # the data's hash (once per solve) and what a checkpoint of this solve holds
-            fp["data"] = ckpt.data_fingerprint(problem.data)
+            # what a checkpoint of this solve must agree on (the problem with every function's
+            # code and closure hashed, the options, the data's hash), computed only where a
+            # checkpoint is written or read: with hundreds of functions the hashes cost
+            # milliseconds a solve
+            fp = {**fingerprint(problem, algorithm.name, **algorithm.fingerprint()),
+                  **run_fingerprint(opts), "data": ckpt.data_fingerprint(problem.data)}
             layout = ckpt.Layout(
                 algorithm.state_arrays(algorithm.init(np.zeros(problem.dim))),
                 {k: c.shape for k, c in recorder.columns.items()}, problem.dim,
