@@ -250,8 +250,9 @@ def r_second_order(d: dict) -> str:
             for p in d.get("classical", [])]
     out = ("The smooth programs of `problems/classical.py` (known optima; one client holding "
            "one row, so every round is a full batch), default options with "
-           "`hessian=\"lbfgs\"` (what the default `\"auto\"` picks for them: their "
-           "functions carry no Hessian) and `\"none\"` (the paper's first-order "
+           "`hessian=\"lbfgs\"` (the quasi-Newton model: their functions carry no Hessian, "
+           "and the default `\"auto\"` differences their gradients into the Newton "
+           "model's instead) and `\"none\"` (the paper's first-order "
            "surrogates), next to the iterations of SciPy's SLSQP from the same start; each "
            "cell: status, rounds.\n\n"
            + table(["problem", "SLSQP iterations", "lbfgs", "none"], rows))

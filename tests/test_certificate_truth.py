@@ -136,8 +136,8 @@ def test_maratos_with_a_linear_objective_converges():
     f = fn(lambda w: -w[0] + a * (w @ w - 1), lambda w: np.array([-1 + 2 * a * w[0],
                                                                    2 * a * w[1]]), "f")
     h = fn(lambda w: w @ w - 1, lambda w: 2 * w, "h")
-    res = ss.Problem(f, [h == 0.0], dim=2, data=ONE_ROW).solve(
-        x0=np.array([1.1, 0.1]), seed=0, batch_size="full")
+    prob = ss.Problem(f, [h == 0.0], dim=2, data=ONE_ROW)
+    res = prob.solve(x0=np.array([1.1, 0.1]), seed=0, batch_size="full", hessian="lbfgs")
     assert res.status == "converged", res.message
     # the certificate bounds the distance: the Lagrangian's Hessian along the circle is
     # 2 (a + mu) = 1 at the solution (mu = 0.5), so |x - x*| is about the stationarity residual
@@ -145,6 +145,11 @@ def test_maratos_with_a_linear_objective_converges():
     # one went on to 1e-6 between two tests ten rounds apart)
     assert np.linalg.norm(res.x - [1.0, 0.0]) <= 2.0 * res.kkt.stationarity + 1e-9
     assert res.kkt.stationarity <= 1e-4
+    # the default options difference the gradients: the Newton model's test also asks
+    # Newton's step to the KKT point, the distance to second order, within kkt_tol (1e-4)
+    newton = prob.solve(x0=np.array([1.1, 0.1]), seed=0, batch_size="full")
+    assert newton.status == "converged", newton.message
+    assert np.linalg.norm(newton.x - [1.0, 0.0]) <= 1e-4
 
 
 def test_a_start_outside_the_domain_starts_from_its_projection():
@@ -373,7 +378,9 @@ def test_eight_rejections_of_long_trial_steps_do_not_settle_the_point():
     norm = ss.SampleFunction(lambda w, X, y: np.full(len(X), w @ w), lambda w, X, y: 2 * w,
                              name="|w|^2")
     data = ss.FederatedData.split(X, y, num_clients=5, seed=1)
-    res = ss.Problem(loss, [norm == 4.0], dim=d, data=data).solve(seed=0)
+    # the quasi-Newton model's path ("auto" differences the gradients here: checked below)
+    prob = ss.Problem(loss, [norm == 4.0], dim=d, data=data)
+    res = prob.solve(seed=0, hessian="lbfgs")
     ref = minimize(lambda w: lv(w, X, y).mean(), np.full(d, 0.5), jac=lambda w: lg(w, X, y),
                    method="SLSQP", options={"ftol": 1e-12, "maxiter": 500},
                    constraints=[{"type": "eq", "fun": lambda w: w @ w - 4.0,
@@ -382,6 +389,12 @@ def test_eight_rejections_of_long_trial_steps_do_not_settle_the_point():
     assert res.status == "converged", res.message
     assert res.fun == pytest.approx(ref.fun, abs=1e-6)
     assert abs(res.x @ res.x - 4.0) <= 1e-6
+    # the Newton model on differenced gradients: certified at SLSQP's point, the equality
+    # within feas_tol (1e-4 of max(1, 4))
+    newton = prob.solve(seed=0)
+    assert newton.status == "converged", newton.message
+    assert newton.fun == pytest.approx(ref.fun, abs=1e-6)
+    assert abs(newton.x @ newton.x - 4.0) <= 4e-4
 
 
 def test_a_coordinate_the_bounds_fix_is_left_out_of_the_probe():

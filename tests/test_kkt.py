@@ -628,7 +628,7 @@ def test_the_quasi_newton_model_is_the_kkt_tests_model_hessian():
 
     SSCA.kkt_model_hessian = spy
     try:
-        problem(c).solve(seed=0, x0=c.x0, max_iter=40)
+        problem(c).solve(seed=0, x0=c.x0, max_iter=40, hessian="lbfgs")
         with_model = [(H, st) for H, st in seen if H is not None]
         assert with_model
         make, st = with_model[-1]

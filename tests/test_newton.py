@@ -126,7 +126,7 @@ def test_a_resumed_run_takes_the_uninterrupted_runs_steps(tmp_path):
     np.testing.assert_array_equal(rest.x, whole.x)
 
 
-def test_the_option_picks_newton_only_where_every_function_has_a_hess():
+def test_the_option_picks_newton_where_the_hessians_are_given_or_cheap_to_difference():
     prob, _ = ill_conditioned(10.0, d=5, n=100, clients=2)
     assert SSCA.parse(prob, {}).hessian == "newton"
     assert SSCA.parse(prob, {"hessian": "lbfgs"}).hessian == "lbfgs"
@@ -134,9 +134,16 @@ def test_the_option_picks_newton_only_where_every_function_has_a_hess():
     plain = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
                               lambda w, X, y: X.T @ (X @ w - y) / len(X), name="plain")
     without = ss.Problem(plain, dim=5, data=data)
-    assert SSCA.parse(without, {}).hessian == "lbfgs"
-    with pytest.raises(ValueError, match="plain has neither"):
-        SSCA.parse(without, {"hessian": "newton"})
+    # no hess: differences of the gradient, 2 d calls on 50 rows of 5 columns, are cheap
+    assert SSCA.parse(without, {}).hessian == "newton"
+    assert SSCA.parse(without, {"hessian": "newton"}).hessian == "newton"
+    # at d = 200 and 210 rows, 2 d N d = 1.7e7 row-parameters exceed FULL_PASS_WORK: "lbfgs";
+    # with a hess the same problem runs the Newton model
+    rng = np.random.default_rng(1)
+    rows = ss.FederatedData([(rng.normal(size=(210, 200)), rng.normal(size=210))])
+    assert SSCA.parse(ss.Problem(plain, dim=200, data=rows), {}).hessian == "lbfgs"
+    given = ss.SampleFunction(plain.value, plain.grad, hess=lambda w, X, y: X.T @ X / len(X))
+    assert SSCA.parse(ss.Problem(given, dim=200, data=rows), {}).hessian == "newton"
     # above 256 variables "auto" keeps the quasi-Newton model (the floats of a Hessian; the
     # sketch only when asked for, tests/test_sketch.py)
     rng = np.random.default_rng(0)
@@ -342,3 +349,111 @@ def test_a_rejected_newton_step_is_retried_at_half_its_length(monkeypatch):
         # the bisection's last bracket is below 1 % of log(k_max / TAU_UP) wide
         assert 0.5 * RADIUS_SHARE <= share <= RADIUS_SHARE * (1 + 1e-9), calls
         assert share_max < share, calls          # k_max's step: shorter
+
+
+def _logistic_parts(rng, n=40, d=4):
+    X = rng.normal(size=(n, d))
+    y = rng.integers(0, 2, size=n).astype(float)
+
+    def value(w, X, y):
+        z = X @ w
+        return np.logaddexp(0.0, z) - y * z
+
+    def grad(w, X, y):
+        p = 1.0 / (1.0 + np.exp(-(X @ w)))
+        return X.T @ (p - y) / len(X)
+
+    def hess(w, X, y):
+        p = 1.0 / (1.0 + np.exp(-(X @ w)))
+        return (X * (p * (1 - p))[:, None]).T @ X / len(X)
+
+    return X, y, value, grad, hess
+
+
+def test_differences_of_the_gradient_give_the_hessian_and_its_products():
+    """difference_hessians / difference_products against the exact Hessian (a logistic loss
+    and a cubic), to the accuracy of central differences; at a point whose lower difference
+    step leaves the function's domain (its gradient NaN there) the one-sided difference."""
+    from ssca_solver.model.functions import difference_hessians, difference_products
+
+    rng = np.random.default_rng(0)
+    X, y, value, grad, hess = _logistic_parts(rng)
+    logistic = ss.SampleFunction(value, grad, name="logistic")
+    cube = ss.SampleFunction(lambda w, X, y: np.full(len(X), w[0] ** 3 + w[0] * w[1] ** 2),
+                             lambda w, X, y: np.array([3 * w[0] ** 2 + w[1] ** 2,
+                                                       2 * w[0] * w[1], 0.0, 0.0]),
+                             name="cube")
+    w = rng.normal(size=4)
+    H_log, H_cube = difference_hessians([logistic, cube], w, X, y, "test")
+    exact_cube = np.zeros((4, 4))
+    exact_cube[:2, :2] = [[6 * w[0], 2 * w[1]], [2 * w[1], 2 * w[0]]]
+    np.testing.assert_allclose(H_log, hess(w, X, y), atol=1e-8 * np.abs(hess(w, X, y)).max())
+    np.testing.assert_allclose(H_cube, exact_cube, atol=1e-8 * np.abs(exact_cube).max())
+    V = rng.normal(size=(4, 3))
+    (P,) = difference_products([logistic], w, X, y, V, "test")
+    np.testing.assert_allclose(P, hess(w, X, y) @ V, atol=1e-8 * np.abs(hess(w, X, y) @ V).max())
+
+    # a domain w_0 >= 1 (NaN below): at w_0 = 1 + 1e-7 the step below leaves it
+    edge = ss.SampleFunction(
+        lambda w, X, y: np.full(len(X), w[0] ** 3 if w[0] >= 1 else np.nan),
+        lambda w, X, y: (np.array([3 * w[0] ** 2, 0.0]) if w[0] >= 1
+                         else np.array([np.nan, 0.0])), name="edge")
+    (H_edge,) = difference_hessians([edge], np.array([1.0 + 1e-7, 0.5]), X[:, :2], y, "test")
+    assert H_edge[0, 0] == pytest.approx(6.0 * (1.0 + 1e-7), rel=1e-5)
+
+
+def test_without_hess_the_newton_model_runs_on_differences_of_the_gradients():
+    """S2MPJ's HIMMELBC (two equations) with gradients only: hessian="auto" differences them
+    on the client and the run takes the rounds of the exact Hessians' run (the Newton
+    model's retry along the step included), where the quasi-Newton model takes more."""
+    data = ss.FederatedData([np.zeros((1, 1))])
+    values = (lambda w: w[0] ** 2 + w[1] - 11.0, lambda w: w[0] + w[1] ** 2 - 7.0)
+    grads = (lambda w: np.array([2.0 * w[0], 1.0]), lambda w: np.array([1.0, 2.0 * w[1]]))
+    hessians = (np.diag([2.0, 0.0]), np.diag([0.0, 2.0]))
+
+    def problem(with_hess):
+        zero = ss.SampleFunction(lambda w, X, y: np.zeros(len(X)), lambda w, X, y: np.zeros(2),
+                                 hess=(lambda w, X, y: np.zeros((2, 2))) if with_hess else None,
+                                 name="0")
+        eqs = [ss.SampleFunction((lambda v: lambda w, X, y: np.full(len(X), v(w)))(v),
+                                 (lambda g: lambda w, X, y: g(w))(g),
+                                 hess=(lambda H: lambda w, X, y: H)(H) if with_hess else None,
+                                 name=f"F{k}") == 0.0
+               for k, (v, g, H) in enumerate(zip(values, grads, hessians))]
+        return ss.Problem(zero, eqs, dim=2, data=data)
+
+    x0 = np.array([1.0, 1.0])
+    exact = problem(True).solve(seed=0, x0=x0)
+    differenced = problem(False).solve(seed=0, x0=x0)
+    quasi = problem(False).solve(seed=0, x0=x0, hessian="lbfgs")
+    for res in (exact, differenced):
+        assert res.status == "converged", res.message
+        np.testing.assert_allclose(res.x, [3.0, 2.0], atol=1e-4)
+    assert differenced.nit == exact.nit
+    # the Hessians' floats are sent and counted: 3 functions x d (d + 1) / 2 = 9 more a round
+    assert (differenced.communication.up_per_client_round
+            == exact.communication.up_per_client_round
+            == quasi.communication.up_per_client_round + 9)
+
+
+def test_differenced_hessians_keep_the_rounds_of_an_ill_conditioned_problem_flat():
+    """The ill-conditioned least squares (condition number 1e4, an equality and a ball) with
+    gradients only: the default options difference them and certify in about the exact
+    Hessians' rounds, at the pooled optimum; the quasi-Newton model takes many more."""
+    _, X, y, target, r = least_squares.ill_conditioned(1e4, d=8, n=400, clients=4)
+    data = ss.FederatedData.split(X, y, num_clients=4, seed=0)
+    lsq = ss.SampleFunction(lambda w, X, y: 0.5 * (X @ w - y) ** 2,
+                            lambda w, X, y: X.T @ (X @ w - y) / len(X), name="lsq")
+    mean = ss.SampleFunction(lambda w, X, y: X @ w, lambda w, X, y: X.mean(0), name="mean")
+    norm = ss.SampleFunction(lambda w, X, y: np.full(len(X), w @ w), lambda w, X, y: 2 * w,
+                             name="norm")
+    prob = ss.Problem(lsq, [mean == target, norm <= r], dim=8, data=data)
+    exact_prob, _ = ill_conditioned(1e4, d=8, n=400, clients=4)
+    x_ref = least_squares.ill_conditioned_reference(X, y, target, r)
+    res = prob.solve(seed=0)
+    exact = exact_prob.solve(seed=0)
+    quasi = prob.solve(seed=0, hessian="lbfgs")
+    assert res.status == exact.status == "converged", res.message
+    assert np.linalg.norm(res.x - x_ref) <= 1e-3 * np.linalg.norm(x_ref)
+    assert res.nit <= exact.nit + 2, (res.nit, exact.nit)
+    assert quasi.nit >= 2 * res.nit, (quasi.nit, res.nit)

@@ -203,7 +203,8 @@ def test_the_max_iter_message_names_the_steps_that_ran():
     """A run stopped by max_iter on full batches says its steps were quasi-Newton ones with
     the model, first-order SCA's without it (issue 21: advice that applies)."""
     c = CLASSICAL["rosenbrock"]
-    second = problem(c).solve(seed=0, x0=c.x0, max_iter=15)
+    # (without hessian="lbfgs" the clients difference the gradients: the Newton model)
+    second = problem(c).solve(seed=0, x0=c.x0, max_iter=15, hessian="lbfgs")
     first = problem(c).solve(seed=0, x0=c.x0, max_iter=15, hessian="none")
     assert second.status == first.status == "max_iter"
     assert "quasi-Newton" in second.message and "first order" not in second.message
@@ -450,7 +451,9 @@ def test_round_one_tau_is_the_objectives_with_inequalities_only(objective):
 
     x0 = np.array([2.0, 2.0, 1.0])
     prob, gs = _cb2(objective)
-    res = prob.solve(seed=0, x0=x0)
+    # the quasi-Newton model's rule (the default above d = 256 or where the clients cannot
+    # difference the gradients cheaply; here "auto" would difference them)
+    res = prob.solve(seed=0, x0=x0, hessian="lbfgs")
     ref = minimize(lambda w: w[2], x0, jac=lambda w: np.array([0.0, 0.0, 1.0]), method="SLSQP",
                    tol=1e-12, constraints=[{"type": "ineq", "fun": (lambda g: lambda w: w[2]
                                                                      - g(w[:2]))(g)}
@@ -464,7 +467,8 @@ def test_round_one_tau_is_the_objectives_with_inequalities_only(objective):
     np.testing.assert_allclose(res.x, ref.x, atol=1e-5)
     for other, equality in ((objective, True), ("none", False)):
         again, _ = _cb2(other, equality)
-        first = again.solve(seed=0, x0=x0, max_iter=1).history.as_dict()["tau"][0]
+        first = again.solve(seed=0, x0=x0, max_iter=1,
+                            hessian="lbfgs").history.as_dict()["tau"][0]
         assert first > 40.0, (other, equality, first)
 
 
@@ -560,7 +564,7 @@ def test_tau_falls_by_the_agreement_of_each_accepted_quasi_newton_step():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(acceptance, "agreement", spy)
-        res = prob.solve(seed=0, x0=np.zeros(d), batch_size="full")
+        res = prob.solve(seed=0, x0=np.zeros(d), batch_size="full", hessian="lbfgs")
     assert res.status == "converged", res.message
     np.testing.assert_allclose(res.x, np.linspace(1.0, 2.0, d), rtol=1e-4)
     h = res.history.as_dict()

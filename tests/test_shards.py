@@ -84,6 +84,10 @@ def _same(a, b, rounds_equal=True):
 @pytest.mark.parametrize("shards", [1, 7])
 def test_same_iterates_as_one_client_at_a_time(opts, shards):
     prob, _ = _problem()
+    # the quasi-Newton model (d = 4: "auto" would difference the gradients, whose Hessians
+    # carry the rounding of the shard's sums 1 / h = 1.6e5 times larger: the Newton model's
+    # run under shards is test_differenced_hessians_under_shards_reach_the_same_point)
+    opts = {"hessian": "lbfgs", **opts}
     a = prob.solve(seed=3, max_iter=30, **opts)
     b = prob.solve(seed=3, max_iter=30, shards=shards, **opts)
     _same(a, b)
@@ -93,6 +97,20 @@ def test_same_iterates_as_one_client_at_a_time(opts, shards):
     np.testing.assert_allclose(b.history.objective, a.history.objective, rtol=1e-12,
                                equal_nan=True)
 
+
+
+@pytest.mark.parametrize("shards", [1, 7])
+def test_differenced_hessians_under_shards_reach_the_same_point(shards):
+    """The default options on gradients only (d = 4): the clients difference them into the
+    Newton model's Hessians, a shard on its pooled rows; the run is the same but for rounding
+    (a shard's sum and its clients' differ in the last bits, which the differences' 1 / h
+    amplifies): same status and rounds, the same point to 1e-8."""
+    prob, _ = _problem()
+    a = prob.solve(seed=3, max_iter=30, batch_size="full")
+    b = prob.solve(seed=3, max_iter=30, batch_size="full", shards=shards)
+    assert (a.status, a.nit) == (b.status, b.nit)
+    assert a.communication == b.communication
+    np.testing.assert_allclose(b.x, a.x, rtol=0, atol=1e-8 * max(1.0, np.abs(a.x).max()))
 
 def test_custom_builder_goes_client_by_client_with_the_same_iterates():
     builder = ss.DiagonalCurvature(lambda w, X, y: 0.25 * np.mean(X * X, axis=0))
@@ -114,7 +132,7 @@ def test_a_full_batch_round_calls_each_function_once_per_shard():
     prob, loss = _problem(num_clients=60)
     marks = []
     prob.solve(seed=0, batch_size="full", eval_every=None, max_iter=6, shards=3,
-               callback=lambda it: marks.append(loss.calls))
+               hessian="lbfgs", callback=lambda it: marks.append(loss.calls))
     per_round = np.diff(marks)
     assert per_round.size >= 3
     # rounds without a stop test: 3 calls (one per shard); a round with the KKT test's
@@ -228,11 +246,11 @@ def test_large_pools_go_in_pieces_with_the_same_iterates(monkeypatch):
     from ssca_solver.federated import shards
 
     prob, loss = _problem(num_clients=60)
-    a = prob.solve(seed=0, batch_size="full", eval_every=None, max_iter=6)
+    a = prob.solve(seed=0, batch_size="full", eval_every=None, max_iter=6, hessian="lbfgs")
     monkeypatch.setattr(shards, "POOL_FLOATS", 4 * 700)        # 700 rows of d = 4 a call
     marks = []
     b = prob.solve(seed=0, batch_size="full", eval_every=None, max_iter=6, shards=1,
-                   callback=lambda it: marks.append(loss.calls))
+                   hessian="lbfgs", callback=lambda it: marks.append(loss.calls))
     _same(a, b)
     # 3,000 rows in pieces of 700: 5 calls a round (10 with the stop test's evaluation)
     assert set(np.diff(marks).tolist()) <= {5, 10}, np.diff(marks)

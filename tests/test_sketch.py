@@ -148,9 +148,12 @@ def test_the_option_and_its_rules(spiked):
     prob, _ = spiked
     assert SSCA.parse(prob, {}).hessian == "lbfgs"          # "auto" does not pick it
     assert SSCA.parse(prob, {"hessian": "sketch"}).hessian == "sketch"
+    # a function with neither hess nor hessp: the clients difference its gradient along the
+    # directions (tests/test_newton.py checks the products)
     plain = ss.SampleFunction(lambda w, X, y: X @ w, lambda w, X, y: X.mean(0), name="plain")
-    with pytest.raises(ValueError, match="plain has neither"):
-        SSCA.parse(ss.Problem(plain, dim=prob.dim, data=prob.data), {"hessian": "sketch"})
+    without = ss.Problem(plain, dim=prob.dim, data=prob.data)
+    assert SSCA.parse(without, {"hessian": "sketch"}).hessian == "sketch"
+    assert SSCA.parse(without, {}).hessian == "lbfgs"       # d = 600 > 256
 
 
 def test_a_spiked_spectrum_in_few_rounds_at_the_pooled_optimum(spiked):

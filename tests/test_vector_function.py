@@ -64,10 +64,13 @@ def test_the_components_take_the_iterates_of_separate_functions_from_one_call_ea
         return lambda it: calls.append(f"round {it.t}")   # probe before it differs)
 
     F = _vector(calls_v)
+    # the quasi-Newton model: its rounds call each function once (under "auto" the clients
+    # difference the gradients here, 2 d more calls at other points, shared the same way)
     a = ss.Problem(_objective(), F <= U, dim=4, data=data).solve(
-        seed=0, max_iter=40, callback=mark(calls_v))
+        seed=0, max_iter=40, callback=mark(calls_v), hessian="lbfgs")
     b = ss.Problem(_objective(), [f <= u for f, u in zip(_separate(calls_s), U)], dim=4,
-                   data=data).solve(seed=0, max_iter=40, callback=mark(calls_s))
+                   data=data).solve(seed=0, max_iter=40, callback=mark(calls_s),
+                                    hessian="lbfgs")
     assert a.status == b.status == "converged" and a.nit == b.nit
     np.testing.assert_allclose(a.x, b.x, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(a.kkt.multipliers, b.kkt.multipliers, rtol=1e-8, atol=1e-10)

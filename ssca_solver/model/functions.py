@@ -339,6 +339,78 @@ def whole_hessian(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray
     return 0.5 * (H + H.T)
 
 
+#: the relative step of the central differences of a gradient that stand in for the Hessian
+#: of a function that gives none (:func:`difference_hessians`): eps^(1/3), which balances the
+#: differences' truncation error (h^2 times the third derivative) against the rounding of the
+#: gradients (eps |grad| / h)
+HESSIAN_STEP = float(np.cbrt(np.finfo(float).eps))
+
+
+def _grad_or_none(fn: SampleFunction, w, X, y, d: int, where: str) -> Optional[np.ndarray]:
+    """``fn``'s checked gradient at the difference point ``w``, None where the function fails
+    there (a non-finite value, an exception: a step outside its domain, e.g. a fractional
+    power of a negative number). A failure at the round's own point still raises, from the
+    statistics computed there."""
+    try:
+        return checked_grad(fn, w, X, y, d, where)
+    except UserFunctionError:
+        return None
+
+
+def _difference(fns, w, X, y, steps, where: str) -> list:
+    """For each function of ``fns``, the (d, k) matrix whose column j is the central difference
+    (grad(w + v_j) - grad(w - v_j)) / 2 of its gradient along the step v_j (the columns of
+    ``steps``, (d, k)), the one-sided difference where the function fails at one of the two
+    points, 0 where it fails at both. The points are the outer loop: a function that caches its evaluation per
+    point (the components of a VectorSampleFunction share one) computes each point once."""
+    d, k = steps.shape
+    out = [np.empty((d, k)) for _ in fns]
+    for j in range(k):
+        v = steps[:, j]
+        plus = [_grad_or_none(fn, w + v, X, y, d, f"{where} (w + h e_{j})") for fn in fns]
+        minus = [_grad_or_none(fn, w - v, X, y, d, f"{where} (w - h e_{j})") for fn in fns]
+        for i, (fn, gp, gm) in enumerate(zip(fns, plus, minus)):
+            if gp is not None and gm is not None:
+                out[i][:, j] = 0.5 * (gp - gm)
+                continue
+            if gp is None and gm is None:
+                out[i][:, j] = 0.0        # no curvature along v_j: tau and the merit hold
+                continue
+            g0 = checked_grad(fn, w, X, y, d, where)
+            out[i][:, j] = (gp - g0) if gp is not None else (g0 - gm)
+    return out
+
+
+def difference_hessians(fns, w, X, y, where: str) -> list:
+    """The batch means' (d, d) Hessians of the functions ``fns`` (which give no ``hess`` or
+    ``hessp``) from central differences of their gradients: column k is
+    (grad(w + h_k e_k) - grad(w - h_k e_k)) / (2 h_k), h_k = HESSIAN_STEP max(1, |w_k|),
+    and the matrix returned its symmetric part; 2 d gradient calls per function, on the
+    client (the Newton model's statistics, :mod:`ssca_solver.methods.ssca.newton`: the
+    curvature of eq. (12)'s surrogates). A one-sided difference where one of the two points
+    is outside a function's domain (it fails there); a zero column where both are (the model
+    then has none of that function's curvature along e_k: the proximal weight tau and the
+    exact-penalty acceptance still hold the step)."""
+    w = np.asarray(w, dtype=float)
+    h = HESSIAN_STEP * np.maximum(1.0, np.abs(w))
+    cols = _difference(fns, w, X, y, np.diag(h), where)
+    return [0.5 * (C / h + (C / h).T) for C in cols]
+
+
+def difference_products(fns, w, X, y, V: np.ndarray, where: str) -> list:
+    """The batch means' Hessians of ``fns`` times the columns of ``V`` (d, k), from central
+    differences of their gradients along each column v: (grad(w + h v) - grad(w - h v)) /
+    (2 h), h = HESSIAN_STEP max(1, |w|) / |v| (the sketch's products,
+    :func:`ssca_solver.methods.ssca.newton.sketch_model`, for functions without ``hess`` or
+    ``hessp``); 2 k gradient calls per function."""
+    w = np.asarray(w, dtype=float)
+    V = np.asarray(V, dtype=float)
+    norms = np.linalg.norm(V, axis=0)
+    h = HESSIAN_STEP * max(1.0, float(np.linalg.norm(w))) / np.where(norms > 0, norms, 1.0)
+    cols = _difference(fns, w, X, y, V * h, where)
+    return [C / h for C in cols]
+
+
 def mean_value_or_nan(fn: SampleFunction, w, X, y, n: int, where: str) -> float:
     """The batch mean of ``fn.value`` at ``w``, NaN when a value is not finite (``w`` outside
     the function's domain: a difference step may leave it); a wrong shape or an exception

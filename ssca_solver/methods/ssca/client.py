@@ -10,7 +10,8 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import UserFunctionError, not_finite_at_point
-from ...model.functions import checked_hessp, raw_value_and_grad, whole_hessian
+from ...model.functions import (checked_hessp, difference_hessians, difference_products,
+                                has_curvature, raw_value_and_grad, whole_hessian)
 from ...model.surrogates import ProximalLinear, proximal_linear_statistics
 from ...federated.messages import Request, optional_int, own_factor, secagg_active, summed
 from . import adaptive as ad
@@ -249,6 +250,16 @@ class SSCARoundTask:
             read.update(scalar_statistics(self.scalar_blocks, self.functions, self.builders,
                                           request.w, X, y, tau))
         try:
+            # the functions that give no curvature: their Hessians (or the sketch's products)
+            # from central differences of their gradients, every function at each point
+            differenced = {}
+            if request.config.get("curvature"):
+                lacking = [m for m, fn in enumerate(self.functions) if not has_curvature(fn)]
+                fns = [self.functions[m] for m in lacking]
+                if lacking:
+                    found = (difference_hessians(fns, request.w, X, y, where) if omega is None
+                             else difference_products(fns, request.w, X, y, omega, where))
+                    differenced = dict(zip(lacking, found))
             for m, (fn, builder) in enumerate(zip(self.functions, self.builders)):
                 t = builder.tau if builder.tau is not None else tau
                 if m in read:
@@ -260,10 +271,12 @@ class SSCARoundTask:
                 else:
                     stats.append(builder.statistics(fn, request.w, X, y, t, where))
                 if omega is not None:
-                    P = checked_hessp(fn, request.w, X, y, omega, where)
+                    P = (differenced[m] if m in differenced
+                         else checked_hessp(fn, request.w, X, y, omega, where))
                     curvature[f"{CURVATURE}{m}"] = np.ascontiguousarray(P.T * X.shape[0])
                 elif request.config.get("curvature"):
-                    H = whole_hessian(fn, request.w, X, y, request.w.size, where)
+                    H = (differenced[m] if m in differenced
+                         else whole_hessian(fn, request.w, X, y, request.w.size, where))
                     curvature[f"{CURVATURE}{m}"] = pack_symmetric(H * X.shape[0])
         except UserFunctionError as exc:
             # a trial point of the backtracking outside a function's domain (overflow, log of

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from ...engine import options as opt
 from ...errors import ModelError
-from ...model.functions import has_curvature
+from .adaptive import FULL_PASS_WORK
 from ...schedules import as_schedule
 
 
@@ -73,18 +73,23 @@ class SSCAOptions(opt.RunOptions):
         to the objective's surrogate, making each round an SQP step with the same
         exact-penalty backtracking. "newton": the clients send each function's Hessian at
         the round's point (its ``hess``, or ``hessp`` of the identity,
-        :class:`~ssca_solver.SampleFunction`: d (d + 1) / 2 floats per function per client
-        per round) and the model is the full-data Hessian of the Lagrangian
+        :class:`~ssca_solver.SampleFunction`, or for a function with neither central
+        differences of its gradient, 2 d gradient calls on the client's rows,
+        :func:`~ssca_solver.model.functions.difference_hessians`: d (d + 1) / 2 floats per
+        function per client per round) and the model is the full-data Hessian of the Lagrangian
         F_0 + sum_m nu_m F_m, made positive definite (:mod:`ssca_solver.methods.ssca.newton`);
         "sketch": the clients send each function's Hessian times k directions the server
-        chooses (``hessp``, or ``hess`` times them: k d floats, k = :func:`sketch_rank`) and
+        chooses (``hessp``, or ``hess`` times them, or central differences of the gradient
+        along them: k d floats, k = :func:`sketch_rank`) and
         the model is the randomized Nystrom approximation of the Lagrangian's Hessian on them
         plus its k-th eigenvalue on the rest (:class:`~ssca_solver.methods.ssca.newton.
         SketchModel`; it pays where the Hessian's spectrum falls fast, see
         docs/solver-settings.md); "lbfgs": a damped limited-memory BFGS model built from the
         gradients the rounds already carry (:mod:`ssca_solver.methods.ssca.quasi_newton`);
-        "auto": "newton" when every stochastic function has a ``hess`` and
-        d (d + 1) / 2 <= NEWTON_MAX_FLOATS (d <= 256), else "lbfgs";
+        "auto": "newton" when d (d + 1) / 2 <= NEWTON_MAX_FLOATS (d <= 256) and every
+        stochastic function has a ``hess``, or the k functions without one can be
+        differenced at a round's fixed cost: 2 d max_i N_i d k <= FULL_PASS_WORK (2^24
+        row-parameters, the rule of batch_size="auto"); else "lbfgs";
         "none": the paper's first-order surrogates (eqs. (fs0bar)/(fsmbar)) in every round.
         Sampled rounds, a fixed tau and a diagonal metric always use the first-order
         surrogates.
@@ -267,11 +272,6 @@ def _hessian(value, problem) -> str:
     """The model of the Lagrangian's Hessian the options ask for, "auto" resolved."""
     value = opt.choice("hessian", "none" if value is None else value,
                        ("auto", "newton", "sketch", "lbfgs", "none"))
-    missing = [f.name for f in problem.functions if not has_curvature(f)]
-    if value in ("newton", "sketch") and missing:
-        raise ValueError(f"hessian={value!r} needs every stochastic function's hess or hessp; "
-                         f"{', '.join(missing)} has neither (SampleFunction(..., hess=...) or "
-                         "hessp=...)")
     if value == "sketch" and problem.dim < 2:
         raise ValueError("hessian='sketch' needs at least 2 variables (use 'newton')")
     if value == "auto":
@@ -279,8 +279,17 @@ def _hessian(value, problem) -> str:
         # multinomial models the sketch took fewer rounds only where the Hessian's spectrum
         # falls fast (docs/solver-settings.md has the figures)
         d = problem.dim
-        return ("newton" if all(f.hess is not None for f in problem.functions)
-                and d * (d + 1) // 2 <= NEWTON_MAX_FLOATS else "lbfgs")
+        if d * (d + 1) // 2 > NEWTON_MAX_FLOATS:
+            return "lbfgs"
+        lacking = sum(1 for f in problem.functions if f.hess is None)
+        if not lacking:
+            return "newton"
+        # the functions without hess: their Hessians from central differences of their
+        # gradients on the client (difference_hessians), 2 d gradient calls each, which read
+        # 2 d N_i d row-parameters a function: affordable while that is at most
+        # FULL_PASS_WORK, the work batch_size="auto" counts as a round's fixed cost
+        rows = max((int(n) for n in problem.data.client_sizes), default=0)
+        return "newton" if 2 * d * rows * d * lacking <= FULL_PASS_WORK else "lbfgs"
     return value
 
 
