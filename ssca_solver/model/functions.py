@@ -361,8 +361,9 @@ def _difference(fns, w, X, y, steps, where: str) -> list:
     """For each function of ``fns``, the (d, k) matrix whose column j is the central difference
     (grad(w + v_j) - grad(w - v_j)) / 2 of its gradient along the step v_j (the columns of
     ``steps``, (d, k)), the one-sided difference where the function fails at one of the two
-    points, 0 where it fails at both. The points are the outer loop: a function that caches its evaluation per
-    point (the components of a VectorSampleFunction share one) computes each point once."""
+    points, 0 where it fails at both. The points are the outer loop: a function that caches
+    its evaluation per point (the components of a VectorSampleFunction share one) computes
+    each point once."""
     d, k = steps.shape
     out = [np.empty((d, k)) for _ in fns]
     for j in range(k):
@@ -387,10 +388,10 @@ def difference_hessians(fns, w, X, y, where: str) -> list:
     (grad(w + h_k e_k) - grad(w - h_k e_k)) / (2 h_k), h_k = HESSIAN_STEP max(1, |w_k|),
     and the matrix returned its symmetric part; 2 d gradient calls per function, on the
     client (the Newton model's statistics, :mod:`ssca_solver.methods.ssca.newton`: the
-    curvature of eq. (12)'s surrogates). A one-sided difference where one of the two points
-    is outside a function's domain (it fails there); a zero column where both are (the model
-    then has none of that function's curvature along e_k: the proximal weight tau and the
-    exact-penalty acceptance still hold the step)."""
+    curvature it adds to the surrogates of eqs. (fs0bar) and (fsmbar)). A one-sided
+    difference where one of the two points is outside a function's domain (it fails there);
+    a zero column where both are (the model then has none of that function's curvature along
+    e_k: the proximal weight tau and the exact-penalty acceptance still hold the step)."""
     w = np.asarray(w, dtype=float)
     h = HESSIAN_STEP * np.maximum(1.0, np.abs(w))
     cols = _difference(fns, w, X, y, np.diag(h), where)
@@ -402,7 +403,8 @@ def difference_products(fns, w, X, y, V: np.ndarray, where: str) -> list:
     differences of their gradients along each column v: (grad(w + h v) - grad(w - h v)) /
     (2 h), h = HESSIAN_STEP max(1, |w|) / |v| (the sketch's products,
     :func:`ssca_solver.methods.ssca.newton.sketch_model`, for functions without ``hess`` or
-    ``hessp``); 2 k gradient calls per function."""
+    ``hessp``; its model is added to the surrogates of eqs. (fs0bar) and (fsmbar)); 2 k
+    gradient calls per function."""
     w = np.asarray(w, dtype=float)
     V = np.asarray(V, dtype=float)
     norms = np.linalg.norm(V, axis=0)
