@@ -405,7 +405,7 @@ def test_differences_of_the_gradient_give_the_hessian_and_its_products():
 def test_without_hess_the_newton_model_runs_on_differences_of_the_gradients():
     """S2MPJ's HIMMELBC (two equations) with gradients only: hessian="auto" differences them
     on the client and the run takes the rounds of the exact Hessians' run (the Newton
-    model's retry along the step included), where the quasi-Newton model takes more."""
+    model's retry along the step included), and sends the exact Hessians' floats."""
     data = ss.FederatedData([np.zeros((1, 1))])
     values = (lambda w: w[0] ** 2 + w[1] - 11.0, lambda w: w[0] + w[1] ** 2 - 7.0)
     grads = (lambda w: np.array([2.0 * w[0], 1.0]), lambda w: np.array([1.0, 2.0 * w[1]]))
