@@ -366,6 +366,7 @@ def _difference(fns, w, X, y, steps, where: str) -> list:
     each point once."""
     d, k = steps.shape
     out = [np.empty((d, k)) for _ in fns]
+    at_w = {}                      # a function's gradient at w, once, where a side fails
     for j in range(k):
         v = steps[:, j]
         plus = [_grad_or_none(fn, w + v, X, y, d, f"{where} (w + h e_{j})") for fn in fns]
@@ -377,7 +378,9 @@ def _difference(fns, w, X, y, steps, where: str) -> list:
             if gp is None and gm is None:
                 out[i][:, j] = 0.0        # no curvature along v_j: tau and the merit hold
                 continue
-            g0 = checked_grad(fn, w, X, y, d, where)
+            if i not in at_w:
+                at_w[i] = checked_grad(fn, w, X, y, d, where)
+            g0 = at_w[i]
             out[i][:, j] = (gp - g0) if gp is not None else (g0 - gm)
     return out
 

@@ -118,8 +118,7 @@ def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
         # set the model's scale, whose eigenvalue floor (EIGEN_FLOOR of the largest) then
         # lifted the free coordinates' curvature 1e4-fold (S2MPJ's EQC: 200 rounds of steps
         # 1e-4 long)
-        H = H.copy()
-        H[fixed, :] = 0.0
+        H[fixed, :] = 0.0            # (lagrangian_hessian returns a new array)
         H[:, fixed] = 0.0
     if cfg.sketch_rank:
         omega = sketch_of(cfg, state)
