@@ -544,24 +544,30 @@ def r_rounds_multinomial(d: dict) -> str:
 def r_rounds_constraints(d: dict) -> str:
     recs = d.get("constraints") or []
     vector = bool(recs) and all("ssca_vector" in r for r in recs)
-    rows = [[r["m"], r["active"], f"{r['ssca']['status']} {r['ssca']['rounds']}",
+    growth = bool(recs) and all("growth" in r for r in recs)
+    rows = [[r.get("n", 300), r["m"], r["active"], f"{r['ssca']['status']} {r['ssca']['rounds']}",
              ms(r["ssca"]["round_s"])]
             + ([ms(r["ssca_vector"]["round_s"])] if vector else [])
             + [r["slsqp"]["iterations"], ms(r["slsqp"]["iteration_s"]),
-               num(r["round_over_iteration"])] for r in recs]
+               num(r["round_over_iteration"])]
+            + ([" / ".join(num(r["growth"][k]) for k in ("ssca", "ssca_vector", "slsqp"))]
+               if growth else []) for r in recs]
     if not rows:
         return ""
-    head = (["m", "active at the optimum", "SSCA", "a round"]
+    head = (["n", "m", "active at the optimum", "SSCA", "a round"]
             + (["a round, one vector function"] if vector else [])
-            + ["SLSQP iterations", "an iteration", "round / iteration"])
+            + ["SLSQP iterations", "an iteration", "round / iteration"]
+            + (["growth since the smallest m (round / vector round / iteration)"]
+               if growth else []))
     return ("\nA round's cost against the number of constraints m: min |w|^2 / 2 + c.w s.t. "
-            "(a_m.w)^2 <= b_m, n = 300, each constraint its own function, one client, the "
-            "default options, beside an SLSQP iteration on the same problem (the constraints "
-            "as one vector function); each wall time the fastest of 5 runs."
+            "(a_m.w)^2 <= b_m, each constraint its own function, one client, the default "
+            "options (at n = 9 the Newton model, its Hessians differenced by the client; at "
+            "n = 300 the quasi-Newton model), beside an SLSQP iteration on the same problem "
+            "(the constraints as one vector function); each wall time the fastest of 5 runs."
             + (" \"One vector function\": the same constraints as one "
                "`VectorSampleFunction` (one call of the user's function per round instead of "
                "m, and the clients' statistics of all m components at once)." if vector else "")
-            + " Target: a round within 5x an iteration at m = 300, and nearly flat in m.\n\n"
+            + " Target: a round within 5x an iteration at n = m = 300, and nearly flat in m.\n\n"
             + table(head, rows))
 
 

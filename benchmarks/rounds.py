@@ -281,7 +281,7 @@ def multinomial_case() -> list:
     return out
 
 
-CONS_N, CONS_MS, TARGET_CONS_RATIO, CONS_REPEATS = 300, (10, 30, 100, 300), 5.0, 5
+CONS_NS, CONS_MS, TARGET_CONS_RATIO, CONS_REPEATS = (9, 300), (10, 30, 100, 300), 5.0, 5
 
 
 def constraints_rows(n: int, m: int, seed: int = 0):
@@ -295,74 +295,91 @@ def constraints_rows(n: int, m: int, seed: int = 0):
 def constraints_case() -> list:
     """A round's cost against the number of constraints (each its own SampleFunction, one
     client holding one row, default options) beside an SLSQP iteration on the same problem
-    (exact gradients, the constraints as one vector function), n = 300; each solve's wall time
-    the fastest of CONS_REPEATS runs (the solves take milliseconds to a second)."""
+    (exact gradients, the constraints as one vector function), at n = 9 (the Newton model,
+    its Hessians differenced) and n = 300 (the quasi-Newton model); each solve's wall time
+    the fastest of CONS_REPEATS runs (the solves take milliseconds to a second). Each
+    record's ``growth``: its round's time over the same n's at the smallest m (SLSQP's
+    iteration's beside it)."""
+    out = []
+    for n in CONS_NS:
+        first = None
+        for m in CONS_MS:
+            rec = _constraints_record(n, m)
+            first = first or rec
+            rec["growth"] = {k: rec[k][key] / first[k][key] for k, key in
+                             (("ssca", "round_s"), ("ssca_vector", "round_s"),
+                              ("slsqp", "iteration_s"))}
+            log(f"n = {n}, m = {m:3d}: SSCA {rec['ssca']['status']} {rec['ssca']['rounds']} "
+                f"rounds, {rec['ssca']['round_s'] * 1e3:.1f} ms a round (one vector function: "
+                f"{rec['ssca_vector']['round_s'] * 1e3:.1f} ms); SLSQP "
+                f"{rec['slsqp']['iterations']} iterations, "
+                f"{rec['slsqp']['iteration_s'] * 1e3:.2f} ms each; ratio "
+                f"{rec['round_over_iteration']:.1f}; growth since m = {CONS_MS[0]}: "
+                f"{rec['growth']['ssca']:.1f}x (vector {rec['growth']['ssca_vector']:.1f}x, "
+                f"SLSQP {rec['growth']['slsqp']:.1f}x)")
+            out.append(rec)
+    top = max(CONS_NS)
+    for rec in out:
+        rec["target_met"] = (rec["n"] != top or rec["m"] != max(CONS_MS)
+                             or rec["round_over_iteration"] <= TARGET_CONS_RATIO)
+    return out
+
+
+def _constraints_record(n: int, m: int) -> dict:
+    """:func:`constraints_case`'s record of one (n, m)."""
     import ssca_solver as ss
     from scipy.optimize import minimize
 
-    out = []
-    for m in CONS_MS:
-        A, b, c0 = constraints_rows(CONS_N, m)
-        f = ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], 0.5 * w @ w + c0 @ w),
-                              lambda w, X, y: w + c0, name="f", convexity="convex")
-        cons = [ss.SampleFunction((lambda a: lambda w, X, y: np.full(X.shape[0],
-                                                                       (a @ w) ** 2))(A[i]),
-                                  (lambda a: lambda w, X, y: 2.0 * (a @ w) * a)(A[i]),
-                                  name=f"c{i}", convexity="convex") <= b[i] for i in range(m)]
-        # the same constraints as one VectorSampleFunction: one call of the user's function
-        # per round instead of m (the library's per-constraint work is the same)
-        vec = ss.VectorSampleFunction(
-            lambda w, X, y: np.tile((A @ w) ** 2, (X.shape[0], 1)),
-            lambda w, X, y: 2.0 * (A @ w)[:, None] * A, m, name="c", convexity="convex")
-        data = ss.FederatedData([np.zeros((1, 1))])
-        x0 = np.zeros(CONS_N)
+    A, b, c0 = constraints_rows(n, m)
+    f = ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], 0.5 * w @ w + c0 @ w),
+                          lambda w, X, y: w + c0, name="f", convexity="convex")
+    cons = [ss.SampleFunction((lambda a: lambda w, X, y: np.full(X.shape[0],
+                                                                   (a @ w) ** 2))(A[i]),
+                              (lambda a: lambda w, X, y: 2.0 * (a @ w) * a)(A[i]),
+                              name=f"c{i}", convexity="convex") <= b[i] for i in range(m)]
+    # the same constraints as one VectorSampleFunction: one call of the user's function
+    # per round instead of m (the library's per-constraint work is the same)
+    vec = ss.VectorSampleFunction(
+        lambda w, X, y: np.tile((A @ w) ** 2, (X.shape[0], 1)),
+        lambda w, X, y: 2.0 * (A @ w)[:, None] * A, m, name="c", convexity="convex")
+    data = ss.FederatedData([np.zeros((1, 1))])
+    x0 = np.zeros(n)
 
-        def fastest(prob):
-            prob.solve(seed=0, x0=x0, max_iter=2)      # Numba's cache loaded outside the clock
-            walls = []
-            for _ in range(CONS_REPEATS):               # the fastest of a few: less noise
-                t0 = time.perf_counter()
-                res = prob.solve(seed=0, x0=x0)
-                walls.append(time.perf_counter() - t0)
-            return res, min(walls)
-
-        res, wall = fastest(ss.Problem(f, cons, dim=CONS_N, data=data))
-        vres, vwall = fastest(ss.Problem(f, vec <= b, dim=CONS_N, data=data))
-
-        def slsqp(maxiter):
-            return minimize(lambda w: 0.5 * w @ w + c0 @ w, x0, jac=lambda w: w + c0,
-                            method="SLSQP", options={"maxiter": maxiter, "ftol": 1e-12},
-                            constraints=[{"type": "ineq", "fun": lambda w: b - (A @ w) ** 2,
-                                          "jac": lambda w: -2.0 * (A @ w)[:, None] * A}])
-        slsqp(1)                                       # its first call outside the clock too
-        ref_walls = []
-        for _ in range(CONS_REPEATS):
+    def fastest(prob):
+        prob.solve(seed=0, x0=x0, max_iter=2)      # Numba's cache loaded outside the clock
+        walls = []
+        for _ in range(CONS_REPEATS):               # the fastest of a few: less noise
             t0 = time.perf_counter()
-            ref = slsqp(1000)
-            ref_walls.append(time.perf_counter() - t0)
-        ref_wall = min(ref_walls)
-        rec = {"n": CONS_N, "m": m, "active": int(np.sum(b - (A @ ref.x) ** 2 <= 1e-6)),
-               "ssca": {"status": res.status, "rounds": int(res.nit), "wall": wall,
-                        "round_s": wall / max(res.nit, 1), "objective": float(res.fun)},
-               "ssca_vector": {"status": vres.status, "rounds": int(vres.nit), "wall": vwall,
-                               "round_s": vwall / max(vres.nit, 1),
-                               "objective": float(vres.fun)},
-               "slsqp": {"iterations": int(ref.nit), "wall": ref_wall,
-                         "iteration_s": ref_wall / max(ref.nit, 1), "objective": float(ref.fun),
-                         "message": str(ref.message)}}
-        rec["round_over_iteration"] = rec["ssca"]["round_s"] / rec["slsqp"]["iteration_s"]
-        log(f"n = {CONS_N}, m = {m:3d}: SSCA {res.status} {res.nit} rounds, "
-            f"{rec['ssca']['round_s'] * 1e3:.1f} ms a round (one vector function: "
-            f"{rec['ssca_vector']['round_s'] * 1e3:.1f} ms); SLSQP {ref.nit} iterations, "
-            f"{rec['slsqp']['iteration_s'] * 1e3:.2f} ms each; ratio "
-            f"{rec['round_over_iteration']:.1f}")
-        out.append(rec)
-    if out:
-        top = out[-1]
-        for rec in out:
-            rec["target_met"] = (rec["m"] != top["m"]
-                                 or rec["round_over_iteration"] <= TARGET_CONS_RATIO)
-    return out
+            res = prob.solve(seed=0, x0=x0)
+            walls.append(time.perf_counter() - t0)
+        return res, min(walls)
+
+    res, wall = fastest(ss.Problem(f, cons, dim=n, data=data))
+    vres, vwall = fastest(ss.Problem(f, vec <= b, dim=n, data=data))
+
+    def slsqp(maxiter):
+        return minimize(lambda w: 0.5 * w @ w + c0 @ w, x0, jac=lambda w: w + c0,
+                        method="SLSQP", options={"maxiter": maxiter, "ftol": 1e-12},
+                        constraints=[{"type": "ineq", "fun": lambda w: b - (A @ w) ** 2,
+                                      "jac": lambda w: -2.0 * (A @ w)[:, None] * A}])
+    slsqp(1)                                       # its first call outside the clock too
+    ref_walls = []
+    for _ in range(CONS_REPEATS):
+        t0 = time.perf_counter()
+        ref = slsqp(1000)
+        ref_walls.append(time.perf_counter() - t0)
+    ref_wall = min(ref_walls)
+    rec = {"n": n, "m": m, "active": int(np.sum(b - (A @ ref.x) ** 2 <= 1e-6)),
+           "ssca": {"status": res.status, "rounds": int(res.nit), "wall": wall,
+                    "round_s": wall / max(res.nit, 1), "objective": float(res.fun)},
+           "ssca_vector": {"status": vres.status, "rounds": int(vres.nit), "wall": vwall,
+                           "round_s": vwall / max(vres.nit, 1),
+                           "objective": float(vres.fun)},
+           "slsqp": {"iterations": int(ref.nit), "wall": ref_wall,
+                     "iteration_s": ref_wall / max(ref.nit, 1), "objective": float(ref.fun),
+                     "message": str(ref.message)}}
+    rec["round_over_iteration"] = rec["ssca"]["round_s"] / rec["slsqp"]["iteration_s"]
+    return rec
 
 
 def plot(results, path, constraints=()):
@@ -396,21 +413,27 @@ def plot(results, path, constraints=()):
                 fontsize=9, loc="left")
     if constraints:
         c = axes[2]
-        ms = [r["m"] for r in constraints]
-        c.plot(ms, [1e3 * r["ssca"]["round_s"] for r in constraints], "o-",
-               label="SSCA round, one function per constraint")
-        c.plot(ms, [1e3 * r["ssca_vector"]["round_s"] for r in constraints], "s--",
-               label="SSCA round, one vector function")
-        c.plot(ms, [1e3 * r["slsqp"]["iteration_s"] for r in constraints], "k-",
-               label="SLSQP iteration")
-        c.plot(ms, [TARGET_CONS_RATIO * 1e3 * r["slsqp"]["iteration_s"] for r in constraints],
-               color="0.6", lw=0.8, label=f"{TARGET_CONS_RATIO:g}x an SLSQP iteration")
+        ns = sorted({r.get("n", 300) for r in constraints})
+        for n, color in zip(ns, ("tab:blue", "tab:red", "tab:green")):
+            recs = [r for r in constraints if r.get("n", 300) == n]
+            ms = [r["m"] for r in recs]
+            c.plot(ms, [1e3 * r["ssca"]["round_s"] for r in recs], "o-", color=color,
+                   label=f"n = {n}: SSCA round, one function per constraint")
+            c.plot(ms, [1e3 * r["ssca_vector"]["round_s"] for r in recs], "s--", color=color,
+                   label=f"n = {n}: SSCA round, one vector function")
+            c.plot(ms, [1e3 * r["slsqp"]["iteration_s"] for r in recs], ":", color=color,
+                   marker="x", label=f"n = {n}: SLSQP iteration")
+        top = [r for r in constraints if r.get("n", 300) == ns[-1]]
+        c.plot([r["m"] for r in top],
+               [TARGET_CONS_RATIO * 1e3 * r["slsqp"]["iteration_s"] for r in top],
+               color="0.6", lw=0.8, label=f"{TARGET_CONS_RATIO:g}x an SLSQP iteration, "
+                                          f"n = {ns[-1]}")
         c.set_xscale("log")
         c.set_yscale("log")
         c.set_xlabel("constraints m")
         c.set_ylabel("ms (fastest of a few solves)")
-        c.set_title(f"A round against m, n = {constraints[0]['n']}", fontsize=9, loc="left")
-        c.legend(fontsize=7)
+        c.set_title("A round against m", fontsize=9, loc="left")
+        c.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -724,3 +724,36 @@ def test_a_fit_with_its_diagonal_rows_kept_as_a_diagonal_is_the_dense_fit(M):
     np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(kkt.nonnegative_least_squares(dense, b), ref, rtol=1e-9,
                                atol=1e-12)
+
+
+def test_a_fit_over_many_constraints_in_few_variables_is_solved_in_the_rows_space(monkeypatch):
+    """A KKT fit's system with 300 columns over 9 rows (a problem with n = 9 and m = 300:
+    gradients above the diagonal block of complementarity and regularisation rows, a few
+    columns stiff: an active constraint's row near 0): the supports go to the n x n
+    solve (kkt._by_rows), and the answer is SciPy nnls's on the dense system (rtol 1e-9); a
+    support's least-squares solution is NumPy lstsq's."""
+    from scipy.optimize import nnls
+
+    from ssca_solver.diagnostics import kkt
+
+    rng = np.random.default_rng(5)
+    used = []
+    real = kkt._by_rows
+    monkeypatch.setattr(kkt, "_by_rows", lambda *a: used.append(1) or real(*a))
+    for stiff in (0, 4):
+        G = rng.standard_normal((9, 300))
+        D = np.hypot(rng.uniform(0.0, 2.0, 300), 1e-4 * np.linalg.norm(G, axis=0))
+        D[:stiff] = 1e-13
+        b = rng.standard_normal(9)
+        A = kkt.DiagonalRows(G, D)
+        Ad, bd = A.dense(b)
+        ref = nnls(Ad, bd, maxiter=50 * 300)[0]
+        del used[:]
+        x = kkt.nonnegative_least_squares(A, b)
+        assert used, "the row-space solve was not tried"
+        np.testing.assert_allclose(x, ref, rtol=1e-9, atol=1e-12)
+        idx = np.arange(0, 300, 2)
+        z = real(A, b, idx)
+        AS, bS = A.columns(idx).dense(b)
+        np.testing.assert_allclose(z, np.linalg.lstsq(AS, bS, rcond=None)[0], rtol=1e-9,
+                                   atol=1e-12)

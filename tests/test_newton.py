@@ -457,3 +457,96 @@ def test_differenced_hessians_keep_the_rounds_of_an_ill_conditioned_problem_flat
     assert np.linalg.norm(res.x - x_ref) <= 1e-3 * np.linalg.norm(x_ref)
     assert res.nit <= exact.nit + 2, (res.nit, exact.nit)
     assert quasi.nit >= 2 * res.nit, (quasi.nit, res.nit)
+
+
+def _many_curved_constraints(n=6, m=40, with_hess=True, calls=None):
+    """min |w|^2 / 2 + c.w s.t. (a_j.w)^2 <= b_j, j = 1..m (a few active at the optimum),
+    each constraint its own function; ``calls`` counts the constraints' gradient calls."""
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((m, n)) / np.sqrt(n)
+    b = rng.uniform(0.5, 1.0, m)
+    c = rng.standard_normal(n)
+
+    def grad_of(a):
+        def grad(w, X, y):
+            if calls is not None:
+                calls.append(1)
+            return 2.0 * (a @ w) * a
+        return grad
+
+    f = ss.SampleFunction(lambda w, X, y: np.full(len(X), 0.5 * w @ w + c @ w),
+                          lambda w, X, y: w + c,
+                          hess=(lambda w, X, y: np.eye(n)) if with_hess else None, name="f")
+    cons = [ss.SampleFunction((lambda a: lambda w, X, y: np.full(len(X), (a @ w) ** 2))(a),
+                              grad_of(a),
+                              hess=(lambda a: lambda w, X, y: 2.0 * np.outer(a, a))(a)
+                              if with_hess else None, name=f"c{j}") <= b[j]
+            for j, a in enumerate(A)]
+    return ss.Problem(f, cons, dim=n, data=ss.FederatedData([np.zeros((1, 1))]))
+
+
+@pytest.mark.parametrize("with_hess", [True, False])
+def test_a_round_asks_for_the_curvature_the_model_reads(monkeypatch, with_hess):
+    """After the first round a round asks for the curvature of the objective and of the
+    constraints with a multiplier or near their bound only (acceptance.curvature_wanted):
+    the Hessians that weigh 0 in the model are neither computed nor sent. On constraints of
+    constant curvature the run is the one that asks for every function's (the same rounds and
+    point; bit for bit with exact Hessians), with far fewer floats uploaded and, without
+    hess, far fewer gradient calls for the differences."""
+    from ssca_solver.methods.ssca import acceptance
+
+    x0 = np.zeros(6)
+    calls_some, calls_all = [], []
+    some = _many_curved_constraints(with_hess=with_hess, calls=calls_some).solve(seed=0, x0=x0)
+    monkeypatch.setattr(acceptance, "curvature_wanted", lambda cfg, state: None)
+    every = _many_curved_constraints(with_hess=with_hess, calls=calls_all).solve(seed=0, x0=x0)
+    assert some.status == every.status == "converged", some.message
+    assert some.nit == every.nit
+    if with_hess:
+        np.testing.assert_array_equal(some.x, every.x)
+    else:
+        np.testing.assert_allclose(some.x, every.x, atol=1e-9)
+        assert len(calls_some) < 0.5 * len(calls_all), (len(calls_some), len(calls_all))
+    # (the first round asks for every function's: no constraint's curvature is known yet)
+    assert some.communication.up_total < 0.6 * every.communication.up_total
+
+
+def test_a_malformed_curvature_list_is_refused():
+    """A request whose list of functions names one the client does not have is malformed."""
+    from ssca_solver.federated.messages import Request
+    from ssca_solver.methods.ssca.client import CURVATURE_OF, curvature_of
+
+    request = Request("ssca.round", 1, np.zeros(2), {"curvature": True},
+                      {CURVATURE_OF: np.array([0, 3])})
+    with pytest.raises(ValueError, match="function indices in \\[0, 3\\)"):
+        curvature_of(request, 3)
+    assert curvature_of(Request("ssca.round", 1, np.zeros(2), {"curvature": True}), 3) == {0, 1, 2}
+    assert curvature_of(Request("ssca.round", 1, np.zeros(2), {}), 3) == frozenset()
+
+
+def test_a_vector_functions_components_are_differenced_from_one_jacobian_a_point():
+    """difference_hessians of a VectorSampleFunction's components: one Jacobian call per
+    difference point (2 d), the same matrices as the components' own gradients give; a
+    component whose gradient is not finite at a point takes the one-sided difference."""
+    from ssca_solver.model.functions import difference_hessians
+
+    calls = []
+    A = np.array([[1.0, 2.0, 0.0], [0.0, 1.0, -1.0], [3.0, 0.0, 1.0]])
+
+    def jac(w, X, y):
+        calls.append(1)
+        J = 2.0 * (A @ w)[:, None] * A
+        if w[0] < 0.5:                   # component 2 outside its domain there
+            J[2] = np.nan
+        return J
+
+    vec = ss.VectorSampleFunction(lambda w, X, y: np.tile((A @ w) ** 2, (len(X), 1)), jac, 3,
+                                  name="sq")
+    w = np.array([0.5 + 1e-7, -0.3, 0.2])
+    X = np.zeros((1, 1))
+    H = difference_hessians(list(vec.components), w, X, None, "test")
+    assert len(calls) == 2 * 3 + 1      # 2 d points, and w itself for the one-sided one
+    for k in range(3):
+        exact = 2.0 * np.outer(A[k], A[k])
+        tol = 1e-8 if k < 2 else 1e-4   # one-sided: first-order accurate
+        np.testing.assert_allclose(H[k], exact, atol=tol * np.abs(exact).max())

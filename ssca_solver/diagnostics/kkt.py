@@ -728,13 +728,81 @@ def _active_set_iterations(A: DiagonalRows, b, support: Optional[np.ndarray],
     return None
 
 
+#: a support of k columns whose G has n rows is solved in the rows' space (:func:`_by_rows`:
+#: n x n systems) when k >= ROW_SPACE_RATIO n: a fit over hundreds of constraints in few
+#: variables then costs n^2 k, not k^3
+ROW_SPACE_RATIO = 2
+#: in :func:`_by_rows`, a column whose diagonal entry D_j is below STIFF_SHARE |G_j| (an
+#: active constraint's complementarity row, F_m - U_m near 0) is eliminated by its own small
+#: system, not weighted by 1 / D_j^2 in the n x n one (whose condition number stays below
+#: about 1 / STIFF_SHARE^2 times G's)
+STIFF_SHARE = 1e-4
+
+
+def _by_rows(A: DiagonalRows, b, idx) -> Optional[np.ndarray]:
+    """argmin |G_S z - b|^2 + |D_S z|^2 over the columns ``idx`` of A = [G; diag(D)] in the
+    space of G's n rows. With W = D_R^-2 on the regular columns R (D_j >= STIFF_SHARE |G_j|)
+    and K = (I + G_R W G_R')^-1 (n x n, Cholesky), the stiff columns T (the others, few:
+    those of active constraints) solve (G_T' K G_T + D_T^2) z_T = G_T' K b, and then
+    z_R = W G_R' K (b - G_T z_T) (the push-through identity
+    (G_R'G_R + D_R^2)^-1 G_R' = W G_R' K); one refinement step from the normal equations'
+    residual. None where a factorisation fails."""
+    G, D = A.G[:, idx], A.D[idx]
+    n = G.shape[0]
+    col = np.linalg.norm(G, axis=0)
+    regular = D >= STIFF_SHARE * col
+    if not np.any(regular & (D > 0.0)):
+        return None
+    R, T = np.flatnonzero(regular), np.flatnonzero(~regular)
+    GR, W = G[:, R], 1.0 / (D[R] * D[R])
+    try:
+        L = cholesky(np.eye(n) + (GR * W) @ GR.T, lower=True, check_finite=False)
+        GT = G[:, T]
+        KGT = cho_solve((L, True), GT, check_finite=False) if T.size else None
+        LT = (cholesky(GT.T @ KGT + np.diag(D[T] * D[T]), lower=True, check_finite=False)
+              if T.size else None)
+    except LinAlgError:
+        return None
+
+    def solve(c):
+        # (G'G + D^2) z = c by blocks: the Schur complement of the regular block is
+        # G_T' K G_T + D_T^2, and (G_R'G_R + D_R^2)^-1 = W - W G_R' K G_R W (Woodbury)
+        z = np.empty(idx.size)
+        y = c[R]
+        if T.size:
+            zT = cho_solve((LT, True), c[T] - KGT.T @ (GR @ (W * y)), check_finite=False)
+            z[T] = zT
+            y = y - GR.T @ (GT @ zT)
+        z[R] = W * y - W * (GR.T @ cho_solve((L, True), GR @ (W * y), check_finite=False))
+        return z
+
+    # the least-squares solution itself: z_T from its Schur system, z_R = W G_R' K (b - G_T z_T)
+    # (no difference of large terms), then one refinement step from the normal equations
+    z = np.empty(idx.size)
+    rhs = b
+    if T.size:
+        z[T] = cho_solve((LT, True), GT.T @ cho_solve((L, True), b, check_finite=False),
+                         check_finite=False)
+        rhs = b - GT @ z[T]
+    z[R] = W * (GR.T @ cho_solve((L, True), rhs, check_finite=False))
+    z = z + solve(G.T @ (b - G @ z) - D * D * z)
+    return z if np.all(np.isfinite(z)) else None
+
+
 def _least_squares_on(A: DiagonalRows, b, H, q, idx, bound) -> Optional[np.ndarray]:
-    """argmin |A_S z - [b; 0]| over the columns ``idx`` (H = A'A, q = A'[b; 0]): Cholesky on
-    H_SS with one refinement step where that is accurate (NORMAL_RANK_TOL, and
-    |A_S'([b; 0] - A_S z)| <= ``bound``), else QR of A_S; None where A_S is rank deficient
-    (SUPPORT_RANK_TOL) or has more columns than rows."""
+    """argmin |A_S z - [b; 0]| over the columns ``idx`` (H = A'A, q = A'[b; 0]): in the rows'
+    space (:func:`_by_rows`) when the support has ROW_SPACE_RATIO times as many columns as G
+    has rows, else Cholesky on H_SS with one refinement step, where that is accurate
+    (NORMAL_RANK_TOL, and |A_S'([b; 0] - A_S z)| <= ``bound``), else QR of A_S; None where
+    A_S is rank deficient (SUPPORT_RANK_TOL) or has more columns than rows."""
     if idx.size > A.shape[0]:
         return None
+    if A.D is not None and idx.size >= ROW_SPACE_RATIO * A.G.shape[0]:
+        z = _by_rows(A, b, idx)
+        if z is not None:
+            AS = A.columns(idx)
+            if np.all(np.abs(AS.transposed(AS.residual(b, z))) <= bound):
+                return z
     try:
         L = cholesky(H[np.ix_(idx, idx)], lower=True, check_finite=False)
     except LinAlgError:

@@ -320,10 +320,14 @@ def shard_layout(reply: Reply, request: Request, shard: int,
 def request_kind(request: Request) -> tuple:
     """What makes two requests of a task ask for the same arrays: the task and its switches,
     the bool and text entries of ``config`` (numbers, such as a batch size or a step, set how
-    much, not what)."""
+    much, not what), and its integer arrays (index lists that choose what a reply carries,
+    e.g. the functions whose curvature a round asks for)."""
     switches = tuple(sorted((k, v) for k, v in request.config.items()
                             if isinstance(v, (bool, np.bool_, str))))
-    return request.task, switches
+    chosen = tuple(sorted((k, tuple(np.asarray(v).ravel().tolist()))
+                          for k, v in (request.arrays or {}).items()
+                          if np.asarray(v).dtype.kind in "iu"))
+    return request.task, switches + chosen
 
 
 def _is_int(v) -> bool:

@@ -346,15 +346,52 @@ def whole_hessian(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray
 HESSIAN_STEP = float(np.cbrt(np.finfo(float).eps))
 
 
-def _grad_or_none(fn: SampleFunction, w, X, y, d: int, where: str) -> Optional[np.ndarray]:
-    """``fn``'s checked gradient at the difference point ``w``, None where the function fails
-    there (a non-finite value, an exception: a step outside its domain, e.g. a fractional
-    power of a negative number). A failure at the round's own point still raises, from the
-    statistics computed there."""
-    try:
-        return checked_grad(fn, w, X, y, d, where)
-    except UserFunctionError:
-        return None
+def _vector_groups(fns) -> list:
+    """[(vector, [i, ...], [k, ...])]: the positions i in ``fns`` of the components k of each
+    VectorSampleFunction with at least two of its components there."""
+    by = {}
+    for i, fn in enumerate(fns):
+        of = getattr(fn, "component_of", None)
+        if of is not None:
+            by.setdefault(id(of[0]), (of[0], [], []))
+            by[id(of[0])][1].append(i)
+            by[id(of[0])][2].append(of[1])
+    return [g for g in by.values() if len(g[1]) >= 2]
+
+
+def _gradients_or_none(fns, groups, w, X, y, d: int) -> list:
+    """Each function's gradient at the difference point ``w``, None where the function fails
+    there (its call raises, e.g. a fractional power of a negative number; a wrong shape; a
+    non-finite entry); the components of a vector function (``groups``,
+    :func:`_vector_groups`) read from one evaluation of its Jacobian, each row None where it
+    is not finite. A failure at the round's own point still raises, from the statistics
+    computed there."""
+    out = [None] * len(fns)
+    done = set()
+    for vec, idx, ks in groups:
+        try:
+            J = vec.evaluate(w, X, y)[1]
+        except UserFunctionError:
+            done.update(idx)                 # every component fails at w: None
+            continue
+        rows = J[ks]                         # (a copy: the cache keeps J)
+        finite = np.all(np.isfinite(rows), axis=1)
+        for i, g, ok in zip(idx, rows, finite):
+            out[i] = g if ok else None
+        done.update(idx)
+    for i, fn in enumerate(fns):
+        if i in done:
+            continue
+        # checked inline (hundreds of constraints, 2 d points each): a failure of the
+        # user's call, a wrong shape or a non-finite entry is None
+        try:
+            g = np.asarray(fn.grad(w, X, y), dtype=float)
+        except Exception:
+            continue
+        if g.shape == (d,) and (math.isfinite(float(np.add.reduce(g)))
+                                or np.all(np.isfinite(g))):
+            out[i] = g
+    return out
 
 
 def _difference(fns, w, X, y, steps, where: str) -> list:
@@ -367,10 +404,11 @@ def _difference(fns, w, X, y, steps, where: str) -> list:
     d, k = steps.shape
     out = [np.empty((d, k)) for _ in fns]
     at_w = {}                      # a function's gradient at w, once, where a side fails
+    groups = _vector_groups(fns)
     for j in range(k):
         v = steps[:, j]
-        plus = [_grad_or_none(fn, w + v, X, y, d, f"{where} (w + h e_{j})") for fn in fns]
-        minus = [_grad_or_none(fn, w - v, X, y, d, f"{where} (w - h e_{j})") for fn in fns]
+        plus = _gradients_or_none(fns, groups, w + v, X, y, d)
+        minus = _gradients_or_none(fns, groups, w - v, X, y, d)
         for i, (fn, gp, gm) in enumerate(zip(fns, plus, minus)):
             if gp is not None and gm is not None:
                 out[i][:, j] = 0.5 * (gp - gm)

@@ -96,13 +96,52 @@ def sketch_of(cfg: Settings, state: SSCAState) -> np.ndarray:
     return newton.sketch_directions(cfg.sketch_rank, state.t + 1, state.w, state.prev_w, rows)
 
 
+#: an inactive inequality's curvature is asked for again when its surrogate's slack at w_t is
+#: at most NEAR_SLACK times its last known largest curvature times the squared length of the
+#: step to w_t (:func:`curvature_wanted`): twice the second-order term a step as long could
+#: take from it
+NEAR_SLACK = 1.0
+
+
+def curvature_wanted(cfg: Settings, state: SSCAState) -> Optional[np.ndarray]:
+    """The indices of the functions whose curvature at w_t the round at ``state`` asks for
+    (:data:`.client.CURVATURE_OF`), None for all of them. The Newton model of w_t reads the
+    objective's Hessian, every equality's, and those of the inequalities with a multiplier
+    (the last subproblem's, ``state.nu``: the Lagrangian's weights, :func:`with_curvature`),
+    and the largest curvature of each inactive inequality (:func:`constraint_curvature`),
+    which it keeps from the last round that measured it (``state.curv_top``). So a round
+    asks for all of them while no largest curvature is known, and then for the objective,
+    the equalities, the inequalities with a nonzero multiplier, and each inactive inequality
+    whose surrogate's slack at w_t (U_m minus the last subproblem's surrogate there) is
+    within NEAR_SLACK times its last known largest curvature times |w_t - w_{t-1}|^2: a
+    constraint near enough to be reached within the second-order term of a step as long.
+    The others' Hessians would have weight 0 in the model; with a function's curvature
+    from differences of its gradient (2 d evaluations) they are the round's cost that grows
+    with the number of constraints."""
+    M, k = cfg.M, cfg.first
+    nu = np.asarray(state.nu, dtype=float)
+    if (not M or state.curv_top.size != M or nu.size != M or len(state.prev_w) != state.w.size
+            or len(state.stats) != len(cfg.builders)):
+        return None
+    keep = (nu != 0.0) | np.asarray(cfg.equality, dtype=bool).reshape(M)
+    s2 = float(np.sum((state.w - state.prev_w) ** 2))
+    with np.errstate(all="ignore"):
+        values = np.asarray(mt._function_values(cfg, state.stats, state.w)[k:], dtype=float)
+        slack = cfg.problem.bounds - values
+        keep |= ~(slack > NEAR_SLACK * state.curv_top * s2)     # (NaN: asked for)
+    return np.concatenate([np.arange(k), k + np.flatnonzero(keep)]).astype(np.int64)
+
+
 def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
     """The state with the Newton model of the accepted point w_t: the Hessian of the
     Lagrangian F_0 + sum_m nu_m F_m there (nu: the multipliers of the subproblem that gave
     w_t) from the round's full-data Hessians (:func:`.newton.lagrangian_hessian`), or its
     sketch from their products with the round's directions (:func:`.newton.sketch_model`);
-    the state as it was when the round brought none (a client without them)."""
-    if not curvature or len(curvature) != len(cfg.builders) or state.metric.size:
+    the state as it was when the round brought none (a client without them) or not those of
+    every function the model weighs. ``curvature`` may hold only some functions'
+    (:func:`curvature_wanted`): each inactive inequality not among them keeps its last
+    largest curvature."""
+    if not curvature or state.metric.size:
         return state
     # an inequality the last subproblem left inactive gets its curvature in its own surrogate
     # (constraint_curvature), not in the Lagrangian's: in both, a weakly active constraint
@@ -110,6 +149,11 @@ def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
     # along the directions where it dominates is double the Lagrangian's, and the steps
     # towards it are half of Newton's (linear convergence at rate 1/2)
     nu = np.where(inactive_inequalities(cfg, state.nu), 0.0, np.asarray(state.nu, dtype=float))
+    weighed = list(range(cfg.first)) + [cfg.first + j for j in np.flatnonzero(nu)]
+    if any(m not in curvature for m in weighed):
+        return state
+    top = (np.array(state.curv_top, dtype=float) if state.curv_top.size == cfg.M
+           else np.zeros(cfg.M))
     H = newton.lagrangian_hessian(curvature, nu, cfg.first, state.w.size)
     fixed = cfg.problem.deterministic.bound_fixed(state.w)
     if fixed.size and not cfg.sketch_rank:
@@ -124,12 +168,16 @@ def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
         omega = sketch_of(cfg, state)
         # each constraint's largest curvature on the directions (a Ritz value: at most its
         # largest eigenvalue)
-        top = np.array([max(0.0, float(np.linalg.eigvalsh(
-            _symmetric(omega @ curvature[cfg.first + j].T))[-1])) for j in range(cfg.M)])
+        for j in range(cfg.M):
+            if cfg.first + j in curvature:
+                top[j] = max(0.0, float(np.linalg.eigvalsh(
+                    _symmetric(omega @ curvature[cfg.first + j].T))[-1]))
         U, eig = newton.sketch_model(omega, H)
         return state._replace(hess=U, hess_eig=eig, curv_top=top)
-    top = np.array([max(0.0, float(np.linalg.eigvalsh(curvature[cfg.first + j])[-1]))
-                    for j in range(cfg.M)])
+    have = [j for j in range(cfg.M) if cfg.first + j in curvature]
+    if have:          # (one batched eigenvalue call: hundreds of constraints' Hessians)
+        largest = np.linalg.eigvalsh(np.stack([curvature[cfg.first + j] for j in have]))[:, -1]
+        top[have] = np.maximum(0.0, largest)
     return state._replace(hess=H, curv_top=top)
 
 
@@ -167,20 +215,39 @@ def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tupl
     after round."""
     if not (cfg.newton and state.curv_top.size == cfg.M and cfg.M):
         return stats
-    out = list(stats)
-    inactive = inactive_inequalities(cfg, state.nu)
-    for j, top in enumerate(state.curv_top):
-        m = cfg.first + j
-        if not inactive[j] or not top > 0.0 or "quad" not in out[m]:
-            continue
-        q = float(np.max(np.asarray(out[m]["quad"], dtype=float)))
-        if 0.0 < q < 0.5 * top:
-            k = 0.5 * top / q
-            # tau fallen to a subnormal number (1e-309 on S2MPJ's HS106) makes k overflow:
-            # then every coordinate's curvature is raised to 0.5 top directly
-            out[m] = (ad.rescale_tau(out[m], center, k) if np.isfinite(k)
-                      else ad.raise_curvature(out[m], center, 0.5 * top))
-    return tuple(out)
+    top = np.asarray(state.curv_top, dtype=float)
+    q = _largest_quads(stats)[cfg.first:]
+    with np.errstate(all="ignore"):
+        raised = (inactive_inequalities(cfg, state.nu) & (top > 0.0) & (q > 0.0)
+                  & (q < 0.5 * top))
+        k = np.where(raised, 0.5 * top / np.where(raised, q, 1.0), 1.0)
+    # tau fallen to a subnormal number (1e-309 on S2MPJ's HS106) makes k overflow: then
+    # every coordinate's curvature is raised to 0.5 top directly
+    direct = raised & ~np.isfinite(k)
+    if not np.any(raised):
+        return stats
+    ks = np.ones(len(stats))
+    ks[cfg.first:] = np.where(direct, 1.0, k)
+    out = ad.rescale_each(stats, center, ks)
+    if np.any(direct):
+        out = list(out)
+        for j in np.flatnonzero(direct):
+            m = cfg.first + j
+            out[m] = ad.raise_curvature(out[m], center, 0.5 * top[j])
+        out = tuple(out)
+    return out
+
+
+def _largest_quads(stats) -> np.ndarray:
+    """Each function's largest surrogate curvature ``quad`` (its largest entry), NaN for a
+    function whose statistics have none; from the stacked array where the statistics carry
+    it."""
+    stacked = getattr(stats, "stacked", None)
+    quads = stacked("quad") if stacked is not None else None
+    if quads is not None and quads.ndim == 1:
+        return quads
+    return np.array([float(np.max(np.asarray(st["quad"], dtype=float))) if "quad" in st
+                     else np.nan for st in stats])
 
 
 def guarded_step(cfg: Settings, state: SSCAState, fresh, r: float, g: float, nonfinite: bool):

@@ -483,11 +483,24 @@ def rescale_all(stats, w: np.ndarray, k: float) -> tuple:
     return tuple(rescale_tau(st, w, k, ww) for st in stats)
 
 
-def _rescale_packed(stats, w: np.ndarray, k: float, ww: float):
+def rescale_each(stats, w: np.ndarray, ks: np.ndarray) -> tuple:
+    """:func:`rescale_tau` of function m's statistics by ``ks[m]`` (1: the same numbers),
+    |w|^2 computed once; statistics that carry their stacked arrays scaled a stacked run at
+    a time (:func:`rescale_all`'s arithmetic, each row with its own k)."""
+    ks = np.asarray(ks, dtype=float)
+    ww = float(w @ w)
+    stacked = _rescale_packed(stats, w, ks, ww)
+    if stacked is not None:
+        return stacked
+    return tuple(rescale_tau(st, w, float(k), ww) if k != 1.0 else st
+                 for st, k in zip(stats, ks))
+
+
+def _rescale_packed(stats, w: np.ndarray, k, ww: float):
     """:func:`rescale_all` on a :class:`.step.Statistics` in its packed layout, every stacked
     run of scalar-curvature proximal-linear statistics as three array operations (the others
     function by function); None when ``stats`` carries no packed arrays or a stacked run has
-    another form."""
+    another form. ``k``: one factor, or one per function (an array)."""
     from .step import run_key, stacked_run, stat_key, unpack_statistics
 
     packed, runs = getattr(stats, "packed", None), getattr(stats, "runs", None)
@@ -502,15 +515,17 @@ def _rescale_packed(stats, w: np.ndarray, k: float, ww: float):
             const, lin, quad = (packed[run_key(first, stop - 1, name)]
                                 for name in ("const", "lin", "quad"))
             q = np.asarray(quad, dtype=float)
+            kr = k if np.ndim(k) == 0 else k[first:stop]
             # rescale_tau's operations, in its order, on the run's rows at once
-            out[run_key(first, stop - 1, "quad")] = k * q
+            out[run_key(first, stop - 1, "quad")] = kr * q
             out[run_key(first, stop - 1, "lin")] = (np.asarray(lin)
-                                                     - (2.0 * (k - 1.0) * q)[:, None] * w)
+                                                     - (2.0 * (kr - 1.0) * q)[:, None] * w)
             out[run_key(first, stop - 1, "const")] = (np.asarray(const, dtype=float)
-                                                       + (k - 1.0) * q * ww)
+                                                       + (kr - 1.0) * q * ww)
         else:
             for m in range(first, stop):
-                for name, v in rescale_tau(stats[m], w, k, ww).items():
+                km = k if np.ndim(k) == 0 else float(k[m])
+                for name, v in rescale_tau(stats[m], w, km, ww).items():
                     out[stat_key(m, name)] = v
     return unpack_statistics(out, stats, runs)
 

@@ -40,7 +40,8 @@ from . import state as ssca_state
 from . import step as ssca_step
 from . import merit as merit_mod
 from .merit import lagrangian_gradient
-from .client import DP_CLIP, DP_LEVEL, NONFINITE, REJECT_NONFINITE, SKETCH, TASK, SSCARoundTask
+from .client import (CURVATURE_OF, DP_CLIP, DP_LEVEL, NONFINITE, REJECT_NONFINITE, SKETCH,
+                     TASK, SSCARoundTask)
 from .options import SSCAOptions
 from .settings import Settings
 from .state import SSCAState
@@ -233,6 +234,9 @@ class SSCA(Method):
             config["curvature"] = True         # the Newton model's statistics
             if cfg.sketch_rank:                # ... as products with these directions
                 arrays[SKETCH] = acceptance.sketch_of(cfg, state)
+            wanted = acceptance.curvature_wanted(cfg, state)
+            if wanted is not None and wanted.size < len(cfg.builders):
+                arrays[CURVATURE_OF] = wanted  # ... of these functions only
         return Request(TASK, state.t + 1, state.w, config, arrays)
 
     def tentative(self, state) -> bool:

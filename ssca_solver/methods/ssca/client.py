@@ -31,6 +31,9 @@ NONFINITE = "nonfinite"
 CURVATURE = "curv:"
 #: request array: the k directions (rows, (k, d)) of the Hessian's sketch (:mod:`.newton`)
 SKETCH = "sketch"
+#: request array: the indices of the functions whose curvature the round asks for (absent:
+#: every function's; :func:`.acceptance.curvature_wanted`)
+CURVATURE_OF = "curv_of"
 #: request config: differential privacy: clip each row's contribution (every function's value
 #: and gradient at w_t) to this norm before the sums (:mod:`.privacy`)
 DP_CLIP = "dp_clip"
@@ -168,6 +171,22 @@ def _split_statistics(out: dict, ms, stats) -> None:
         out[m] = {"const": np.asarray(const[i]), "lin": lin[i], "quad": np.asarray(quad[i])}
 
 
+def curvature_of(request: Request, count: int) -> frozenset:
+    """The indices of the functions whose curvature ``request`` asks for: none without its
+    config ``curvature``, those of its array ``curv_of`` with it (each checked: an index
+    outside the ``count`` functions is a malformed request), else all of them."""
+    if not request.config.get("curvature"):
+        return frozenset()
+    listed = request.arrays.get(CURVATURE_OF)
+    if listed is None:
+        return frozenset(range(count))
+    idx = np.asarray(listed).ravel()
+    if idx.size and (not np.all(idx == np.round(idx)) or idx.min() < 0 or idx.max() >= count):
+        raise ValueError(f"request array {CURVATURE_OF!r} must list function indices in "
+                         f"[0, {count}); got {idx.tolist()}")
+    return frozenset(int(i) for i in idx)
+
+
 class SSCARoundTask:
     """Client side of one round (Algorithms 1-2, steps 3-4): draw the mini-batch of
     (seed, client, round) and return q_m(w_t, batch) for every stochastic function m, as sums
@@ -178,7 +197,8 @@ class SSCARoundTask:
     batch halves' mean gradients, ``"noise:m"``: adaptive sampling), ``curvature`` (also send,
     per function, the sum over the batch's rows of its Hessian at w_t, packed: ``"curv:m"``,
     the statistics of the server's Newton model; with the request array ``"sketch"`` (k, d),
-    its Hessian times each of those k directions instead, (k, d) rows), ``dp_clip`` (the sums
+    its Hessian times each of those k directions instead, (k, d) rows; with the request
+    array ``"curv_of"``, only for the functions it lists), ``dp_clip`` (the sums
     of the rows' values and gradients, each row clipped to this norm, :mod:`.privacy`;
     nothing else is sent) and ``reject_nonfinite`` (a function that is not finite at w_t is answered with the one array
     ``"nonfinite"`` instead of an error: the backtracking's trial point is rejected).
@@ -240,11 +260,11 @@ class SSCARoundTask:
         stats, noise, curvature = [], [], {}
         sketch = request.arrays.get(SKETCH) if request.config.get("curvature") else None
         omega = None if sketch is None else np.asarray(sketch, dtype=float).T     # (d, k)
+        wanted = curvature_of(request, len(self.functions))
         # consecutive components of one VectorSampleFunction, and runs of plain functions:
-        # their statistics at once (not with the noise split or the curvature, which go
-        # function by function)
+        # their statistics at once (not with the noise split, which goes function by function)
         read = {}
-        if not (noisy or request.config.get("curvature")):
+        if not noisy:
             read.update(block_statistics(self.blocks, self.functions, self.builders,
                                          request.w, X, y, tau))
             read.update(scalar_statistics(self.scalar_blocks, self.functions, self.builders,
@@ -253,8 +273,8 @@ class SSCARoundTask:
             # the functions that give no curvature: their Hessians (or the sketch's products)
             # from central differences of their gradients, every function at each point
             differenced = {}
-            if request.config.get("curvature"):
-                lacking = [m for m, fn in enumerate(self.functions) if not has_curvature(fn)]
+            if wanted:
+                lacking = [m for m in sorted(wanted) if not has_curvature(self.functions[m])]
                 fns = [self.functions[m] for m in lacking]
                 if lacking:
                     found = (difference_hessians(fns, request.w, X, y, where) if omega is None
@@ -270,11 +290,13 @@ class SSCARoundTask:
                     noise.append(v)
                 else:
                     stats.append(builder.statistics(fn, request.w, X, y, t, where))
+                if m not in wanted:
+                    continue
                 if omega is not None:
                     P = (differenced[m] if m in differenced
                          else checked_hessp(fn, request.w, X, y, omega, where))
                     curvature[f"{CURVATURE}{m}"] = np.ascontiguousarray(P.T * X.shape[0])
-                elif request.config.get("curvature"):
+                else:
                     H = (differenced[m] if m in differenced
                          else whole_hessian(fn, request.w, X, y, request.w.size, where))
                     curvature[f"{CURVATURE}{m}"] = pack_symmetric(H * X.shape[0])
