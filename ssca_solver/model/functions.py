@@ -359,67 +359,60 @@ def _vector_groups(fns) -> list:
     return [g for g in by.values() if len(g[1]) >= 2]
 
 
-def _gradients_or_none(fns, groups, w, X, y, d: int) -> list:
-    """Each function's gradient at the difference point ``w``, None where the function fails
-    there (its call raises, e.g. a fractional power of a negative number; a wrong shape; a
-    non-finite entry); the components of a vector function (``groups``,
-    :func:`_vector_groups`) read from one evaluation of its Jacobian, each row None where it
-    is not finite. A failure at the round's own point still raises, from the statistics
-    computed there."""
-    out = [None] * len(fns)
-    done = set()
+def _gradients_or_none(fns, groups, w, X, y, d: int) -> tuple:
+    """(G, ok): row i of G (len(fns), d) is function i's gradient at the difference point
+    ``w`` where ``ok[i]``; not ok where the function fails there (its call raises, e.g. a
+    fractional power of a negative number; a wrong shape; a non-finite entry). The
+    components of a vector function (``groups``, :func:`_vector_groups`) are read from one
+    evaluation of its Jacobian, each row not ok where it is not finite. A failure at the
+    round's own point still raises, from the statistics computed there."""
+    G = np.zeros((len(fns), d))
+    ok = np.zeros(len(fns), dtype=bool)
+    done = np.zeros(len(fns), dtype=bool)
     for vec, idx, ks in groups:
+        done[idx] = True
         try:
             J = vec.evaluate(w, X, y)[1]
         except UserFunctionError:
-            done.update(idx)                 # every component fails at w: None
-            continue
-        rows = J[ks]                         # (a copy: the cache keeps J)
-        finite = np.all(np.isfinite(rows), axis=1)
-        for i, g, ok in zip(idx, rows, finite):
-            out[i] = g if ok else None
-        done.update(idx)
-    for i, fn in enumerate(fns):
-        if i in done:
-            continue
+            continue                         # every component fails at w
+        G[idx] = J[ks]
+        ok[idx] = np.all(np.isfinite(G[idx]), axis=1)
+    for i in np.flatnonzero(~done):
         # checked inline (hundreds of constraints, 2 d points each): a failure of the
-        # user's call, a wrong shape or a non-finite entry is None
+        # user's call, a wrong shape or a non-finite entry is not ok
         try:
-            g = np.asarray(fn.grad(w, X, y), dtype=float)
+            g = np.asarray(fns[i].grad(w, X, y), dtype=float)
         except Exception:
             continue
         if g.shape == (d,) and (math.isfinite(float(np.add.reduce(g)))
                                 or np.all(np.isfinite(g))):
-            out[i] = g
-    return out
+            G[i], ok[i] = g, True
+    G[~ok] = 0.0
+    return G, ok
 
 
-def _difference(fns, w, X, y, steps, where: str) -> list:
-    """For each function of ``fns``, the (d, k) matrix whose column j is the central difference
-    (grad(w + v_j) - grad(w - v_j)) / 2 of its gradient along the step v_j (the columns of
-    ``steps``, (d, k)), the one-sided difference where the function fails at one of the two
-    points, 0 where it fails at both. The points are the outer loop: a function that caches
-    its evaluation per point (the components of a VectorSampleFunction share one) computes
-    each point once."""
+def _difference(fns, w, X, y, steps, where: str) -> np.ndarray:
+    """(len(fns), d, k): for each function of ``fns``, the (d, k) matrix whose column j is the
+    central difference (grad(w + v_j) - grad(w - v_j)) / 2 of its gradient along the step v_j
+    (the columns of ``steps``, (d, k)), the one-sided difference where the function fails
+    at one of the two points, 0 where it fails at both. The points are the outer loop: a
+    function that caches its evaluation per point (the components of a VectorSampleFunction
+    share one) computes each point once."""
     d, k = steps.shape
-    out = [np.empty((d, k)) for _ in fns]
+    out = np.empty((len(fns), d, k))
     at_w = {}                      # a function's gradient at w, once, where a side fails
     groups = _vector_groups(fns)
     for j in range(k):
         v = steps[:, j]
-        plus = _gradients_or_none(fns, groups, w + v, X, y, d)
-        minus = _gradients_or_none(fns, groups, w - v, X, y, d)
-        for i, (fn, gp, gm) in enumerate(zip(fns, plus, minus)):
-            if gp is not None and gm is not None:
-                out[i][:, j] = 0.5 * (gp - gm)
-                continue
-            if gp is None and gm is None:
-                out[i][:, j] = 0.0        # no curvature along v_j: tau and the merit hold
-                continue
+        plus, okp = _gradients_or_none(fns, groups, w + v, X, y, d)
+        minus, okm = _gradients_or_none(fns, groups, w - v, X, y, d)
+        # (both failing: 0, no curvature along v_j: tau and the merit hold the step)
+        out[:, :, j] = np.where((okp & okm)[:, None], 0.5 * (plus - minus), 0.0)
+        for i in np.flatnonzero(okp != okm):
             if i not in at_w:
-                at_w[i] = checked_grad(fn, w, X, y, d, where)
+                at_w[i] = checked_grad(fns[i], w, X, y, d, where)
             g0 = at_w[i]
-            out[i][:, j] = (gp - g0) if gp is not None else (g0 - gm)
+            out[i, :, j] = (plus[i] - g0) if okp[i] else (g0 - minus[i])
     return out
 
 
@@ -435,8 +428,8 @@ def difference_hessians(fns, w, X, y, where: str) -> list:
     e_k: the proximal weight tau and the exact-penalty acceptance still hold the step)."""
     w = np.asarray(w, dtype=float)
     h = HESSIAN_STEP * np.maximum(1.0, np.abs(w))
-    cols = _difference(fns, w, X, y, np.diag(h), where)
-    return [0.5 * (C / h + (C / h).T) for C in cols]
+    C = _difference(fns, w, X, y, np.diag(h), where) / h
+    return list(0.5 * (C + C.transpose(0, 2, 1)))
 
 
 def difference_products(fns, w, X, y, V: np.ndarray, where: str) -> list:
@@ -450,8 +443,7 @@ def difference_products(fns, w, X, y, V: np.ndarray, where: str) -> list:
     V = np.asarray(V, dtype=float)
     norms = np.linalg.norm(V, axis=0)
     h = HESSIAN_STEP * max(1.0, float(np.linalg.norm(w))) / np.where(norms > 0, norms, 1.0)
-    cols = _difference(fns, w, X, y, V * h, where)
-    return [C / h for C in cols]
+    return list(_difference(fns, w, X, y, V * h, where) / h)
 
 
 def mean_value_or_nan(fn: SampleFunction, w, X, y, n: int, where: str) -> float:
