@@ -275,3 +275,18 @@ def test_a_node_killed_mid_run_is_a_dropout_or_a_client_error(transport):
     with pytest.raises(ClientError, match=r"client 0, round 13: its Flower node \d+ failed"):
         transport.exchange(_request(13, die=0))
 
+
+
+def test_a_newton_round_asking_for_some_functions_curvature_runs_on_flower():
+    """The Newton model's rounds on many curved inequality constraints, whose requests list
+    the functions whose curvature they ask for (an integer request array): on Flower the
+    in-process iterates, bit for bit, and the same floats."""
+    from test_newton import _many_curved_constraints
+
+    prob = _many_curved_constraints(m=20)
+    opts = dict(seed=0, x0=np.zeros(6))
+    xa, a = _iterates(prob, "inprocess", **opts)
+    xb, b = _iterates(prob, "flower", **opts)
+    assert a.status == b.status == "converged", a.message
+    assert np.array_equal(xa, xb) and np.array_equal(a.x, b.x)
+    assert a.communication == b.communication
