@@ -433,7 +433,9 @@ def plot(results, path, constraints=()):
         c.set_xlabel("constraints m")
         c.set_ylabel("ms (fastest of a few solves)")
         c.set_title("A round against m", fontsize=9, loc="left")
-        c.legend(fontsize=6)
+        low = min(1e3 * r["slsqp"]["iteration_s"] for r in constraints)
+        c.set_ylim(bottom=low / 40)            # room for the legend below the lines
+        c.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
