@@ -121,6 +121,21 @@ def test_an_equality_constraint_runs_on_flower(cancer):
     np.testing.assert_array_equal(a.kkt.multipliers, b.kkt.multipliers)
 
 
+def test_a_newton_round_asking_for_some_functions_curvature_runs_on_flower():
+    """The Newton model's rounds on many curved inequality constraints, whose requests list
+    the functions whose curvature they ask for (an integer request array): on Flower the
+    in-process iterates, bit for bit, and the same floats."""
+    from test_newton import _many_curved_constraints
+
+    prob = _many_curved_constraints(m=20)
+    opts = dict(seed=0, x0=np.zeros(6))
+    xa, a = _iterates(prob, "inprocess", **opts)
+    xb, b = _iterates(prob, "flower", **opts)
+    assert a.status == b.status == "converged", a.message
+    assert np.array_equal(xa, xb) and np.array_equal(a.x, b.x)
+    assert a.communication == b.communication
+
+
 def test_secure_aggregation_with_partial_participation_runs_on_flower(cancer):
     """Secure aggregation keeps each client's secrets between the four messages of an
     aggregation: on Flower they live in the node's Context (a Ray actor or ClientApp process
@@ -276,17 +291,3 @@ def test_a_node_killed_mid_run_is_a_dropout_or_a_client_error(transport):
         transport.exchange(_request(13, die=0))
 
 
-
-def test_a_newton_round_asking_for_some_functions_curvature_runs_on_flower():
-    """The Newton model's rounds on many curved inequality constraints, whose requests list
-    the functions whose curvature they ask for (an integer request array): on Flower the
-    in-process iterates, bit for bit, and the same floats."""
-    from test_newton import _many_curved_constraints
-
-    prob = _many_curved_constraints(m=20)
-    opts = dict(seed=0, x0=np.zeros(6))
-    xa, a = _iterates(prob, "inprocess", **opts)
-    xb, b = _iterates(prob, "flower", **opts)
-    assert a.status == b.status == "converged", a.message
-    assert np.array_equal(xa, xb) and np.array_equal(a.x, b.x)
-    assert a.communication == b.communication
