@@ -106,15 +106,16 @@ NEAR_SLACK = 1.0
 def curvature_wanted(cfg: Settings, state: SSCAState) -> Optional[np.ndarray]:
     """The indices of the functions whose curvature at w_t the round at ``state`` asks for
     (:data:`.client.CURVATURE_OF`), None for all of them. The Newton model of w_t reads the
-    objective's Hessian, every equality's, and those of the inequalities with a multiplier
-    (the last subproblem's, ``state.nu``: the Lagrangian's weights, :func:`with_curvature`),
-    and the largest curvature of each inactive inequality (:func:`constraint_curvature`),
-    which it keeps from the last round that measured it (``state.curv_top``). So a round
-    asks for all of them while no largest curvature is known, and then for the objective,
-    the equalities, the inequalities with a nonzero multiplier, and each inactive inequality
-    whose surrogate's slack at w_t (U_m minus the last subproblem's surrogate there) is
-    within NEAR_SLACK times its last known largest curvature times |w_t - w_{t-1}|^2: a
-    constraint near enough to be reached within the second-order term of a step as long.
+    objective's Hessian, every equality's, and those of the active inequalities (a multiplier
+    of the last subproblem, ``state.nu``, at least INACTIVE_SHARE of the largest: the
+    Lagrangian's weights, :func:`with_curvature`), and the largest curvature of each inactive
+    inequality (:func:`constraint_curvature`), which it keeps from the last round that
+    measured it (``state.curv_top``). So a round asks for all of them while no largest
+    curvature is known, and then for the objective, the equalities, the active inequalities,
+    and each inactive inequality whose surrogate's slack at w_t (U_m minus the last
+    subproblem's surrogate there) is within NEAR_SLACK times its last known largest curvature
+    times |w_t - w_{t-1}|^2: a constraint near enough to be reached within the second-order
+    term of a step as long (a weakly active one, slack 0, among them).
     The others' Hessians would have weight 0 in the model; with a function's curvature
     from differences of its gradient (2 d evaluations) they are the round's cost that grows
     with the number of constraints."""
@@ -123,7 +124,7 @@ def curvature_wanted(cfg: Settings, state: SSCAState) -> Optional[np.ndarray]:
     if (not M or state.curv_top.size != M or nu.size != M or len(state.prev_w) != state.w.size
             or len(state.stats) != len(cfg.builders)):
         return None
-    keep = (nu != 0.0) | np.asarray(cfg.equality, dtype=bool).reshape(M)
+    keep = ~inactive_inequalities(cfg, nu)       # the equalities, and the active by share
     s2 = float(np.sum((state.w - state.prev_w) ** 2))
     with np.errstate(all="ignore"):
         values = np.asarray(mt._function_values(cfg, state.stats, state.w)[k:], dtype=float)

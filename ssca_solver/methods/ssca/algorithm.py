@@ -235,8 +235,10 @@ class SSCA(Method):
             if cfg.sketch_rank:                # ... as products with these directions
                 arrays[SKETCH] = acceptance.sketch_of(cfg, state)
             wanted = acceptance.curvature_wanted(cfg, state)
-            if wanted is not None and wanted.size < len(cfg.builders):
-                arrays[CURVATURE_OF] = wanted  # ... of these functions only
+            # ... of these functions only (none wanted: all, as before the subsets, so that
+            # the model is rebuilt, 0, and not kept from an earlier round)
+            if wanted is not None and 0 < wanted.size < len(cfg.builders):
+                arrays[CURVATURE_OF] = wanted
         return Request(TASK, state.t + 1, state.w, config, arrays)
 
     def tentative(self, state) -> bool:
