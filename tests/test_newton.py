@@ -488,7 +488,7 @@ def _many_curved_constraints(n=6, m=40, with_hess=True, calls=None):
 @pytest.mark.parametrize("with_hess", [True, False])
 def test_a_round_asks_for_the_curvature_the_model_reads(monkeypatch, with_hess):
     """After the first round a round asks for the curvature of the objective and of the
-    constraints with a multiplier or near their bound only (acceptance.curvature_wanted):
+    active constraints or those near their bound only (acceptance.curvature_wanted):
     the Hessians that weigh 0 in the model are neither computed nor sent. On constraints of
     constant curvature the run is the one that asks for every function's (the same rounds and
     point; bit for bit with exact Hessians), with far fewer floats uploaded and, without
