@@ -165,20 +165,18 @@ def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
         # 1e-4 long)
         H[fixed, :] = 0.0            # (lagrangian_hessian returns a new array)
         H[:, fixed] = 0.0
-    if cfg.sketch_rank:
-        omega = sketch_of(cfg, state)
-        # each constraint's largest curvature on the directions (a Ritz value: at most its
-        # largest eigenvalue)
-        for j in range(cfg.M):
-            if cfg.first + j in curvature:
-                top[j] = max(0.0, float(np.linalg.eigvalsh(
-                    _symmetric(omega @ curvature[cfg.first + j].T))[-1]))
+    omega = sketch_of(cfg, state) if cfg.sketch_rank else None
+    have = [j for j in range(cfg.M) if cfg.first + j in curvature]
+    if have:
+        # each constraint's largest curvature (on the sketch's directions: a Ritz value, at
+        # most its largest eigenvalue), one batched eigenvalue call for all of them
+        mats = [curvature[cfg.first + j] for j in have]
+        if omega is not None:
+            mats = [_symmetric(omega @ P.T) for P in mats]
+        top[have] = np.maximum(0.0, np.linalg.eigvalsh(np.stack(mats))[:, -1])
+    if omega is not None:
         U, eig = newton.sketch_model(omega, H)
         return state._replace(hess=U, hess_eig=eig, curv_top=top)
-    have = [j for j in range(cfg.M) if cfg.first + j in curvature]
-    if have:          # (one batched eigenvalue call: hundreds of constraints' Hessians)
-        largest = np.linalg.eigvalsh(np.stack([curvature[cfg.first + j] for j in have]))[:, -1]
-        top[have] = np.maximum(0.0, largest)
     return state._replace(hess=H, curv_top=top)
 
 
@@ -217,7 +215,7 @@ def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tupl
     if not (cfg.newton and state.curv_top.size == cfg.M and cfg.M):
         return stats
     top = np.asarray(state.curv_top, dtype=float)
-    q = _largest_quads(stats)[cfg.first:]
+    q = _largest_quads(cfg, stats)[cfg.first:]
     with np.errstate(all="ignore"):
         raised = (inactive_inequalities(cfg, state.nu) & (top > 0.0) & (q > 0.0)
                   & (q < 0.5 * top))
@@ -239,14 +237,13 @@ def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tupl
     return out
 
 
-def _largest_quads(stats) -> np.ndarray:
+def _largest_quads(cfg: Settings, stats) -> np.ndarray:
     """Each function's largest surrogate curvature ``quad`` (its largest entry), NaN for a
     function whose statistics have none; from the stacked array where the statistics carry
-    it."""
-    stacked = getattr(stats, "stacked", None)
-    quads = stacked("quad") if stacked is not None else None
-    if quads is not None and quads.ndim == 1:
-        return quads
+    it (:func:`.merit.stacked_quadratics`: scalar curvatures)."""
+    forms = mt.stacked_quadratics(cfg, stats)       # (cached, as the merit reads them)
+    if forms is not None:
+        return forms[0]
     return np.array([float(np.max(np.asarray(st["quad"], dtype=float))) if "quad" in st
                      else np.nan for st in stats])
 
