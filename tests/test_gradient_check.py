@@ -317,3 +317,21 @@ def test_a_gradient_right_on_the_domain_passes_where_the_domain_fixes_a_variable
     free = ss.Problem(f, dim=2, data=data, domain=lambda w: [w[1] >= 0.0, w[1] <= 1.0])
     with pytest.raises(ss.UserFunctionError, match="gradient does not match"):
         free.solve(x0=np.array([3.0, 0.0]), seed=0)
+
+
+def test_agree_all_is_agrees_elementwise():
+    """The server judges a reply's first comparisons in one array operation
+    (``adaptive.agree_all``): on finite comparisons it must say what ``agrees`` says of each,
+    at the relative tolerance's edge and at the rounding floor's (a sign error, a factor of
+    the batch size, values of every size)."""
+    rng = np.random.default_rng(3)
+    an = rng.standard_normal(4000) * 10.0 ** rng.integers(-8, 8, 4000)
+    fd = np.concatenate([an[:1000] * (1 + ad.CHECK_RTOL * rng.uniform(0.5, 1.5, 1000)),
+                         -an[1000:2000], 32 * an[2000:3000],
+                         an[3000:] + rng.standard_normal(1000) * 1e-6])
+    value = rng.standard_normal(4000) * 10.0 ** rng.integers(-3, 9, 4000)
+    for h in (1e-6, 3e-4, 50.0):
+        got = ad.agree_all(an, fd, value, h)
+        want = [ad.agrees(float(a), float(f), float(v), h) for a, f, v in zip(an, fd, value)]
+        assert got.tolist() == want
+        assert 0 < sum(want) < len(want)          # both outcomes were compared

@@ -381,6 +381,16 @@ def agrees(an: float, fd: float, value: float, h: float) -> bool:
     return err <= CHECK_RTOL * max(abs(an), abs(fd)) or err <= floor
 
 
+def agree_all(an, fd, value, h: float) -> np.ndarray:
+    """:func:`agrees` of arrays of comparisons at one step ``h``, elementwise (the same
+    arithmetic; finite entries only: a NaN compares as :func:`agrees`'s Python ``max`` does
+    not)."""
+    an, fd, value = (np.asarray(a, dtype=float) for a in (an, fd, value))
+    err = np.abs(an - fd)
+    floor = CHECK_ROUNDING * np.maximum(1.0, np.abs(value)) / h
+    return (err <= CHECK_RTOL * np.maximum(np.abs(an), np.abs(fd))) | (err <= floor)
+
+
 def check_gradient(fn, client: int, batch_size: int, w, an, fd, value, retries=None) -> None:
     """Raise UserFunctionError unless a function's gradient agrees with its values on
     ``client``'s batch of ``batch_size`` rows, judged on the steps tried: the probe's first
