@@ -330,3 +330,29 @@ def test_under_secure_aggregation_a_masked_reply_of_the_wrong_length_names_the_c
                        r"'ssca.round' has \d+ numbers, the others' \d+"):
         _problem().solve(transport=_transport(_at(1, 3), shorter), secure_aggregation=True,
                          **OPTS)
+
+
+def test_only_the_arrays_a_request_names_as_selecting_make_a_new_kind_of_request():
+    """Replies to requests that select different arrays (a round asking for some functions'
+    curvature) are not compared with each other's layout; requests that differ only in other
+    integer arrays (secure aggregation's participant lists) or numbers ask for the same
+    arrays, and their replies are compared."""
+    from ssca_solver.federated.messages import SELECTS
+    from ssca_solver.federated.replies import request_kind
+
+    w = np.zeros(3)
+
+    def req(config, arrays):
+        return Request("ssca.round", 2, w, config, arrays)
+
+    picked = {"curvature": True, SELECTS: "curv_of"}
+    a = req(picked, {"curv_of": np.array([0, 2])})
+    b = req(picked, {"curv_of": np.array([0, 1, 2])})
+    assert request_kind(a) != request_kind(b)
+    assert request_kind(a) == request_kind(req(dict(picked), {"curv_of": np.array([0, 2])}))
+    # an integer array the config does not name, and a number, choose nothing
+    plain = {"curvature": True, "tau": 1.0}
+    assert (request_kind(req(plain, {"ids": np.array([0, 1])}))
+            == request_kind(req({**plain, "tau": 2.0}, {"ids": np.array([4, 5, 6])})))
+    # asking for every function (no list) is another kind than asking for some
+    assert request_kind(req({"curvature": True}, {})) != request_kind(a)

@@ -227,3 +227,31 @@ def test_a_block_that_is_not_finite_goes_one_by_one_and_names_its_component():
     X = np.ones((3, 2))
     assert len(blocks) == 1 and block_statistics(blocks, list(F), [ProximalLinear()] * 2,
                                                  np.zeros(2), X, None, 1.0) == {}
+
+
+@pytest.mark.parametrize("with_grad", [True, False])
+def test_a_full_data_evaluation_reads_the_components_at_once_as_one_by_one(with_grad):
+    """The full-data evaluation (eq. (Fs0) and the F_m of Problem 3) reads a vector
+    function's components from one evaluation of it: the same floats as component by
+    component, beside a plain function; a component that is not finite is named."""
+    from ssca_solver.diagnostics.evaluation import EvaluateTask
+    from ssca_solver.federated import Request
+    from ssca_solver.model.functions import checked_value_and_grad
+
+    F = _vector()
+    fns = [_objective(), F[0], F[1], F[2]]
+    rng = np.random.default_rng(1)
+    X, y, w = rng.standard_normal((300, 4)), rng.standard_normal(300), rng.standard_normal(4)
+    got = EvaluateTask(fns)._arrays(Request("evaluate", 0, w, {"with_grad": with_grad}),
+                                    X, y, "here")
+    both = [checked_value_and_grad(f, w, X, y, "here") for f in fns]
+    assert got["values"].tolist() == [v.sum() for v, _ in both]
+    assert ("grads" in got) == with_grad
+    if with_grad:
+        assert got["grads"].tolist() == [(300 * g).tolist() for _, g in both]
+    bad = ss.VectorSampleFunction(lambda w, X, y: np.where(np.arange(2) == 1, np.nan, 1.0)
+                                  * np.ones((len(X), 2)),
+                                  lambda w, X, y: np.zeros((2, X.shape[1])), 2, name="bad")
+    with pytest.raises(ss.UserFunctionError, match=r"bad\[1\]"):
+        EvaluateTask(list(bad))._arrays(Request("evaluate", 0, w, {"with_grad": with_grad}),
+                                        X, y, "here")

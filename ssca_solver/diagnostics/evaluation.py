@@ -12,7 +12,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ..federated import Request, array
-from ..model.functions import checked_value_and_grad, checked_values
+from ..model.functions import checked_value_and_grad, checked_values, vector_groups
 
 
 #: The task name of full-data evaluations (registered with every algorithm's tasks).
@@ -39,6 +39,8 @@ class EvaluateTask:
 
     def __init__(self, functions):
         self.functions = tuple(functions)
+        # the components of each VectorSampleFunction: read from one evaluation of it
+        self.groups = vector_groups(self.functions)
 
     def pooling(self, request):
         """Every row (:mod:`ssca_solver.federated.shards` pools the rows of a shard's clients
@@ -57,13 +59,33 @@ class EvaluateTask:
 
     def _arrays(self, request, X, y, where: str) -> dict:
         n, w = X.shape[0], request.w
-        if not request.config.get("with_grad"):
-            vals = np.array([checked_values(f, w, X, y, n, where).sum() for f in self.functions])
-            return {"values": vals}
-        both = [checked_value_and_grad(f, w, X, y, where) for f in self.functions]
-        vals = np.array([v.sum() for v, _ in both])
-        grads = np.array([n * g for _, g in both]).reshape(len(self.functions), w.size)
-        return {"values": vals, "grads": grads}
+        with_grad = bool(request.config.get("with_grad"))
+        vals = np.zeros(len(self.functions))
+        grads = np.zeros((len(self.functions), w.size)) if with_grad else None
+        done = np.zeros(len(self.functions), dtype=bool)
+        for vec, idx, ks in self.groups:
+            # a vector function's components at once (the sums of their columns, the rows
+            # of the Jacobian: the same floats as one by one); where it raises or is not
+            # finite they go one by one, whose errors name the component
+            try:
+                v, J = vec.evaluate(w, X, y)
+            except Exception:
+                continue
+            V, G = v[:, ks], J[ks]
+            if not (np.all(np.isfinite(V)) and (not with_grad or np.all(np.isfinite(G)))):
+                continue
+            vals[idx] = V.sum(axis=0)
+            if with_grad:
+                grads[idx] = n * G
+            done[idx] = True
+        for m in np.flatnonzero(~done):
+            f = self.functions[m]
+            if with_grad:
+                v, g = checked_value_and_grad(f, w, X, y, where)
+                vals[m], grads[m] = v.sum(), n * g
+            else:
+                vals[m] = checked_values(f, w, X, y, n, where).sum()
+        return {"values": vals, "grads": grads} if with_grad else {"values": vals}
 
 
 class ProblemTerms(NamedTuple):

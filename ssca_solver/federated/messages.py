@@ -144,6 +144,10 @@ def aggregation_weight(reply: Reply, num_samples: float, factor: Optional[float]
 SUMMED = "summed"
 #: The request-config key of h_i, the client's own factor, in a :data:`SUMMED` request.
 FACTOR = "factor"
+#: The request-config key naming the request's arrays (comma-separated) that choose what a
+#: reply carries, e.g. the functions whose curvature a round asks for: requests that differ
+#: in them ask for different arrays (:func:`~ssca_solver.federated.replies.request_kind`).
+SELECTS = "selects"
 
 
 def secagg_active(request: Request) -> bool:

@@ -47,7 +47,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from ..errors import ReplyError
-from .messages import Reply, Request
+from .messages import SELECTS, Reply, Request
 
 #: Name prefixes of arrays that are lists of rows, whose number may differ between clients
 #: (method "ssca"'s gradient-check retries, ``"recheck:m"``): only their other axes must agree.
@@ -320,13 +320,16 @@ def shard_layout(reply: Reply, request: Request, shard: int,
 def request_kind(request: Request) -> tuple:
     """What makes two requests of a task ask for the same arrays: the task and its switches,
     the bool and text entries of ``config`` (numbers, such as a batch size or a step, set how
-    much, not what), and its integer arrays (index lists that choose what a reply carries,
-    e.g. the functions whose curvature a round asks for)."""
+    much, not what), and the contents of the arrays its config names under
+    :data:`~ssca_solver.federated.messages.SELECTS` (index lists that choose what a reply
+    carries, e.g. the functions whose curvature a round asks for). Other arrays (a point, a
+    sketch's directions, secure aggregation's participant lists) choose nothing."""
     switches = tuple(sorted((k, v) for k, v in request.config.items()
                             if isinstance(v, (bool, np.bool_, str))))
-    chosen = tuple(sorted((k, tuple(np.asarray(v).ravel().tolist()))
-                          for k, v in (request.arrays or {}).items()
-                          if np.asarray(v).dtype.kind in "iu"))
+    names = [k for k in str(request.config.get(SELECTS) or "").split(",") if k]
+    arrays = request.arrays or {}
+    chosen = tuple((k, tuple(np.asarray(arrays[k]).ravel().tolist()) if k in arrays else None)
+                   for k in sorted(names))
     return request.task, switches + chosen
 
 

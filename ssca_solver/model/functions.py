@@ -346,7 +346,7 @@ def whole_hessian(fn: SampleFunction, w, X, y, d: int, where: str) -> np.ndarray
 HESSIAN_STEP = float(np.cbrt(np.finfo(float).eps))
 
 
-def _vector_groups(fns) -> list:
+def vector_groups(fns) -> list:
     """[(vector, [i, ...], [k, ...])]: the positions i in ``fns`` of the components k of each
     VectorSampleFunction with at least two of its components there."""
     by = {}
@@ -363,7 +363,7 @@ def _gradients_or_none(fns, groups, w, X, y, d: int) -> tuple:
     """(G, ok): row i of G (len(fns), d) is function i's gradient at the difference point
     ``w`` where ``ok[i]``; not ok where the function fails there (its call raises, e.g. a
     fractional power of a negative number; a wrong shape; a non-finite entry). The
-    components of a vector function (``groups``, :func:`_vector_groups`) are read from one
+    components of a vector function (``groups``, :func:`vector_groups`) are read from one
     evaluation of its Jacobian, each row not ok where it is not finite. A failure at the
     round's own point still raises, from the statistics computed there."""
     G = np.zeros((len(fns), d))
@@ -401,7 +401,7 @@ def _difference(fns, w, X, y, steps, where: str) -> np.ndarray:
     d, k = steps.shape
     out = np.empty((len(fns), d, k))
     at_w = {}                      # a function's gradient at w, once, where a side fails
-    groups = _vector_groups(fns)
+    groups = vector_groups(fns)
     for j in range(k):
         v = steps[:, j]
         plus, okp = _gradients_or_none(fns, groups, w + v, X, y, d)

@@ -24,7 +24,7 @@ from ... import status as st
 from ...engine.method import Method
 from ...engine.options import describe_schedule
 from ...federated.accounting import DP_EXEMPT, DP_NOISE
-from ...federated.messages import AGGREGATE, Request, aggregation_weight, array
+from ...federated.messages import AGGREGATE, SELECTS, Request, aggregation_weight, array
 from ...model.surrogates import check_strongly_convex
 from ...schedules import check_schedules, resolve
 from ...subproblems import make_subproblem
@@ -239,6 +239,7 @@ class SSCA(Method):
             # the model is rebuilt, 0, and not kept from an earlier round)
             if wanted is not None and 0 < wanted.size < len(cfg.builders):
                 arrays[CURVATURE_OF] = wanted
+                config[SELECTS] = CURVATURE_OF     # replies differ with the list
         return Request(TASK, state.t + 1, state.w, config, arrays)
 
     def tentative(self, state) -> bool:
