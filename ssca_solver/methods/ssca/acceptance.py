@@ -124,7 +124,7 @@ def curvature_wanted(cfg: Settings, state: SSCAState) -> Optional[np.ndarray]:
     if (not M or state.curv_top.size != M or nu.size != M or len(state.prev_w) != state.w.size
             or len(state.stats) != len(cfg.builders)):
         return None
-    keep = ~inactive_inequalities(cfg, nu)       # the equalities, and the active by share
+    keep = ~inactive_inequalities(cfg, nu, state.penalty)   # the equalities, the active
     s2 = float(np.sum((state.w - state.prev_w) ** 2))
     with np.errstate(all="ignore"):
         values = np.asarray(mt._function_values(cfg, state.stats, state.w)[k:], dtype=float)
@@ -149,7 +149,8 @@ def with_curvature(cfg: Settings, state: SSCAState, curvature) -> SSCAState:
     # (a multiplier far below the others' but not 0) is curved twice, the model's curvature
     # along the directions where it dominates is double the Lagrangian's, and the steps
     # towards it are half of Newton's (linear convergence at rate 1/2)
-    nu = np.where(inactive_inequalities(cfg, state.nu), 0.0, np.asarray(state.nu, dtype=float))
+    nu = np.where(inactive_inequalities(cfg, state.nu, state.penalty), 0.0,
+                  np.asarray(state.nu, dtype=float))
     weighed = list(range(cfg.first)) + [cfg.first + j for j in np.flatnonzero(nu)]
     if any(m not in curvature for m in weighed):
         return state
@@ -187,25 +188,33 @@ def _symmetric(A: np.ndarray) -> np.ndarray:
 #: a constraint whose multiplier is below this share of the largest counts as inactive for
 #: :func:`constraint_curvature`
 INACTIVE_SHARE = 1e-3
+#: ... and so does one whose multiplier is below this share of the penalty c in force
+#: (:func:`inactive_inequalities`)
+NEGLIGIBLE_MULTIPLIER = 1e-9
 
 
-def inactive_inequalities(cfg: Settings, nu) -> np.ndarray:
+def inactive_inequalities(cfg: Settings, nu, penalty: float = 0.0) -> np.ndarray:
     """(M,) booleans: the inequalities of Problem 5 whose multiplier ``nu`` (the last
-    subproblem's) is below
-    INACTIVE_SHARE of the largest (all of them when every multiplier is 0 or none is known
-    yet); equalities never. Their curvature goes into their own surrogates
+    subproblem's) is below INACTIVE_SHARE of the largest, or below NEGLIGIBLE_MULTIPLIER
+    times the penalty c in force (``penalty``; the multipliers of Problem 5 lie in [0, c]):
+    an interior-point subproblem (CVXPY) leaves multipliers of the order of its tolerance
+    on constraints that are not active, ~1e-15 c, which by their share alone would all count
+    as active where none is. All of them when every multiplier is 0 or none is known yet;
+    equalities never. Their curvature goes into their own surrogates
     (:func:`constraint_curvature`), the others' into the Lagrangian's Hessian
     (:func:`with_curvature`)."""
     nu = np.abs(np.asarray(nu, dtype=float))
     active = (nu > INACTIVE_SHARE * float(np.max(nu)) if nu.size == cfg.M and np.any(nu > 0)
               else np.zeros(cfg.M, dtype=bool))
+    if penalty > 0.0 and active.size == nu.size:
+        active &= nu > NEGLIGIBLE_MULTIPLIER * penalty
     return ~active & ~np.asarray(cfg.equality, dtype=bool).reshape(cfg.M)
 
 
 def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tuple:
-    """Under the Newton model, each inequality that the last subproblem left inactive (a
-    multiplier below INACTIVE_SHARE of the largest) gets a surrogate with a curvature of at least half the largest eigenvalue of
-    its Hessian at the accepted point (``state.curv_top``; the same value and gradient at
+    """Under the Newton model, each inequality that the last subproblem left inactive
+    (:func:`inactive_inequalities`) gets a surrogate with a curvature of at least half the
+    largest eigenvalue of its Hessian at the accepted point (``state.curv_top``; the same value and gradient at
     ``center``, :func:`.adaptive.rescale_tau`): a local majoriser of a convex constraint, so
     that the step stays inside it to second order. An active constraint's curvature is in the
     model already (its multiplier times its Hessian, as SQP has it); an inactive one's is not,
@@ -217,7 +226,7 @@ def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tupl
     top = np.asarray(state.curv_top, dtype=float)
     q = _largest_quads(cfg, stats)[cfg.first:]
     with np.errstate(all="ignore"):
-        raised = (inactive_inequalities(cfg, state.nu) & (top > 0.0) & (q > 0.0)
+        raised = (inactive_inequalities(cfg, state.nu, state.penalty) & (top > 0.0) & (q > 0.0)
                   & (q < 0.5 * top))
         k = np.where(raised, 0.5 * top / np.where(raised, q, 1.0), 1.0)
     # tau fallen to a subnormal number (1e-309 on S2MPJ's HS106) makes k overflow: then
