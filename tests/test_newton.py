@@ -511,6 +511,45 @@ def test_a_round_asks_for_the_curvature_the_model_reads(monkeypatch, with_hess):
     assert some.communication.up_total < 0.6 * every.communication.up_total
 
 
+def test_an_interior_point_subproblems_tiny_multipliers_are_inactive(monkeypatch):
+    """A CVXPY (interior-point) subproblem leaves multipliers of the order of its tolerance
+    on constraints that are not active (~1e-15 of the penalty c): they count as inactive
+    (acceptance.inactive_inequalities, below NEGLIGIBLE_MULTIPLIER c), so after the first
+    round a round asks for the curvature of the constraints near their bound only, not of
+    every one as when the tiny multipliers all counted as active by their share; the run
+    reaches the optimum (CVXPY + Clarabel on the same problem)."""
+    from ssca_solver.methods.ssca import acceptance
+
+    cfg = type("Cfg", (), {"M": 4, "equality": np.zeros(4, dtype=bool)})()
+    tiny = np.array([5e-13, 4.8e-13, 5.1e-13, 5e-13])
+    assert acceptance.inactive_inequalities(cfg, tiny, 100.0).all()
+    assert not acceptance.inactive_inequalities(cfg, tiny).any()      # by share alone
+    real = np.array([0.0, 2.0, 1e-6, 5e-3])        # the share rule where c is no bound
+    assert acceptance.inactive_inequalities(cfg, real, 100.0).tolist() == [True, False,
+                                                                           True, False]
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((12, 4))
+    target = np.array([0.3, -0.2, 0.1, 0.05])
+    cons = [ss.SampleFunction((lambda a: lambda w, X, y: np.full(len(X), (a @ w) ** 2))(a),
+                              (lambda a: lambda w, X, y: 2.0 * (a @ w) * a)(a),
+                              name=f"c{j}") <= 50.0 for j, a in enumerate(A)]
+    # an objective in CVXPY (deterministic): the subproblem goes to the interior point
+    prob = ss.Problem(lambda w: cp.sum_squares(w - target), cons, dim=4,
+                      data=ss.FederatedData([np.zeros((1, 1))]))
+    asked = []
+    wanted = acceptance.curvature_wanted
+    monkeypatch.setattr(acceptance, "curvature_wanted",
+                        lambda cfg, state: (lambda r: asked.append(r) or r)(wanted(cfg, state)))
+    res = prob.solve(seed=0, x0=np.full(4, 0.5))
+    assert res.status == "converged", res.message
+    w = cp.Variable(4)
+    ref = cp.Problem(cp.Minimize(cp.sum_squares(w - target)),
+                     [cp.square(A @ w) <= 50.0]).solve(solver=cp.CLARABEL)
+    assert abs(res.fun - ref) <= 1e-6
+    assert asked[0] is None                             # round 1: every function's
+    assert all(r is not None and r.size < len(cons) for r in asked[1:]), asked
+
+
 def test_a_malformed_curvature_list_is_refused():
     """A request whose list of functions names one the client does not have is malformed."""
     from ssca_solver.federated.messages import Request
