@@ -536,11 +536,17 @@ def test_an_interior_point_subproblems_tiny_multipliers_are_inactive(monkeypatch
     # an objective in CVXPY (deterministic): the subproblem goes to the interior point
     prob = ss.Problem(lambda w: cp.sum_squares(w - target), cons, dim=4,
                       data=ss.FederatedData([np.zeros((1, 1))]))
-    asked = []
+    by_round = {}              # (the server reads the list when it asks and when it adds up)
     wanted = acceptance.curvature_wanted
-    monkeypatch.setattr(acceptance, "curvature_wanted",
-                        lambda cfg, state: (lambda r: asked.append(r) or r)(wanted(cfg, state)))
+
+    def recorded(cfg, state):
+        got = wanted(cfg, state)
+        by_round.setdefault(state.t, got)
+        return got
+
+    monkeypatch.setattr(acceptance, "curvature_wanted", recorded)
     res = prob.solve(seed=0, x0=np.full(4, 0.5))
+    asked = [by_round[t] for t in sorted(by_round)]
     assert res.status == "converged", res.message
     w = cp.Variable(4)
     ref = cp.Problem(cp.Minimize(cp.sum_squares(w - target)),

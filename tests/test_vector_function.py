@@ -255,3 +255,38 @@ def test_a_full_data_evaluation_reads_the_components_at_once_as_one_by_one(with_
     with pytest.raises(ss.UserFunctionError, match=r"bad\[1\]"):
         EvaluateTask(list(bad))._arrays(Request("evaluate", 0, w, {"with_grad": with_grad}),
                                         X, y, "here")
+
+
+def test_values_and_jacobian_alone_call_only_their_part_and_share_the_cache():
+    """A difference of values (the probe's gradient check) calls ``value`` alone, one of
+    gradients (differenced Hessians) ``jac`` alone; the other part at the same point and rows
+    is computed once when asked for, and both agree with :meth:`evaluate`."""
+    calls = []
+    F = _vector(calls)
+    rng = np.random.default_rng(2)
+    X, w = rng.standard_normal((5, 4)), rng.standard_normal(4)
+    v = F.values(w, X, None)
+    assert calls == ["value"]
+    J = F.jacobian(w, X, None)
+    assert calls == ["value", "jac"]
+    v2, J2 = F.evaluate(w, X, None)                   # both cached now
+    assert calls == ["value", "jac"] and v2 is v and J2 is J
+    F.jacobian(w + 1.0, X, None)
+    assert calls[-1] == "jac" and calls.count("value") == 1
+    ref = _vector()
+    np.testing.assert_array_equal(F.evaluate(w + 1.0, X, None)[1], ref.evaluate(w + 1.0, X)[1])
+    np.testing.assert_array_equal(F.values(w + 1.0, X, None), ref.values(w + 1.0, X))
+    # with value_and_jac, one call gives both parts
+    both = []
+    G = ss.VectorSampleFunction(lambda w, X, y: both.append("value"),
+                                lambda w, X, y: both.append("jac"), 3, name="g",
+                                value_and_jac=lambda w, X, y: (
+                                    both.append("both") or (np.zeros((len(X), 3)),
+                                                            np.zeros((3, 4)))))
+    G.values(w, X, None)
+    G.jacobian(w, X, None)
+    assert both == ["both"]
+    bad = ss.VectorSampleFunction(lambda w, X, y: np.zeros((len(X), 2)),
+                                  lambda w, X, y: np.zeros((3, 4)), 3, name="bad")
+    with pytest.raises(ss.UserFunctionError, match="per-sample values of shape"):
+        bad.values(w, X, None)

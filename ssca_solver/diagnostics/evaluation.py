@@ -68,15 +68,15 @@ class EvaluateTask:
             # of the Jacobian: the same floats as one by one); where it raises or is not
             # finite they go one by one, whose errors name the component
             try:
-                v, J = vec.evaluate(w, X, y)
+                v, J = vec.evaluate(w, X, y) if with_grad else (vec.values(w, X, y), None)
             except Exception:
                 continue
-            V, G = v[:, ks], J[ks]
-            if not (np.all(np.isfinite(V)) and (not with_grad or np.all(np.isfinite(G)))):
+            V = v[:, ks]
+            if not (np.all(np.isfinite(V)) and (not with_grad or np.all(np.isfinite(J[ks])))):
                 continue
             vals[idx] = V.sum(axis=0)
             if with_grad:
-                grads[idx] = n * G
+                grads[idx] = n * J[ks]
             done[idx] = True
         for m in np.flatnonzero(~done):
             f = self.functions[m]

@@ -372,7 +372,7 @@ def _gradients_or_none(fns, groups, w, X, y, d: int) -> tuple:
     for vec, idx, ks in groups:
         done[idx] = True
         try:
-            J = vec.evaluate(w, X, y)[1]
+            J = vec.jacobian(w, X, y)
         except UserFunctionError:
             continue                         # every component fails at w
         G[idx] = J[ks]

@@ -105,10 +105,30 @@ class VectorSampleFunction:
         f_k(w, x_n) and the gradients of their batch means, from which each component's
         statistics of eq. (fsmbar) are summed; shapes checked. The last result again when the
         point and the rows are the same (a client evaluates its K components in turn)."""
+        return self._parts(w, X, y, True, True)
+
+    def values(self, w, X, y=None) -> np.ndarray:
+        """The per-sample values (n, K) at ``w`` alone (:meth:`evaluate`'s first part; with
+        separate ``value`` and ``jac``, ``jac`` is not called: a difference of values)."""
+        return self._parts(w, X, y, True, False)[0]
+
+    def jacobian(self, w, X, y=None) -> np.ndarray:
+        """The Jacobian (K, d) of the batch means at ``w`` alone (:meth:`evaluate`'s second
+        part; with separate ``value`` and ``jac``, ``value`` is not called: a difference of
+        gradients)."""
+        return self._parts(w, X, y, False, True)[1]
+
+    def _parts(self, w, X, y, want_values: bool, want_jac: bool) -> tuple:
+        """(values or None, Jacobian or None) with at least the parts asked for, from the
+        cache of the last point and rows where it has them."""
         slot = self._slot()
         entry = slot.get("vj")
         if self._hit(entry, w, X, y):
-            return entry[3], entry[4]
+            v, J = entry[3], entry[4]
+            if (v is not None or not want_values) and (J is not None or not want_jac):
+                return v, J
+        else:
+            v = J = None
         n, d, K = np.shape(X)[0], np.size(w), self.size
         if self.value_and_jac is not None:
             got = _call(self, "value_and_jac", w, X, y, "a call")
@@ -119,17 +139,21 @@ class VectorSampleFunction:
                                         f"(values, jacobian); got {type(got).__name__}"
                                         ) from None
         else:
-            v = _call(self, "value", w, X, y, "a call")
-            J = _call(self, "jac", w, X, y, "a call")
-        v = np.asarray(v, dtype=float)
-        J = np.asarray(J, dtype=float)
-        if v.shape != (n, K):
-            raise UserFunctionError(f"{self.name}.value must return per-sample values of shape "
-                                    f"({n}, {K}) for {n} rows and {K} components; got shape "
-                                    f"{v.shape}")
-        if J.shape != (K, d):
-            raise UserFunctionError(f"{self.name}.jac must return the Jacobian of the batch "
-                                    f"means, of shape ({K}, {d}); got shape {J.shape}")
+            if want_values and v is None:
+                v = _call(self, "value", w, X, y, "a call")
+            if want_jac and J is None:
+                J = _call(self, "jac", w, X, y, "a call")
+        if v is not None:
+            v = np.asarray(v, dtype=float)
+            if v.shape != (n, K):
+                raise UserFunctionError(f"{self.name}.value must return per-sample values of "
+                                        f"shape ({n}, {K}) for {n} rows and {K} components; "
+                                        f"got shape {v.shape}")
+        if J is not None:
+            J = np.asarray(J, dtype=float)
+            if J.shape != (K, d):
+                raise UserFunctionError(f"{self.name}.jac must return the Jacobian of the batch "
+                                        f"means, of shape ({K}, {d}); got shape {J.shape}")
         slot["vj"] = (X, y, np.array(w, dtype=float), v, J)
         return v, J
 
@@ -148,10 +172,10 @@ class VectorSampleFunction:
         return H
 
     def _values_of(self, k, w, X, y):
-        return self.evaluate(w, X, y)[0][:, k]
+        return self.values(w, X, y)[:, k]
 
     def _grad_of(self, k, w, X, y):
-        return self.evaluate(w, X, y)[1][k]
+        return self.jacobian(w, X, y)[k]
 
     def _value_and_grad_of(self, k, w, X, y):
         v, J = self.evaluate(w, X, y)

@@ -35,6 +35,7 @@ from numba import njit
 from .._blas import one_blas_thread
 from .._kernels import combination
 from .base import BoundSolver, SubproblemSolution, SubproblemSolver
+from ..model.surrogates import ProximalLinear
 
 
 @njit(cache=True)
@@ -630,7 +631,7 @@ class ClosedFormSubproblem(SubproblemSolver):
     def solve(self, stats, penalty: float, round: int, nu0=None,
               center=None) -> SubproblemSolution:
         """Problem 5 (Problem 2 when M = 0) at the averaged statistics, in closed form."""
-        a0, b0, c0, a, bs, c = self._forms(self._quadratic_forms(stats), (0.0, None, 0.0))
+        a0, b0, c0, a, bs, c = self._all_forms(stats, (0.0, None, 0.0))
         sol = solve_closed_form(a0, b0, c0, a, bs, c, self.bounds, penalty, nu0=nu0,
                                 max_iter=self.newton_max_iter, equality=self.equality)
         return self._flagged(sol, penalty)
@@ -638,6 +639,22 @@ class ClosedFormSubproblem(SubproblemSolver):
     def _quadratic_forms(self, stats) -> list:
         """Each surrogate's (a_m, b_m, c_m) at the averaged statistics."""
         return [b.quadratic_form(s) for b, s in zip(self.builders, stats)]
+
+    def _all_forms(self, stats, no_objective: tuple) -> tuple:
+        """:meth:`_forms` of every surrogate's (a_m, b_m, c_m): read as arrays from statistics
+        that carry them stacked (hundreds of constraints; :meth:`.step.Statistics.stacked`,
+        the same numbers) where every builder's form is the proximal-linear one, else
+        function by function."""
+        stacked = getattr(stats, "stacked", None)
+        if stacked is not None and all(type(b).quadratic_form is ProximalLinear.quadratic_form
+                                       for b in self.builders):
+            quad, lin, const = (stacked(name) for name in ("quad", "lin", "const"))
+            if not (quad is None or lin is None or const is None) and quad.ndim == 1 \
+                    and const.ndim == 1 and lin.shape == (quad.size, self.dim):
+                k = self.k
+                a0, b0, c0 = (quad[0], lin[0], const[0]) if k else no_objective
+                return a0 + self.ridge, b0, c0, quad[k:], lin[k:], const[k:]
+        return self._forms(self._quadratic_forms(stats), no_objective)
 
     def _forms(self, forms: list, no_objective: tuple) -> tuple:
         """(a_0 + lambda, b_0, c_0) of the objective's form (``no_objective`` in its place
@@ -663,7 +680,7 @@ class ClosedFormSubproblem(SubproblemSolver):
                     nu0=None) -> SubproblemSolution:
         """Problem 5 at the averaged statistics with (w - x)' B (w - x) / 2 added to the
         objective's surrogate, x = ``center`` (:func:`solve_closed_form_model`)."""
-        a0, b0, c0, a, bs, c = self._forms(self._quadratic_forms(stats), (0.0, None, 0.0))
+        a0, b0, c0, a, bs, c = self._all_forms(stats, (0.0, None, 0.0))
         with one_blas_thread():
             sol = solve_closed_form_model(a0, b0, c0, a, bs, c, self.bounds, penalty, model,
                                           center, nu0=nu0, max_iter=self.newton_max_iter,

@@ -234,13 +234,26 @@ class SSCA(Method):
             config["curvature"] = True         # the Newton model's statistics
             if cfg.sketch_rank:                # ... as products with these directions
                 arrays[SKETCH] = acceptance.sketch_of(cfg, state)
-            wanted = acceptance.curvature_wanted(cfg, state)
-            # ... of these functions only (none wanted: all, as before the subsets, so that
-            # the model is rebuilt, 0, and not kept from an earlier round)
-            if wanted is not None and 0 < wanted.size < len(cfg.builders):
+            wanted = self._curvature_of(state)
+            if wanted is not None:               # ... of these functions only
                 arrays[CURVATURE_OF] = wanted
                 config[SELECTS] = CURVATURE_OF     # replies differ with the list
         return Request(TASK, state.t + 1, state.w, config, arrays)
+
+    def _curvature_of(self, state) -> Optional[np.ndarray]:
+        """The functions whose curvature the round at ``state`` lists in its request
+        (:func:`.acceptance.curvature_wanted`), None for all of them (none wanted: all, so
+        that the model is rebuilt, 0, and not kept from an earlier round)."""
+        wanted = acceptance.curvature_wanted(self.config, state)
+        if wanted is not None and 0 < wanted.size < len(self.config.builders):
+            return wanted
+        return None
+
+    def _curvature_rows(self, state):
+        """The functions, in the order of the rows of the replies' curvature array, of the
+        round at ``state`` (the request's list, or all)."""
+        wanted = self._curvature_of(state)
+        return range(len(self.config.builders)) if wanted is None else np.sort(wanted)
 
     def tentative(self, state) -> bool:
         """On full batches w_t is a trial point until the next round's merit test accepts
@@ -260,13 +273,17 @@ class SSCA(Method):
         full = cfg.full(state)
         r, g = acceptance.round_steps(cfg, state, t)
         noise = np.zeros(len(cfg.builders))
-        nonfinite, curvature = [], {}
+        nonfinite = []
+        curvature = (newton.CurvatureSum(self._curvature_rows(state), self.problem.dim)
+                     if self.privacy is None and cfg.newton and cfg.backtracking(state)
+                     else None)
         if self.privacy is not None:
             replies = self._private_statistics(replies, state)
         replies = self._screened(replies, t, noise, nonfinite, curvature, state.stats)
         guarded = cfg.guarded(state)
         stats = ssca_step.average_with_messages(state.stats, replies, cfg.num_samples,
                                                 1.0 if guarded else r, allow_empty=True)
+        curvature = {} if curvature is None else curvature.by_function()
         if stats is None and not nonfinite:
             raise ValueError("average_with_messages: no client messages")
         if self.privacy is not None and self.privacy.privacy.mechanism == "central":
@@ -287,8 +304,8 @@ class SSCA(Method):
         return new, RoundInfo(info, cfg.batch(state), cfg.tau_of(state), ratio, 0)
 
     def _screened(self, replies, t, noise, nonfinite, curvature, template):
-        """Strip and add up the noise numbers and the curvature (into ``curvature``: function
-        index -> full-data Hessian, :func:`.newton.take_curvature`); leave out (and list in
+        """Strip and add up the noise numbers and the curvature (into ``curvature``, a
+        :class:`.newton.CurvatureSum`, None where the round asks for none); leave out (and list in
         ``nonfinite``) the replies of clients whose functions were not finite at the trial
         point; at round 1 check the first message's surrogates for strong convexity
         (Assumption 2), its statistics read in the layout of ``template`` (the state's)."""
@@ -308,10 +325,9 @@ class SSCA(Method):
             if key in reply.arrays:
                 reply = replace(reply, arrays={k: v for k, v in reply.arrays.items()
                                                if k != key})
-            if cfg.newton:
+            if curvature is not None:
                 reply = replace(reply, arrays=newton.take_curvature(
-                    reply.arrays, aggregation_weight(reply, cfg.num_samples), curvature,
-                    p.dim))
+                    reply, aggregation_weight(reply, cfg.num_samples), curvature))
             if t == 1 and i == 0:
                 try:
                     first = ssca_step.unpack_statistics(reply.arrays, template)

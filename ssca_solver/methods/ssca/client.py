@@ -25,10 +25,12 @@ TASK = "ssca.round"
 REJECT_NONFINITE = "reject_nonfinite"
 #: the reply array of a client whose functions were not finite at the point
 NONFINITE = "nonfinite"
-#: request config: send each function's curvature (``CURVATURE`` + m: the packed upper
-#: triangle of the sum over the batch's rows of its Hessian, :func:`pack_symmetric`; with
-#: the request array ``SKETCH``, the (k, d) sums of its Hessian times each of those rows)
-CURVATURE = "curv:"
+#: reply array of a round that asks for curvature (request config ``curvature``): one row per
+#: function asked for (:func:`curvature_of`, in index order), the packed upper triangle of
+#: the sum over the batch's rows of its Hessian (:func:`pack_symmetric`), (k, d (d + 1) / 2);
+#: with the request array ``SKETCH``, the (k, d) sums of its Hessian times each of those
+#: rows, (k, k', d)
+CURVATURE = "curv"
 #: request array: the k directions (rows, (k, d)) of the Hessian's sketch (:mod:`.newton`)
 SKETCH = "sketch"
 #: request array: the indices of the functions whose curvature the round asks for (absent:
@@ -52,16 +54,20 @@ def _upper(d: int) -> tuple:
 
 
 def pack_symmetric(H: np.ndarray) -> np.ndarray:
-    """The upper triangle of a symmetric (d, d) matrix, row by row: d (d + 1) / 2 floats."""
-    return H[_upper(H.shape[0])]
+    """The upper triangle of a symmetric (d, d) matrix, row by row: d (d + 1) / 2 floats; of
+    a stack of them (k, d, d), one such row each (k, d (d + 1) / 2)."""
+    rows, cols = _upper(H.shape[-1])
+    return H[..., rows, cols]
 
 
 def unpack_symmetric(packed: np.ndarray, d: int) -> np.ndarray:
-    """The symmetric (d, d) matrix of :func:`pack_symmetric`'s floats."""
-    H = np.zeros((d, d))
+    """The symmetric (d, d) matrix of :func:`pack_symmetric`'s floats; of rows of them
+    (k, d (d + 1) / 2), the k matrices (k, d, d)."""
+    packed = np.asarray(packed)
+    H = np.zeros(packed.shape[:-1] + (d, d))
     rows, cols = _upper(d)
-    H[rows, cols] = packed
-    H[cols, rows] = packed
+    H[..., rows, cols] = packed
+    H[..., cols, rows] = packed
     return H
 
 
@@ -195,13 +201,14 @@ class SSCARoundTask:
     Request config: ``batch_size`` (None: every row), ``tau`` (the proximal weight of builders
     without their own), ``noise`` (also send, per function, the squared difference of the
     batch halves' mean gradients, ``"noise:m"``: adaptive sampling), ``curvature`` (also send,
-    per function, the sum over the batch's rows of its Hessian at w_t, packed: ``"curv:m"``,
-    the statistics of the server's Newton model; with the request array ``"sketch"`` (k, d),
-    its Hessian times each of those k directions instead, (k, d) rows; with the request
-    array ``"curv_of"``, only for the functions it lists), ``dp_clip`` (the sums
-    of the rows' values and gradients, each row clipped to this norm, :mod:`.privacy`;
-    nothing else is sent) and ``reject_nonfinite`` (a function that is not finite at w_t is answered with the one array
-    ``"nonfinite"`` instead of an error: the backtracking's trial point is rejected).
+    per function, the sum over the batch's rows of its Hessian at w_t, packed, one row per
+    function in ``"curv"``: the statistics of the server's Newton model; with the request
+    array ``"sketch"`` (k, d), its Hessian times each of those k directions instead, (k, d)
+    per function; with the request array ``"curv_of"``, only for the functions it lists),
+    ``dp_clip`` (the sums of the rows' values and gradients, each row clipped to this norm,
+    :mod:`.privacy`; nothing else is sent) and ``reject_nonfinite`` (a function that is not
+    finite at w_t is answered with the one array ``"nonfinite"`` instead of an error: the
+    backtracking's trial point is rejected).
     """
 
     def __init__(self, functions: Sequence, builders: Sequence):
@@ -257,7 +264,7 @@ class SSCARoundTask:
             return clipped(self.functions, self.builders, request.w, X, y, tau, float(clip),
                            where)
         noisy = bool(request.config.get("noise")) and b < rows
-        stats, noise, curvature = [], [], {}
+        stats, noise, curvature = [], [], []
         sketch = request.arrays.get(SKETCH) if request.config.get("curvature") else None
         omega = None if sketch is None else np.asarray(sketch, dtype=float).T     # (d, k)
         wanted = curvature_of(request, len(self.functions))
@@ -295,11 +302,11 @@ class SSCARoundTask:
                 if omega is not None:
                     P = (differenced[m] if m in differenced
                          else checked_hessp(fn, request.w, X, y, omega, where))
-                    curvature[f"{CURVATURE}{m}"] = np.ascontiguousarray(P.T * X.shape[0])
+                    curvature.append(P.T)
                 else:
-                    H = (differenced[m] if m in differenced
-                         else whole_hessian(fn, request.w, X, y, request.w.size, where))
-                    curvature[f"{CURVATURE}{m}"] = pack_symmetric(H * X.shape[0])
+                    curvature.append(differenced[m] if m in differenced
+                                     else whole_hessian(fn, request.w, X, y, request.w.size,
+                                                        where))
         except UserFunctionError as exc:
             # a trial point of the backtracking outside a function's domain (overflow, log of
             # a negative number): say so, and the server retries from the last accepted point
@@ -311,7 +318,11 @@ class SSCARoundTask:
         if self._runs is None or self._runs[0] != len(stats):
             self._runs = (len(stats), stat_runs(stats))
         arrays = pack_statistics(stats, self._runs[1])
-        arrays.update(curvature)
+        if curvature:
+            # the functions' rows in index order, the sums over the batch's rows
+            stacked = np.stack(curvature) * X.shape[0]
+            arrays[CURVATURE] = (stacked if omega is not None
+                                 else np.ascontiguousarray(pack_symmetric(stacked)))
         combined = summed(request) and bool(request.config.get("noise"))
         if combined and not noisy:        # every summed reply has the same arrays: a full
             noise = [0.0] * len(self.functions)      # batch's share of the noise is 0

@@ -2,8 +2,8 @@
 round's point, assembled into the Hessian of the Lagrangian.
 
 On full batches every client sends, beside its statistics, the sum over its rows of each
-function's Hessian at w_t (``SampleFunction.hess``; :mod:`.client`, ``"curv:m"``, packed
-upper triangles). Weighted like the statistics (h_i N_i / (B_i N)), they add up to the
+function's Hessian at w_t (``SampleFunction.hess``; :mod:`.client`, ``"curv"``: packed
+upper triangles, one row per function asked for). Weighted like the statistics (h_i N_i / (B_i N)), they add up to the
 full-data Hessians H_m = grad^2 F_m(w_t): a sum of replies, so secure aggregation and partial
 participation apply as to every statistic. The server's model of the Lagrangian's Hessian is
 
@@ -22,7 +22,7 @@ of the problem, where first-order and quasi-Newton rounds slow down with it.
 Above the size where whole Hessians are worth their floats (``hessian="sketch"``), the
 request carries k orthonormal directions Omega (k x d, :func:`sketch_directions`: the last
 model's leading eigenvectors, the last step and fresh Gaussian ones) and each client sends
-each function's Hessian times them, k d floats (``"curv:m"``, rows H_m omega_j). Their sum
+each function's Hessian times them, k d floats (``"curv"``, rows H_m omega_j). Their sum
 Y = L Omega' with the same weights nu gives the randomized Nystrom approximation
 Y (Omega Y')^+ Y' of the Lagrangian's Hessian L (Tropp, Yurtsever, Udell & Cevher 2017,
 stabilised by a shift; Rayleigh-Ritz, eigenvalues by their absolute values, where Omega L
@@ -186,17 +186,44 @@ def lagrangian_hessian(curvature: dict, nu: np.ndarray, first: int, d: int) -> n
     return total
 
 
-def take_curvature(arrays: dict, weight: float, total: dict, d: int) -> dict:
-    """The reply's arrays without its curvature ones, whose matrices (times ``weight``, the
-    reply's aggregation weight) are added into ``total`` (function index -> H; a sketch's
-    (k, d) products as they came, a Hessian's packed triangle unpacked)."""
-    kept = {}
-    for key, value in arrays.items():
-        if key.startswith(CURVATURE):
-            m = int(key[len(CURVATURE):])
-            value = np.asarray(value, dtype=float)
-            H = weight * (value if value.ndim == 2 else unpack_symmetric(value, d))
-            total[m] = H if m not in total else total[m] + H
-        else:
-            kept[key] = value
-    return kept
+class CurvatureSum:
+    """A round's curvature replies added up (:func:`take_curvature`): the rows of the reply
+    array ``"curv"`` are the functions ``rows`` (the round's request asked for their
+    curvature, in index order), each a packed Hessian (:func:`.client.pack_symmetric`) or a
+    sketch's (k, d) products; weighted like the statistics and summed as they came."""
+
+    def __init__(self, rows, d: int):
+        self.rows = [int(m) for m in rows]
+        self.d = int(d)
+        self.total = None
+
+    def add(self, reply, weight: float) -> None:
+        """Add ``weight`` times ``reply``'s curvature array (one row per function asked
+        for: another count is the client's fault, a ReplyError naming it)."""
+        value = np.asarray(reply.arrays[CURVATURE], dtype=float)
+        if value.ndim not in (2, 3) or value.shape[0] != len(self.rows):
+            from ...errors import ReplyError
+
+            raise ReplyError(reply.client, reply.round, f"its reply to task {reply.task!r} "
+                             f"has array {CURVATURE!r} of shape {value.shape}, but the round "
+                             f"asked for the curvature of {len(self.rows)} functions (one "
+                             "row each)", kind="shape", array=CURVATURE)
+        S = weight * value
+        self.total = S if self.total is None else self.total + S
+
+    def by_function(self) -> dict:
+        """Function index -> its full-data Hessian (d, d) (a sketch's (k, d) products), views
+        of one array; empty when no reply carried curvature."""
+        if self.total is None:
+            return {}
+        H = self.total if self.total.ndim == 3 else unpack_symmetric(self.total, self.d)
+        return {m: H[i] for i, m in enumerate(self.rows)}
+
+
+def take_curvature(reply, weight: float, total: CurvatureSum) -> dict:
+    """The reply's arrays without its curvature array, which (times ``weight``, the reply's
+    aggregation weight) is added into ``total``."""
+    if CURVATURE not in reply.arrays:
+        return reply.arrays
+    total.add(reply, weight)
+    return {k: v for k, v in reply.arrays.items() if k != CURVATURE}
