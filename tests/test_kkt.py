@@ -757,3 +757,24 @@ def test_a_fit_over_many_constraints_in_few_variables_is_solved_in_the_rows_spac
         AS, bS = A.columns(idx).dense(b)
         np.testing.assert_allclose(z, np.linalg.lstsq(AS, bS, rcond=None)[0], rtol=1e-9,
                                    atol=1e-12)
+
+
+def test_the_fits_gram_blocks_are_the_whole_matrix_entries():
+    """A KKT report's fits read G'G + diag(D^2) over a subset of the columns by blocks
+    (kkt.GramBlocks) instead of copying the whole matrix for each fit: every block, the
+    diagonal and the whole matrix hold exactly the entries of the matrix formed whole."""
+    from ssca_solver.diagnostics.kkt import GramBlocks
+
+    rng = np.random.default_rng(7)
+    G = rng.standard_normal((9, 60))
+    GG = G.T @ G
+    keep = np.flatnonzero(rng.random(60) < 0.6)
+    D2 = rng.random(keep.size)
+    H = GG[np.ix_(keep, keep)].copy()
+    H[np.diag_indices(keep.size)] += D2
+    lazy = GramBlocks(GG).columns(keep).plus_diagonal(D2)
+    np.testing.assert_array_equal(lazy.diagonal(), np.diag(H))
+    idx = np.sort(rng.choice(keep.size, 12, replace=False))
+    np.testing.assert_array_equal(lazy.block(idx), H[np.ix_(idx, idx)])
+    np.testing.assert_array_equal(lazy.dense(), H)
+    np.testing.assert_array_equal(GG, G.T @ G)            # the shared matrix is untouched

@@ -595,3 +595,31 @@ def test_a_vector_functions_components_are_differenced_from_one_jacobian_a_point
         exact = 2.0 * np.outer(A[k], A[k])
         tol = 1e-8 if k < 2 else 1e-4   # one-sided: first-order accurate
         np.testing.assert_allclose(H[k], exact, atol=tol * np.abs(exact).max())
+
+
+def test_the_replies_curvature_rows_are_the_functions_asked_for():
+    """A round's curvature arrives as one array, a row per function the round asked for
+    (newton.CurvatureSum): rows summed with the replies' weights and unpacked to each
+    function's Hessian (the same floats as function by function); a reply with another
+    number of rows is a ReplyError naming its client."""
+    from ssca_solver.federated import Reply
+    from ssca_solver.methods.ssca.client import CURVATURE, pack_symmetric, unpack_symmetric
+    from ssca_solver.methods.ssca.newton import CurvatureSum
+
+    rng = np.random.default_rng(4)
+    H = rng.standard_normal((2, 3, 4, 4))
+    H = H + np.swapaxes(H, -1, -2)                     # (client, function, d, d), symmetric
+    total = CurvatureSum([1, 4, 7], 4)
+    for i, weight in enumerate((0.25, 0.75)):
+        total.add(Reply(i, "ssca.round", 3, 10, 10, {CURVATURE: pack_symmetric(H[i])}), weight)
+    got = total.by_function()
+    assert sorted(got) == [1, 4, 7]
+    for j, m in enumerate([1, 4, 7]):
+        want = 0.25 * unpack_symmetric(pack_symmetric(H[0, j]), 4)
+        want = want + 0.75 * unpack_symmetric(pack_symmetric(H[1, j]), 4)
+        np.testing.assert_array_equal(got[m], want)
+        np.testing.assert_allclose(got[m], 0.25 * H[0, j] + 0.75 * H[1, j], rtol=1e-14)
+    with pytest.raises(ss.ReplyError, match="client 5.*curvature of 3 functions"):
+        total.add(Reply(5, "ssca.round", 3, 10, 10, {CURVATURE: pack_symmetric(H[0, :2])}),
+                  1.0)
+    assert CurvatureSum([0], 4).by_function() == {}

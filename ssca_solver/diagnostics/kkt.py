@@ -568,7 +568,8 @@ def _best_fit(g, G, cons, eq, scale: float, bound_scale: np.ndarray) -> np.ndarr
     # G'G and G'g once: every fit's normal equations are their rows and columns of them
     with one_blas_thread():
         GG, Gg = G.T @ G, G.T @ g
-    best = first = _fit_multipliers(g, G, cons, eq, gram=(GG, Gg))
+    gram = GramBlocks(GG)
+    best = first = _fit_multipliers(g, G, cons, eq, gram=(gram, Gg))
     best_value = worst(best)
     tried, regularised_value = set(), None
     for eps in (MULTIPLIER_REGULARIZATION, 0.0):
@@ -584,7 +585,8 @@ def _best_fit(g, G, cons, eq, scale: float, bound_scale: np.ndarray) -> np.ndarr
             # the fit over all constraints guesses which multipliers are positive
             mu[keep] = _fit_multipliers(g, G[:, keep], cons[keep], eq[keep], eps,
                                         start=first[keep],
-                                        gram=(GG[np.ix_(keep, keep)], Gg[keep]))
+                                        gram=(gram.columns(np.flatnonzero(keep)),
+                                              Gg[keep]))
             if eps == 0.0 and not (float(np.max(np.abs(mu) * col, initial=0.0))
                                    <= FORCE_LIMIT * scale):
                 continue
@@ -619,6 +621,52 @@ ACTIVE_SET_ITERATIONS = 12
 #: (cond(A_S) below about that) and the solution leaves |A_j'(b - A x)| within the dual
 #: tolerance on the support too; by QR otherwise
 NORMAL_RANK_TOL = 1e-4
+
+
+class GramBlocks:
+    """H = G'G + diag(extra) over some columns of a G'G formed once (a KKT report's fits
+    share it, :func:`_best_fit`), read by the blocks a solve needs (:meth:`diagonal`,
+    :meth:`block`) rather than copied whole for every fit: with hundreds of constraints in
+    few variables most supports are solved in the rows' space (:func:`_by_rows`) and never
+    read H. The blocks hold the numbers of the whole matrix's entries."""
+
+    def __init__(self, GG: np.ndarray, cols: Optional[np.ndarray] = None,
+                 extra: Optional[np.ndarray] = None):
+        self.GG = GG
+        self.cols = np.arange(GG.shape[0]) if cols is None else np.asarray(cols)
+        self.extra = extra
+
+    def columns(self, idx) -> "GramBlocks":
+        """G'G over the columns ``idx`` of these (no diagonal added)."""
+        return GramBlocks(self.GG, self.cols[idx])
+
+    def plus_diagonal(self, extra: np.ndarray) -> "GramBlocks":
+        """These columns' G'G + diag(``extra``)."""
+        return GramBlocks(self.GG, self.cols, np.asarray(extra, dtype=float))
+
+    def diagonal(self) -> np.ndarray:
+        d = self.GG.diagonal()[self.cols]
+        return d if self.extra is None else d + self.extra
+
+    def block(self, idx) -> np.ndarray:
+        """H[idx, idx], a new array."""
+        c = self.cols[idx]
+        B = self.GG[np.ix_(c, c)]
+        if self.extra is not None:
+            B[np.diag_indices(c.size)] += self.extra[idx]
+        return B
+
+    def dense(self) -> np.ndarray:
+        """H whole, a new array."""
+        return self.block(np.arange(self.cols.size))
+
+
+def _diagonal(H) -> np.ndarray:
+    return H.diagonal() if isinstance(H, GramBlocks) else np.diag(H)
+
+
+def _block(H, idx) -> np.ndarray:
+    return H.block(idx) if isinstance(H, GramBlocks) else H[np.ix_(idx, idx)]
 
 
 class DiagonalRows:
@@ -705,7 +753,7 @@ def _active_set_iterations(A: DiagonalRows, b, support: Optional[np.ndarray],
             H[np.diag_indices(A.shape[1])] += A.D * A.D
         normal = (H, A.G.T @ b)
     H, q = normal
-    bound = SUPPORT_DUAL_TOL * np.sqrt(np.maximum(np.diag(H), 0.0)) * float(np.linalg.norm(b))
+    bound = SUPPORT_DUAL_TOL * np.sqrt(np.maximum(_diagonal(H), 0.0)) * float(np.linalg.norm(b))
     S = q > bound if support is None or support.size != A.shape[1] else support.copy()
     tried = set()
     for _ in range(ACTIVE_SET_ITERATIONS):
@@ -804,7 +852,7 @@ def _least_squares_on(A: DiagonalRows, b, H, q, idx, bound) -> Optional[np.ndarr
             if np.all(np.abs(AS.transposed(AS.residual(b, z))) <= bound):
                 return z
     try:
-        L = cholesky(H[np.ix_(idx, idx)], lower=True, check_finite=False)
+        L = cholesky(_block(H, idx), lower=True, check_finite=False)
     except LinAlgError:
         L = None
     if L is not None:
@@ -846,9 +894,14 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION,
     normal = None
     if gram is not None:
         GG, Gg = gram
-        H = GG.copy()
-        H[np.diag_indices(M)] += diag * diag
-        normal = (H, -Gg)
+        if isinstance(GG, GramBlocks) and not np.any(eq):
+            normal = (GG.plus_diagonal(diag * diag), -Gg)      # read by blocks
+        elif isinstance(GG, GramBlocks):
+            GG = GG.dense()               # the equalities' system is formed whole
+        if normal is None:
+            H = GG.copy()
+            H[np.diag_indices(M)] += diag * diag
+            normal = (H, -Gg)
     if not np.any(eq):
         return nonnegative_least_squares(DiagonalRows(G, diag), -g,
                                          None if start is None else start > 0.0, normal)
