@@ -128,7 +128,7 @@ def curvature_wanted(cfg: Settings, state: SSCAState) -> Optional[np.ndarray]:
     s2 = float(np.sum((state.w - state.prev_w) ** 2))
     with np.errstate(all="ignore"):
         values = np.asarray(mt._function_values(cfg, state.stats, state.w)[k:], dtype=float)
-        slack = cfg.problem.bounds - values
+        slack = cfg.bounds - values
         keep |= ~(slack > NEAR_SLACK * state.curv_top * s2)     # (NaN: asked for)
     return np.concatenate([np.arange(k), k + np.flatnonzero(keep)]).astype(np.int64)
 

@@ -78,7 +78,7 @@ def _function_values(cfg: Settings, stats, w: np.ndarray):
 def relative_excess(cfg: Settings, values) -> np.ndarray:
     """(F_m - U_m)_+ / max(1, |U_m|) (|F_m - U_m| for an equality) of every constraint, from
     the constraints' values F_m: the feasibility test's relative violations."""
-    cons = np.asarray(values, dtype=float) - cfg.problem.bounds
+    cons = np.asarray(values, dtype=float) - cfg.bounds
     return np.maximum(excess(cons, cfg.equality), 0.0) / cfg.bound_scale
 
 
@@ -98,7 +98,7 @@ def merit(cfg: Settings, stats, w: np.ndarray, penalty: float) -> float:
     det = (cfg.ridge * float(w @ w) if cfg.ridge is not None
            else cfg.problem.deterministic.value(w))
     obj = (values[0] if k else 0.0) + det
-    violation = excess(np.asarray(values[k:]) - cfg.problem.bounds, cfg.equality)
+    violation = excess(np.asarray(values[k:]) - cfg.bounds, cfg.equality)
     return float(obj + penalty * np.sum(np.maximum(violation, 0.0)))
 
 

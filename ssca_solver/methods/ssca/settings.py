@@ -100,7 +100,8 @@ class Settings:
       penalties: c_1 < c_2 < ... of the continuation ((0,) for Algorithm 1).
       M: the number of stochastic constraints; ``first``: the index of the first
         constraint's statistics (1 when the objective is stochastic, else 0).
-      equality: which constraints are equalities; ``bound_scale``: max(1, |U_m|).
+      equality: which constraints are equalities; ``bounds``: the U_m (read-only);
+        ``bound_scale``: max(1, |U_m|).
       ridge: lambda when the deterministic part is lambda |w|^2 (else None).
       sizes, num_samples: the clients' rows N_i and N; ``size_array`` the N_i as a
         read-only array, ``largest`` max N_i (a round's bookkeeping stays O(1) in Python
@@ -132,6 +133,7 @@ class Settings:
     M: int
     first: int
     equality: np.ndarray
+    bounds: np.ndarray
     bound_scale: np.ndarray
     ridge: Optional[float]
     sizes: tuple
@@ -180,6 +182,7 @@ class Settings:
             problem=problem, builders=builders, subproblem=subproblem, options=o,
             penalties=tuple(float(c) for c in o.penalty), M=problem.num_constraints,
             first=problem.first_constraint, equality=problem.equality,
+            bounds=_read_only(problem.bounds),
             bound_scale=np.maximum(1.0, np.abs(problem.bounds)),
             ridge=problem.deterministic.norm2_coefficient(),
             sizes=tuple(problem.data.client_sizes), num_samples=problem.data.num_samples,
