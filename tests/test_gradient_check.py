@@ -259,7 +259,7 @@ def test_retries_only_where_the_first_comparison_fails(rows):
             request = Request(ad.PROBE_TASK, 0, x0, {"batch_size": 32, "check": check})
             for client in clients:
                 reply = client.handle(request)
-                assert reply.arrays["probe:0"].shape == (4,)
+                assert reply.arrays["probe"].shape == (1, 4)
                 if retried and check:
                     rows_ = reply.arrays["recheck:0"]
                     assert rows_.shape[1] == 4 and 1 <= len(rows_) <= len(ad.DIFFERENCE_STEPS)
@@ -268,7 +268,7 @@ def test_retries_only_where_the_first_comparison_fails(rows):
                     assert ok[-2:] == [True, True] and not any(
                         a and b for a, b in zip(ok[:-2], ok[1:-1])), ok
                 else:
-                    assert set(reply.arrays) == {"probe:0"}
+                    assert set(reply.arrays) == {"probe"}
 
 
 def test_the_curvature_is_measured_at_the_same_step(rows):
@@ -335,3 +335,16 @@ def test_agree_all_is_agrees_elementwise():
         want = [ad.agrees(float(a), float(f), float(v), h) for a, f, v in zip(an, fd, value)]
         assert got.tolist() == want
         assert 0 < sum(want) < len(want)          # both outcomes were compared
+
+
+def test_a_probe_reply_of_another_shape_names_its_client():
+    """The probe's reply is one array, a row of four numbers per function; another shape is
+    the client's fault (ReplyError naming it), not an IndexError in the server."""
+    from ssca_solver.federated import Reply
+    from ssca_solver.methods.ssca.probe import _probe_rows
+
+    ok = Reply(2, ad.PROBE_TASK, 0, 10, 10, {ad.PROBE: np.ones((3, 4))})
+    assert _probe_rows(ok, (3, 4)).shape == (3, 4)
+    bad = Reply(2, ad.PROBE_TASK, 0, 10, 10, {ad.PROBE: np.ones((2, 4))})
+    with pytest.raises(ss.ReplyError, match=r"client 2.*'probe' of shape \(2, 4\), not \(3, 4\)"):
+        _probe_rows(bad, (3, 4))

@@ -63,7 +63,7 @@ STAND_IN = ("nonfinite",)
 #: Name prefixes of arrays that may hold NaN (never an infinity): method "ssca"'s probe marks
 #: "no finite difference along the gradient" with a NaN, and the server warns instead of
 #: checking the gradient.
-NAN_ALLOWED = ("probe:",)
+NAN_ALLOWED = ("probe",)
 #: The pseudo-array under which each reply's set of array names is compared (``"layout"``)
 LAYOUT = "<array names>"
 

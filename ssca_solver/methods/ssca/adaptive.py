@@ -128,6 +128,8 @@ GUARD_REJECTS = 60
 MERIT_RTOL = {"closed_form": 1e-12, "cvxpy": 1e-10}  # merit increases below this are rounding
 MERIT_ROUNDING = 1e-14  # and below this times the size of the terms the merit is made of
 PROBE_TASK = "ssca.probe"
+#: the probe reply's array: a row per function (:class:`ProbeTask`)
+PROBE = "probe"
 METRIC_TASK = "ssca.metric"
 METRIC_ROWS = 64        # rows per client whose per-sample gradients give the diagonal metric
 ROUND_EVAL_EPS = 64 * np.finfo(float).eps  # rounding of values read from the statistics, per
@@ -183,9 +185,10 @@ def finite_steps(fn, w, u, X, y, n: int, where: str):
 
 
 class ProbeTask:
-    """Client side of the probe: per function, ``"probe:m"`` = [d/dh of the batch mean along
-    u = g/|g| by grad, the same by a central difference of value at step :func:`fd_step`, the
-    batch mean, the secant curvature along u at that step].
+    """Client side of the probe: per function m, row m of ``"probe"`` (one row per function)
+    = [d/dh of the batch mean along u = g/|g| by grad, the same by a central difference of
+    value at step :func:`fd_step`, the batch mean, the secant curvature along u at that
+    step].
 
     When the gradient check is on (``config["check"]``) and that first comparison fails
     (:func:`agrees`), the client also sends ``"recheck:m"``, the rows of :func:`retry_steps`
@@ -211,7 +214,7 @@ class ProbeTask:
         # coordinates the domain fixes ("i,j,..."): left out of the direction the gradient is
         # checked along (.probe._recheck_elsewhere)
         fixed = [int(i) for i in str(request.config.get("fixed") or "").split(",") if i]
-        arrays = {}
+        arrays, rows = {}, np.zeros((len(self.functions), 4))
         for m, fn in enumerate(self.functions):
             v, g = checked_value_and_grad(fn, w, X, y, where)
             if fixed:
@@ -219,7 +222,7 @@ class ProbeTask:
                 g[fixed] = 0.0
             norm = float(np.linalg.norm(g))
             if norm == 0.0:
-                arrays[f"probe:{m}"] = np.array([0.0, 0.0, float(v.mean()), 0.0])
+                rows[m] = [0.0, 0.0, float(v.mean()), 0.0]
                 continue
             u = g / norm
             h, up, down = finite_steps(fn, w, u, X, y, n, where)
@@ -233,31 +236,30 @@ class ProbeTask:
             else:
                 # no step along the gradient stays where the function is finite: nothing to
                 # compare (NaN: the server warns instead of checking) and no secant
-                arrays[f"probe:{m}"] = np.array([norm, np.nan, float(v.mean()), 0.0])
+                rows[m] = [norm, np.nan, float(v.mean()), 0.0]
                 continue
             g2 = checked_grad(fn, w + side * u, X, y, w.size, where)
             if fixed:
                 g2 = g2.copy()
                 g2[fixed] = 0.0
-            arrays[f"probe:{m}"] = np.array([norm, fd, float(v.mean()),
-                                             float(np.linalg.norm(g2 - g)) / abs(side)])
+            rows[m] = [norm, fd, float(v.mean()), float(np.linalg.norm(g2 - g)) / abs(side)]
             if check:
                 # a step other than fd_step(w) (shortened, or one-sided) goes first among the
                 # further steps: the server judges each comparison at the step it was made at
-                rows = ([] if side == fd_step(w) else [[abs(side), norm, fd, float(v.mean())]])
+                more = ([] if side == fd_step(w) else [[abs(side), norm, fd, float(v.mean())]])
                 if not agrees(norm, fd, float(v.mean()), abs(side)):
-                    rows += retry_steps(fn, w, X, y, v, g, where).tolist()
-                if rows:
-                    arrays[f"recheck:{m}"] = np.array(rows, dtype=float).reshape(-1, 4)
+                    more += retry_steps(fn, w, X, y, v, g, where).tolist()
+                if more:
+                    arrays[f"recheck:{m}"] = np.array(more, dtype=float).reshape(-1, 4)
         if secagg_active(request):
             if check:
                 for m, fn in enumerate(self.functions):
-                    an, fd, value, _ = arrays[f"probe:{m}"]
+                    an, fd, value, _ = rows[m]
                     check_gradient(fn, client.index, b, w, an, fd, value,
                                    arrays.get(f"recheck:{m}"))
             N = float(request.config["num_samples"])
-            arrays = {f"probe:{m}": np.array([b * arrays[f"probe:{m}"][3] / N])
-                      for m in range(len(self.functions))}
+            return client.reply(request, {PROBE: b * rows[:, 3] / N}, batch_size=b)
+        arrays[PROBE] = rows
         return client.reply(request, arrays, batch_size=b)
 
 

@@ -266,19 +266,17 @@ def _probe_at(cfg: Settings, exchange, x0, batch, failed, only=None, fixed: str 
     replies = exchange(Request(ad.PROBE_TASK, 0, x0, config))
     curvature, norms, own = 0.0, [], 0.0
     for reply in replies:
+        count = len(cfg.problem.functions)
         if reply.client == AGGREGATE:
             # secure aggregation: the clients checked their gradients themselves and the
             # server learns only the data-weighted mean of their secant curvatures
-            for m in range(len(cfg.problem.functions)):
-                secant = reply.weight * float(array(reply, f"probe:{m}")[0])
+            secants = _probe_rows(reply, (count,))
+            for m in range(count):
+                secant = reply.weight * float(secants[m])
                 curvature = max(curvature, secant)
                 own = max(own, secant) if m < cfg.first else own
             continue
-        rows = [array(reply, f"probe:{m}") for m in range(len(cfg.problem.functions))]
-        if any(np.size(r) != 4 for r in rows):
-            _refuse_malformed(cfg, reply, rows)
-        P = np.array(rows, dtype=float).reshape(-1, 4)
-        an, fd, value, secant = P.T
+        an, fd, value, secant = _probe_rows(reply, (count, 4)).T
         size = float(reply.batch_size or 1)
         norms.extend((m, size, g) for m, g in enumerate(an.tolist()))
         if check:
@@ -288,7 +286,7 @@ def _probe_at(cfg: Settings, exchange, x0, batch, failed, only=None, fixed: str 
             plain = (finite & np.isfinite(an) & np.isfinite(value)
                      & ad.agree_all(an, fd, value, ad.fd_step(x0)))
             again = set(np.flatnonzero(~plain).tolist())
-            again.update(m for m in range(len(rows)) if f"recheck:{m}" in reply.arrays)
+            again.update(m for m in range(count) if f"recheck:{m}" in reply.arrays)
             for m in sorted(again):
                 fn = cfg.problem.functions[m]
                 if not finite[m]:
@@ -311,11 +309,14 @@ def _probe_at(cfg: Settings, exchange, x0, batch, failed, only=None, fixed: str 
     return curvature, norms, own
 
 
-def _refuse_malformed(cfg: Settings, reply, rows) -> None:
-    """A probe reply whose arrays are not 4 numbers each: the error of the function whose
-    array it is (ValueError, as unpacking it into its four numbers raises)."""
-    for m, r in enumerate(rows):
-        if np.size(r) != 4:
-            raise ValueError(
-                f"client {reply.client}'s probe reply for {cfg.problem.functions[m].name} "
-                f"(array 'probe:{m}') has {np.size(r)} numbers, not 4")
+def _probe_rows(reply, shape: tuple) -> np.ndarray:
+    """The reply's probe array (a row per function), of ``shape``; another shape is the
+    client's fault: a ReplyError naming it."""
+    P = np.asarray(array(reply, ad.PROBE), dtype=float)
+    if P.shape != shape:
+        from ...errors import ReplyError
+
+        raise ReplyError(reply.client, reply.round, f"its reply to task {reply.task!r} has "
+                         f"array {ad.PROBE!r} of shape {P.shape}, not {shape} (a row per "
+                         "function)", kind="shape", array=ad.PROBE)
+    return P
