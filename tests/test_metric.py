@@ -42,7 +42,10 @@ def test_metric_task_is_the_sum_of_squared_per_sample_gradients():
         X, y, b = c.batch(0, min(ad.METRIC_ROWS, c.num_rows), draw=1)
         r = X @ w - y
         expected = np.sum((r[:, None] * X) ** 2, axis=0)
-        np.testing.assert_allclose(reply.arrays["metric:0"], expected, rtol=1e-12)
+        assert reply.arrays["metric"].shape == reply.arrays["metric_sum"].shape == (1, 6)
+        np.testing.assert_allclose(reply.arrays["metric"][0], expected, rtol=1e-12)
+        np.testing.assert_allclose(reply.arrays["metric_sum"][0], (r[:, None] * X).sum(axis=0),
+                                   rtol=1e-12)
         assert reply.batch_size == b == min(ad.METRIC_ROWS, c.num_rows)
 
 
@@ -64,7 +67,8 @@ def test_diagonal_metric_only_when_the_scales_differ():
 
 def test_coordinates_no_sample_moves_get_the_largest_curvature():
     rows = [type("R", (), {"num_rows": 10, "batch_size": 10, "weight": 1.0,
-                           "arrays": {"metric:0": np.array([1e-9, 1.0, 0.0])}})()]
+                           "arrays": {"metric": np.array([[1e-9, 1.0, 0.0]]),
+                                      "metric_sum": np.zeros((1, 3))}})()]
     D = ad.diagonal_metric(rows, 1, 10)
     np.testing.assert_array_equal(D, [[1e-9, 1.0, 1.0]])
 

@@ -34,7 +34,7 @@ from typing import Mapping, Optional
 import numpy as np
 
 from ...errors import UserFunctionError
-from ...federated.messages import aggregation_weight, secagg_active
+from ...federated.messages import aggregation_weight, array, secagg_active
 from ...model.functions import (DIFFERENCE_STEPS, central_difference, checked_grad,
                                 checked_value_and_grad, checked_values, mean_value_or_nan,
                                 step_scale)
@@ -304,10 +304,11 @@ def retry_steps(fn, w, X, y, v, g, where: str) -> np.ndarray:
 
 class MetricTask:
     """Client side of the diagonal metric: per function m, the sum over up to METRIC_ROWS rows
-    (the batch of round 0, draw 1) of the squared per-sample gradients, ``"metric:m"`` (d,),
-    a Gauss-Newton (empirical Fisher) estimate of the diagonal of F_m's Hessian up to a factor,
-    and the sum of the per-sample gradients, ``"metric_sum:m"`` (d,), which tells whether
-    they vary at all (:func:`diagonal_metric`)."""
+    (the batch of round 0, draw 1) of the squared per-sample gradients, row m of
+    ``"metric"`` (a row of d numbers per function), a Gauss-Newton (empirical Fisher)
+    estimate of the diagonal of F_m's Hessian up to a factor, and the sum of the per-sample
+    gradients, row m of ``"metric_sum"``, which tells whether they vary at all
+    (:func:`diagonal_metric`)."""
 
     def __init__(self, functions):
         self.functions = tuple(functions)
@@ -326,10 +327,9 @@ class MetricTask:
                 g = checked_grad(fn, w, Xi, yi, w.size, where)
                 acc[m] += g * g
                 first[m] += g
-        arrays = {}
-        for m in range(len(self.functions)):
-            arrays[f"metric:{m}"] = acc[m]
-            arrays[f"metric_sum:{m}"] = first[m]
+        d = w.size
+        arrays = {"metric": np.array(acc).reshape(-1, d),
+                  "metric_sum": np.array(first).reshape(-1, d)}
         return client.reply(request, arrays, batch_size=b)
 
 
@@ -338,17 +338,24 @@ def diagonal_metric(replies, num_functions: int, num_samples: int) -> np.ndarray
     to :class:`MetricTask`, or an empty array when every function's estimates span at most
     METRIC_SPREAD (one scalar curvature then serves). Coordinates whose estimate is 0 (no
     sample moved them) get D = 1, the largest curvature: short, safe steps along them."""
+    totals = means = None
+    for r in replies:
+        h = aggregation_weight(r, num_samples)
+        v = h * np.asarray(array(r, "metric"), dtype=float)
+        u = h * np.asarray(array(r, "metric_sum"), dtype=float)
+        if v.shape != u.shape or v.ndim != 2 or v.shape[0] != num_functions:
+            from ...errors import ReplyError
+
+            raise ReplyError(r.client, r.round, f"its reply to task {r.task!r} has arrays "
+                             f"'metric' {v.shape} and 'metric_sum' {u.shape}, not a row of "
+                             f"the same length for each of the {num_functions} functions",
+                             kind="shape", array="metric")
+        totals = v if totals is None else totals + v
+        means = u if means is None else means + u
     rows = []
     for m in range(num_functions):
-        total = mean = None
-        for r in replies:
-            h = aggregation_weight(r, num_samples)
-            v = h * np.asarray(r.arrays[f"metric:{m}"])
-            total = v if total is None else total + v
-            if f"metric_sum:{m}" in r.arrays:
-                u = h * np.asarray(r.arrays[f"metric_sum:{m}"])
-                mean = u if mean is None else mean + u
-        if mean is not None and np.all(np.isfinite(total)) and np.all(np.isfinite(mean)):
+        total, mean = totals[m], means[m]
+        if np.all(np.isfinite(total)) and np.all(np.isfinite(mean)):
             # squared gradients that do not vary from sample to sample (one row, or rows
             # that are all alike: a deterministic function written as a SampleFunction) are
             # the squared gradient, not a curvature: no metric from this function (such a
