@@ -214,13 +214,13 @@ def inactive_inequalities(cfg: Settings, nu, penalty: float = 0.0) -> np.ndarray
 def constraint_curvature(cfg: Settings, state: SSCAState, stats, center) -> tuple:
     """Under the Newton model, each inequality that the last subproblem left inactive
     (:func:`inactive_inequalities`) gets a surrogate with a curvature of at least half the
-    largest eigenvalue of its Hessian at the accepted point (``state.curv_top``; the same value and gradient at
-    ``center``, :func:`.adaptive.rescale_tau`): a local majoriser of a convex constraint, so
-    that the step stays inside it to second order. An active constraint's curvature is in the
-    model already (its multiplier times its Hessian, as SQP has it); an inactive one's is not,
-    and with its linearisation alone (tau small) a step that ends near it leaves it by its
-    second-order term: the exact penalty rises, and the step is rejected and corrected round
-    after round."""
+    largest eigenvalue of its Hessian at the accepted point (``state.curv_top``; the same
+    value and gradient at ``center``, :func:`.adaptive.rescale_tau`): a local majoriser of a
+    convex constraint, so that the step stays inside it to second order. An active
+    constraint's curvature is in the model already (its multiplier times its Hessian, as SQP
+    has it); an inactive one's is not, and with its linearisation alone (tau small) a step
+    that ends near it leaves it by its second-order term: the exact penalty rises, and the
+    step is rejected and corrected round after round."""
     if not (cfg.newton and state.curv_top.size == cfg.M and cfg.M):
         return stats
     top = np.asarray(state.curv_top, dtype=float)

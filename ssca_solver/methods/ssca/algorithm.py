@@ -305,8 +305,8 @@ class SSCA(Method):
 
     def _screened(self, replies, t, noise, nonfinite, curvature, template):
         """Strip and add up the noise numbers and the curvature (into ``curvature``, a
-        :class:`.newton.CurvatureSum`, None where the round asks for none); leave out (and list in
-        ``nonfinite``) the replies of clients whose functions were not finite at the trial
+        :class:`.newton.CurvatureSum`, None where the round asks for none); leave out (and
+        list in ``nonfinite``) the replies of clients whose functions were not finite at the trial
         point; at round 1 check the first message's surrogates for strong convexity
         (Assumption 2), its statistics read in the layout of ``template`` (the state's)."""
         p, cfg = self.problem, self.config
