@@ -5,7 +5,8 @@ On full batches every client sends, beside its statistics, the sum over its rows
 function's Hessian at w_t (``SampleFunction.hess``; :mod:`.client`, ``"curv"``: packed
 upper triangles, one row per function asked for). Weighted like the statistics
 (h_i N_i / (B_i N)), they add up to the full-data Hessians H_m = grad^2 F_m(w_t): a sum of
-replies, so secure aggregation and partial participation apply as to every statistic. The server's model of the Lagrangian's Hessian is
+replies, so secure aggregation and partial participation apply as to every statistic. The
+server's model of the Lagrangian's Hessian is
 
     B = H_0 + sum_m nu_m H_m        (nu: the multipliers of the subproblem that gave w_t),
 
