@@ -108,14 +108,15 @@ class VectorSampleFunction:
         return self._parts(w, X, y, True, True)
 
     def values(self, w, X, y=None) -> np.ndarray:
-        """The per-sample values (n, K) at ``w`` alone (:meth:`evaluate`'s first part; with
-        separate ``value`` and ``jac``, ``jac`` is not called: a difference of values)."""
+        """The per-sample values (n, K) at ``w`` alone, the f_k(w, x_n) whose batch sums are
+        the value part of eq. (fsmbar) (:meth:`evaluate`'s first part; with separate
+        ``value`` and ``jac``, ``jac`` is not called: a difference of values)."""
         return self._parts(w, X, y, True, False)[0]
 
     def jacobian(self, w, X, y=None) -> np.ndarray:
-        """The Jacobian (K, d) of the batch means at ``w`` alone (:meth:`evaluate`'s second
-        part; with separate ``value`` and ``jac``, ``value`` is not called: a difference of
-        gradients)."""
+        """The Jacobian (K, d) of the batch means at ``w`` alone, the gradients of
+        eq. (fsmbar)'s linear term (:meth:`evaluate`'s second part; with separate ``value``
+        and ``jac``, ``value`` is not called: a difference of gradients)."""
         return self._parts(w, X, y, False, True)[1]
 
     def _parts(self, w, X, y, want_values: bool, want_jac: bool) -> tuple:
