@@ -682,7 +682,7 @@ def test_the_fits_normal_equations_from_the_shared_gram_are_their_own(monkeypatc
     A, b = A.dense(b)
     assert seen[1][2] is None
     scale = float(np.max(np.abs(A.T @ A)))
-    np.testing.assert_allclose(H, A.T @ A, rtol=0, atol=1e-14 * scale)
+    np.testing.assert_allclose(H.dense(), A.T @ A, rtol=0, atol=1e-14 * scale)
     np.testing.assert_allclose(q, A.T @ b, rtol=0, atol=1e-14 * scale)
     np.testing.assert_allclose(shared, own, rtol=1e-9, atol=1e-12)
     assert np.any(shared != 0.0)
@@ -715,7 +715,7 @@ def test_a_fit_with_its_diagonal_rows_kept_as_a_diagonal_is_the_dense_fit(M):
     np.testing.assert_allclose(A.transposed(res), dense.T @ (b - dense @ x), rtol=1e-13,
                                atol=1e-13)
     idx = np.flatnonzero(rng.random(M) < 0.5)
-    H, q = dense.T @ dense, dense.T @ b
+    H, q = kkt.GramBlocks(dense.T @ dense), dense.T @ b
     z = kkt._least_squares_on(A, r, H, q, idx, np.full(idx.size, 1e-8))
     np.testing.assert_allclose(z, np.linalg.lstsq(dense[:, idx], b, rcond=None)[0],
                                rtol=1e-9, atol=1e-12)

@@ -661,14 +661,6 @@ class GramBlocks:
         return self.block(np.arange(self.cols.size))
 
 
-def _diagonal(H) -> np.ndarray:
-    return H.diagonal() if isinstance(H, GramBlocks) else np.diag(H)
-
-
-def _block(H, idx) -> np.ndarray:
-    return H.block(idx) if isinstance(H, GramBlocks) else H[np.ix_(idx, idx)]
-
-
 class DiagonalRows:
     """A least-squares matrix [G; diag(D)] (D None: G alone), the form of a KKT fit's
     (:func:`_fit_multipliers`: the gradients above the diagonal block of the complementarity
@@ -716,8 +708,9 @@ def nonnegative_least_squares(A, b, support: Optional[np.ndarray] = None,
     hundreds on a fit over hundreds of constraints. Where it does not settle within
     ACTIVE_SET_ITERATIONS (a cycle, a rank-deficient support), and below
     SUPPORT_MIN_COLUMNS columns, SciPy's nnls runs, with NNLS_ITERATIONS per unknown, and
-    bounded-variable least squares where it still runs out. ``normal``: (A'A, A'b) when the
-    caller has them (the KKT fits share one G'G), else formed here. ``A`` is an array or a
+    bounded-variable least squares where it still runs out. ``normal``: (A'A as a
+    :class:`GramBlocks`, A'b) when the caller has them (the KKT fits share one G'G), else
+    formed here. ``A`` is an array or a
     :class:`DiagonalRows` (``b`` then the right-hand side of its G rows)."""
     if not isinstance(A, DiagonalRows):
         A = DiagonalRows(np.asarray(A, dtype=float))
@@ -748,12 +741,10 @@ def _active_set(A, b, support: Optional[np.ndarray],
 def _active_set_iterations(A: DiagonalRows, b, support: Optional[np.ndarray],
                            normal: Optional[tuple] = None) -> Optional[np.ndarray]:
     if normal is None:
-        H = A.G.T @ A.G
-        if A.D is not None:
-            H[np.diag_indices(A.shape[1])] += A.D * A.D
-        normal = (H, A.G.T @ b)
+        H = GramBlocks(A.G.T @ A.G)
+        normal = (H if A.D is None else H.plus_diagonal(A.D * A.D), A.G.T @ b)
     H, q = normal
-    bound = SUPPORT_DUAL_TOL * np.sqrt(np.maximum(_diagonal(H), 0.0)) * float(np.linalg.norm(b))
+    bound = SUPPORT_DUAL_TOL * np.sqrt(np.maximum(H.diagonal(), 0.0)) * float(np.linalg.norm(b))
     S = q > bound if support is None or support.size != A.shape[1] else support.copy()
     tried = set()
     for _ in range(ACTIVE_SET_ITERATIONS):
@@ -838,9 +829,9 @@ def _by_rows(A: DiagonalRows, b, idx) -> Optional[np.ndarray]:
 
 
 def _least_squares_on(A: DiagonalRows, b, H, q, idx, bound) -> Optional[np.ndarray]:
-    """argmin |A_S z - [b; 0]| over the columns ``idx`` (H = A'A, q = A'[b; 0]): in the rows'
-    space (:func:`_by_rows`) when the support has ROW_SPACE_RATIO times as many columns as G
-    has rows, else Cholesky on H_SS with one refinement step, where that is accurate
+    """argmin |A_S z - [b; 0]| over the columns ``idx`` (H = A'A as a :class:`GramBlocks`,
+    q = A'[b; 0]): in the rows' space (:func:`_by_rows`) when the support has
+    ROW_SPACE_RATIO times as many columns as G has rows, else Cholesky on H_SS with one refinement step, where that is accurate
     (NORMAL_RANK_TOL, and |A_S'([b; 0] - A_S z)| <= ``bound``), else QR of A_S; None where
     A_S is rank deficient (SUPPORT_RANK_TOL) or has more columns than rows."""
     if idx.size > A.shape[0]:
@@ -852,7 +843,7 @@ def _least_squares_on(A: DiagonalRows, b, H, q, idx, bound) -> Optional[np.ndarr
             if np.all(np.abs(AS.transposed(AS.residual(b, z))) <= bound):
                 return z
     try:
-        L = cholesky(_block(H, idx), lower=True, check_finite=False)
+        L = cholesky(H.block(idx), lower=True, check_finite=False)
     except LinAlgError:
         L = None
     if L is not None:
@@ -882,8 +873,9 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION,
     for an equality (written as mu+ - mu-, both >= 0, with no complementarity row: the
     regularisation then keeps one of the two at 0). ``start``: the multipliers of a nearby fit
     (same constraints), whose signs guess the answer's support
-    (:func:`nonnegative_least_squares`); ``gram``: (G'G, G'g) of these columns, from which
-    the fit's normal equations are formed (else from its rows)."""
+    (:func:`nonnegative_least_squares`); ``gram``: (G'G, G'g) of these columns (G'G an array
+    or a :class:`GramBlocks`), from which the fit's normal equations are formed (else from
+    its rows)."""
     M = cons.size
     col = np.linalg.norm(G, axis=0)
     comp_rows = np.where(eq, 0.0, cons)
@@ -894,14 +886,8 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION,
     normal = None
     if gram is not None:
         GG, Gg = gram
-        if isinstance(GG, GramBlocks) and not np.any(eq):
-            normal = (GG.plus_diagonal(diag * diag), -Gg)      # read by blocks
-        elif isinstance(GG, GramBlocks):
-            GG = GG.dense()               # the equalities' system is formed whole
-        if normal is None:
-            H = GG.copy()
-            H[np.diag_indices(M)] += diag * diag
-            normal = (H, -Gg)
+        GG = GG if isinstance(GG, GramBlocks) else GramBlocks(np.asarray(GG, dtype=float))
+        normal = (GG.plus_diagonal(diag * diag), -Gg)
     if not np.any(eq):
         return nonnegative_least_squares(DiagonalRows(G, diag), -g,
                                          None if start is None else start > 0.0, normal)
@@ -910,15 +896,16 @@ def _fit_multipliers(g, G, cons, eq, eps: float = MULTIPLIER_REGULARIZATION,
     A2 = DiagonalRows(np.hstack([G, -G[:, E]]), np.concatenate([diag, eps * col[E]]))
     support = None if start is None else np.concatenate([start > 0.0, start[E] < 0.0])
     if normal is not None:
-        # mu- = the columns -G_E with their own regularisation rows
+        # mu- = the columns -G_E with their own regularisation rows (this system whole)
+        full = GG.dense()
         H2 = np.empty((M + E.size, M + E.size))
-        H2[:M, :M] = normal[0]
-        H2[:M, M:] = -GG[:, E]
-        H2[M:, :M] = -GG[E, :]
-        H2[M:, M:] = GG[np.ix_(E, E)]
+        H2[:M, :M] = normal[0].dense()
+        H2[:M, M:] = -full[:, E]
+        H2[M:, :M] = -full[E, :]
+        H2[M:, M:] = full[np.ix_(E, E)]
         minus = np.arange(M, M + E.size)
         H2[minus, minus] += (eps * col[E]) ** 2
-        normal = (H2, np.concatenate([-Gg, Gg[E]]))
+        normal = (GramBlocks(H2), np.concatenate([-Gg, Gg[E]]))
     x = nonnegative_least_squares(A2, -g, support, normal)
     mu = x[:M].copy()
     mu[E] -= x[M:]

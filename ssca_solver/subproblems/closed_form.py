@@ -627,6 +627,9 @@ class ClosedFormSubproblem(SubproblemSolver):
         self.bounds = np.asarray(bounds, dtype=float)
         self.ridge = float(ridge)
         self.newton_max_iter = int(newton_max_iter)
+        # every surrogate's (a, b, c) can be read from stacked statistics (:meth:`_all_forms`)
+        self._proximal = all(type(b).quadratic_form is ProximalLinear.quadratic_form
+                             for b in self.builders)
 
     def solve(self, stats, penalty: float, round: int, nu0=None,
               center=None) -> SubproblemSolution:
@@ -646,8 +649,7 @@ class ClosedFormSubproblem(SubproblemSolver):
         the same numbers) where every builder's form is the proximal-linear one, else
         function by function."""
         stacked = getattr(stats, "stacked", None)
-        if stacked is not None and all(type(b).quadratic_form is ProximalLinear.quadratic_form
-                                       for b in self.builders):
+        if stacked is not None and self._proximal:
             quad, lin, const = (stacked(name) for name in ("quad", "lin", "const"))
             if not (quad is None or lin is None or const is None) and quad.ndim == 1 \
                     and const.ndim == 1 and lin.shape == (quad.size, self.dim):

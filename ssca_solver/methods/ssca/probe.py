@@ -265,44 +265,41 @@ def _probe_at(cfg: Settings, exchange, x0, batch, failed, only=None, fixed: str 
         config["fixed"] = fixed
     replies = exchange(Request(ad.PROBE_TASK, 0, x0, config))
     curvature, norms, own = 0.0, [], 0.0
+    functions = cfg.problem.functions
+    count = len(functions)
     for reply in replies:
-        count = len(cfg.problem.functions)
         if reply.client == AGGREGATE:
             # secure aggregation: the clients checked their gradients themselves and the
             # server learns only the data-weighted mean of their secant curvatures
-            secants = _probe_rows(reply, (count,))
-            for m in range(count):
-                secant = reply.weight * float(secants[m])
-                curvature = max(curvature, secant)
-                own = max(own, secant) if m < cfg.first else own
-            continue
-        an, fd, value, secant = _probe_rows(reply, (count, 4)).T
-        size = float(reply.batch_size or 1)
-        norms.extend((m, size, g) for m, g in enumerate(an.tolist()))
-        if check:
-            # every comparison at once; a function whose first comparison does not plainly
-            # agree, or that sent further steps, goes through check_gradient one by one
-            finite = np.isfinite(fd)
-            plain = (finite & np.isfinite(an) & np.isfinite(value)
-                     & ad.agree_all(an, fd, value, ad.fd_step(x0)))
-            again = set(np.flatnonzero(~plain).tolist())
-            again.update(m for m in range(count) if f"recheck:{m}" in reply.arrays)
-            for m in sorted(again):
-                fn = cfg.problem.functions[m]
-                if not finite[m]:
-                    warnings.warn(
-                        f"{fn.name}: its gradient was not checked on client {reply.client}: "
-                        "its values are not finite on either side of x0 along the gradient, "
-                        f"at steps from {ad.fd_step(x0):.3g} down to "
-                        f"{ad.fd_step(x0) * 10.0 ** -ad.FINITE_TRIES:.3g} (x0 on the edge of "
-                        "its domain?)", RuntimeWarning, stacklevel=2)
-                elif only is None or m in only:
-                    try:
-                        ad.check_gradient(fn, reply.client, reply.batch_size, x0,
-                                          float(an[m]), float(fd[m]), float(value[m]),
-                                          reply.arrays.get(f"recheck:{m}"))
-                    except UserFunctionError as exc:
-                        failed.setdefault(m, exc)
+            secant = reply.weight * _probe_rows(reply, (count,))
+        else:
+            an, fd, value, secant = _probe_rows(reply, (count, 4)).T
+            size = float(reply.batch_size or 1)
+            norms.extend((m, size, g) for m, g in enumerate(an.tolist()))
+            if check:
+                # every comparison at once; a function whose first comparison does not plainly
+                # agree, or that sent further steps, goes through check_gradient one by one
+                finite = np.isfinite(fd)
+                plain = (finite & np.isfinite(an) & np.isfinite(value)
+                         & ad.agree_all(an, fd, value, ad.fd_step(x0)))
+                again = set(np.flatnonzero(~plain).tolist())
+                again.update(m for m in range(count) if f"recheck:{m}" in reply.arrays)
+                for m in sorted(again):
+                    fn = functions[m]
+                    if not finite[m]:
+                        warnings.warn(
+                            f"{fn.name}: its gradient was not checked on client {reply.client}: "
+                            "its values are not finite on either side of x0 along the gradient, "
+                            f"at steps from {ad.fd_step(x0):.3g} down to "
+                            f"{ad.fd_step(x0) * 10.0 ** -ad.FINITE_TRIES:.3g} (x0 on the edge of "
+                            "its domain?)", RuntimeWarning, stacklevel=2)
+                    elif only is None or m in only:
+                        try:
+                            ad.check_gradient(fn, reply.client, reply.batch_size, x0,
+                                              float(an[m]), float(fd[m]), float(value[m]),
+                                              reply.arrays.get(f"recheck:{m}"))
+                        except UserFunctionError as exc:
+                            failed.setdefault(m, exc)
         # NaN secants are passed over, as max(curvature, NaN) keeps curvature
         curvature = float(np.max(secant[~np.isnan(secant)], initial=curvature))
         own = float(np.max(secant[:cfg.first][~np.isnan(secant[:cfg.first])], initial=own))

@@ -169,6 +169,7 @@ class Settings:
         """The settings of a solve of ``problem`` with ``options`` (see :class:`Settings`)."""
         o = options
         builders = tuple(builders)
+        bounds = _read_only(problem.bounds)
         auto_batch = o.batch_size in ADAPTIVE_BATCHES
         batch_size = None if auto_batch else o.batch_size
         auto_tau = o.tau == "auto"
@@ -182,8 +183,7 @@ class Settings:
             problem=problem, builders=builders, subproblem=subproblem, options=o,
             penalties=tuple(float(c) for c in o.penalty), M=problem.num_constraints,
             first=problem.first_constraint, equality=problem.equality,
-            bounds=_read_only(problem.bounds),
-            bound_scale=np.maximum(1.0, np.abs(problem.bounds)),
+            bounds=bounds, bound_scale=np.maximum(1.0, np.abs(bounds)),
             ridge=problem.deterministic.norm2_coefficient(),
             sizes=tuple(problem.data.client_sizes), num_samples=problem.data.num_samples,
             size_array=_read_only(np.asarray(problem.data.client_sizes, dtype=np.int64)),
