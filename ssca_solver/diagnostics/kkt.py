@@ -831,9 +831,10 @@ def _by_rows(A: DiagonalRows, b, idx) -> Optional[np.ndarray]:
 def _least_squares_on(A: DiagonalRows, b, H, q, idx, bound) -> Optional[np.ndarray]:
     """argmin |A_S z - [b; 0]| over the columns ``idx`` (H = A'A as a :class:`GramBlocks`,
     q = A'[b; 0]): in the rows' space (:func:`_by_rows`) when the support has
-    ROW_SPACE_RATIO times as many columns as G has rows, else Cholesky on H_SS with one refinement step, where that is accurate
-    (NORMAL_RANK_TOL, and |A_S'([b; 0] - A_S z)| <= ``bound``), else QR of A_S; None where
-    A_S is rank deficient (SUPPORT_RANK_TOL) or has more columns than rows."""
+    ROW_SPACE_RATIO times as many columns as G has rows, else Cholesky on H_SS with one
+    refinement step, where that is accurate (NORMAL_RANK_TOL, and
+    |A_S'([b; 0] - A_S z)| <= ``bound``), else QR of A_S; None where A_S is rank deficient
+    (SUPPORT_RANK_TOL) or has more columns than rows."""
     if idx.size > A.shape[0]:
         return None
     if A.D is not None and idx.size >= ROW_SPACE_RATIO * A.G.shape[0]:
