@@ -282,3 +282,53 @@ def test_runs_of_plain_functions_give_the_iterates_of_one_by_one(monkeypatch):
     monkeypatch.setattr(client, "scalar_blocks", lambda functions, builders: [])
     b = prob.solve(seed=0, max_iter=40)
     _same(a, b)
+
+
+def test_a_reply_packed_from_its_pieces_is_the_reply_packed_function_by_function():
+    """pack_pieces (a stacked run's rows sliced from the runs computed at once) gives the
+    arrays pack_statistics gives from the functions' own statistics: the same names in the
+    same order, shapes, dtypes and floats; with a DiagonalCurvature splitting the layout and
+    a function outside any piece inside a stacked run."""
+    from ssca_solver.methods.ssca.client import pack_pieces, scalar_blocks, scalar_statistics
+
+    prob = _problem(diagonal_at=3)
+    fns = [prob.objective] + [c.function for c in prob.constraints]
+    builders = list(prob.builders)
+    builders[6] = ss.ProximalLinear(2.5)
+    rng = np.random.default_rng(8)
+    X, y, w = rng.standard_normal((11, D)), rng.standard_normal(11), rng.standard_normal(D)
+    pieces = []
+    read = scalar_statistics(scalar_blocks(fns, builders), fns, builders, w, X, y, 0.7, pieces)
+    del read[9]            # function 9 computed on its own, inside the stacked run 4..12
+    stats = [read[m] if m in read else b.statistics(fn, w, X, y, 0.7, "here")
+             for m, (fn, b) in enumerate(zip(fns, builders))]
+    pieces = [([m for m in ms if m != 9], {k: np.delete(v, ms.index(9), axis=0)
+                                           if 9 in ms else v for k, v in arrays.items()})
+              for ms, arrays in pieces]
+    runs = ssca_step.stat_runs(stats)
+    assert any(ssca_step.stacked_run(r) and r[0] < 9 < r[1] for r in runs)
+    ref = ssca_step.pack_statistics(stats, runs)
+    got = pack_pieces(stats, runs, pieces)
+    assert list(got) == list(ref)
+    for k in ref:
+        a, b = np.asarray(got[k]), np.asarray(ref[k])
+        assert a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b), k
+
+
+def test_the_initial_statistics_are_each_builders_own_in_the_stacked_layout():
+    """init computes Fbar^(0) once per (builder type, tau): every function's statistics equal
+    its builder's initial_statistics, none shares an array with another, and a stacked run
+    carries its packed arrays (eq. (Fs0bar), the "tau" start)."""
+    prob = _problem(diagonal_at=3)
+    builders = list(prob.builders)
+    builders[6] = ss.ProximalLinear(2.5)
+    state = ssca_step.init(np.ones(D), builders, 0.7, "tau", M, 1.0)
+    assert state.stats.packed is not None and len(state.stats) == M + 1
+    for b, st in zip(builders, state.stats):
+        ref = b.initial_statistics(D, b.tau if b.tau is not None else 0.7, "tau")
+        assert set(st) == set(ref)
+        for k in ref:
+            assert np.shape(st[k]) == np.shape(ref[k]) and np.array_equal(st[k], ref[k])
+    arrays = [(m, np.asarray(v)) for m, st in enumerate(state.stats) for v in st.values()]
+    for (m, a), (k, b) in itertools.combinations(arrays, 2):
+        assert m == k or not np.shares_memory(a, b), (m, k)

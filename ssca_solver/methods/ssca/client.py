@@ -16,7 +16,7 @@ from ...model.surrogates import ProximalLinear, proximal_linear_statistics
 from ...federated.messages import Request, optional_int, own_factor, secagg_active, summed
 from . import adaptive as ad
 from . import privacy
-from .step import pack_statistics, stat_runs
+from .step import pack_statistics, run_key, stacked_run, stat_key, stat_runs
 
 #: the task name of a round
 TASK = "ssca.round"
@@ -113,13 +113,15 @@ def scalar_blocks(functions, builders) -> list:
     return blocks
 
 
-def scalar_statistics(blocks, functions, builders, w, X, y, tau: float) -> dict:
+def scalar_statistics(blocks, functions, builders, w, X, y, tau: float,
+                      pieces=None) -> dict:
     """{m: q_m} for the functions of ``blocks`` (:func:`scalar_blocks`): the proximal-linear
     statistics of eq. (fsmbar), the same floats :meth:`~ssca_solver.ProximalLinear.statistics`
     gives one function at a time, with the checks of the answers' shapes and finiteness made
     once for the run. A run where a function raises, answers with a wrong shape or is not
     finite is left out: its functions then go one by one, whose errors name the function,
-    client and round."""
+    client and round. ``pieces``: a list to which each run's stacked statistics are added
+    (:func:`_split_statistics`)."""
     out = {}
     n, d = X.shape[0], w.size
     ww = w @ w
@@ -138,16 +140,18 @@ def scalar_statistics(blocks, functions, builders, w, X, y, tau: float) -> dict:
         if not (np.all(np.isfinite(sums)) and np.all(np.isfinite(grads))):
             continue
         _split_statistics(out, ms, proximal_linear_statistics(
-            sums, grads, n, w, n * _taus(builders, ms, tau), ww))
+            sums, grads, n, w, n * _taus(builders, ms, tau), ww), pieces)
     return out
 
 
-def block_statistics(blocks, functions, builders, w, X, y, tau: float) -> dict:
+def block_statistics(blocks, functions, builders, w, X, y, tau: float,
+                     pieces=None) -> dict:
     """{m: q_m} for the functions of ``blocks`` (:func:`component_blocks`): the proximal-linear
     statistics of eq. (fsmbar) of every component from one evaluation of their vector
     function, as :meth:`~ssca_solver.ProximalLinear.statistics` gives them one by one. A block
     whose evaluation raises or is not finite is left out: its functions then go one by one,
-    whose errors name the component, client and round."""
+    whose errors name the component, client and round. ``pieces``: as
+    :func:`scalar_statistics`'s."""
     out = {}
     n = X.shape[0]
     for vec, ms, ks in blocks:
@@ -160,7 +164,8 @@ def block_statistics(blocks, functions, builders, w, X, y, tau: float) -> dict:
         if not (np.all(np.isfinite(sums)) and np.all(np.isfinite(G))):
             continue
         _split_statistics(out, ms, proximal_linear_statistics(sums, G, n, w,
-                                                              n * _taus(builders, ms, tau)))
+                                                              n * _taus(builders, ms, tau)),
+                          pieces)
     return out
 
 
@@ -170,11 +175,61 @@ def _taus(builders, ms, tau: float) -> np.ndarray:
                     dtype=float)
 
 
-def _split_statistics(out: dict, ms, stats) -> None:
-    """out[m] = function m's statistics, rows of K functions' (const, lin, quad)."""
+def _split_statistics(out: dict, ms, stats, pieces=None) -> None:
+    """out[m] = function m's statistics, rows of K functions' (const, lin, quad); with
+    ``pieces`` (a list) the K functions' stacked arrays are also added to it, as
+    (ms, {"const": (K,), "lin": (K, d), "quad": (K,)}), for :func:`pack_pieces`."""
     const, lin, quad = stats
     for i, m in enumerate(ms):
         out[m] = {"const": np.asarray(const[i]), "lin": lin[i], "quad": np.asarray(quad[i])}
+    if pieces is not None:
+        pieces.append((list(ms), {"const": np.asarray(const, dtype=float),
+                                  "lin": np.asarray(lin, dtype=float),
+                                  "quad": np.asarray(quad, dtype=float)}))
+
+
+def pack_pieces(stats, runs, pieces) -> dict:
+    """:func:`~.step.pack_statistics` of ``stats`` in the layout ``runs``, the same arrays,
+    with a stacked run's rows taken as slices of the ``pieces`` that hold them
+    (:func:`_split_statistics`: consecutive functions of one piece are one slice) instead of
+    copied one function at a time: with hundreds of constraints read at once a reply is
+    packed in a few array operations."""
+    where = {}
+    for p, (ms, _) in enumerate(pieces):
+        for i, m in enumerate(ms):
+            where[m] = (p, i)
+    if not where:
+        return pack_statistics(stats, runs)
+    out = {}
+    for run in runs:
+        first, stop, sig = run
+        if not stacked_run(run):
+            for m in range(first, stop):
+                for name, v in stats[m].items():
+                    out[stat_key(m, name)] = v
+            continue
+        # segments [(piece or None, start row, count, first function)]
+        segs, m = [], first
+        while m < stop:
+            at = where.get(m)
+            if at is None:
+                segs.append((None, m, 1, m))
+                m += 1
+                continue
+            p, i = at
+            k = 1
+            while (m + k < stop and where.get(m + k) == (p, i + k)):
+                k += 1
+            segs.append((p, i, k, m))
+            m += k
+        for name, shape in sig:
+            parts = [np.asarray(stats[f][name], dtype=float)[None, ...] if p is None
+                     else pieces[p][1][name][i:i + k] for p, i, k, f in segs]
+            out[run_key(first, stop - 1, name)] = (np.array(parts[0], dtype=float)
+                                                   if len(parts) == 1 else
+                                                   np.concatenate(parts).astype(float,
+                                                                                copy=False))
+    return out
 
 
 def curvature_of(request: Request, count: int) -> frozenset:
@@ -270,12 +325,12 @@ class SSCARoundTask:
         wanted = curvature_of(request, len(self.functions))
         # consecutive components of one VectorSampleFunction, and runs of plain functions:
         # their statistics at once (not with the noise split, which goes function by function)
-        read = {}
+        read, pieces = {}, []
         if not noisy:
             read.update(block_statistics(self.blocks, self.functions, self.builders,
-                                         request.w, X, y, tau))
+                                         request.w, X, y, tau, pieces))
             read.update(scalar_statistics(self.scalar_blocks, self.functions, self.builders,
-                                          request.w, X, y, tau))
+                                          request.w, X, y, tau, pieces))
         try:
             # the functions that give no curvature: their Hessians (or the sketch's products)
             # from central differences of their gradients, every function at each point
@@ -317,7 +372,7 @@ class SSCARoundTask:
             return {NONFINITE: np.ones(1)}
         if self._runs is None or self._runs[0] != len(stats):
             self._runs = (len(stats), stat_runs(stats))
-        arrays = pack_statistics(stats, self._runs[1])
+        arrays = pack_pieces(stats, self._runs[1], pieces)
         if curvature:
             # the functions' rows in index order, the sums over the batch's rows
             stacked = np.stack(curvature) * X.shape[0]

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..._kernels import FOLD_WIDTH, axpy, convex_step, fold, scaled
 from ...federated import Reply, aggregation_weight
+from ...model.surrogates import Linearization, ProximalLinear
 from ...subproblems.base import SubproblemSolution
 from .state import SSCAState
 
@@ -31,6 +32,10 @@ all ten 0.8 MB messages of the paper's network (added FOLD_WIDTH per pass), but 
 10^6 floats or more is added as soon as it arrives, so a round's memory stays a few copies of
 d floats (benchmarks/memory.py)."""
 
+
+#: builders whose Fbar^(0) (:meth:`~ssca_solver.SurrogateBuilder.initial_statistics`) only
+#: their type and tau decide: :func:`init` computes it once for all functions that share them
+_PLAIN_BUILDERS = (ProximalLinear, Linearization)
 
 #: a run of at least this many consecutive functions whose statistics have the same names and
 #: shapes travels as one array per statistic, the functions its rows (:func:`stat_runs`)
@@ -95,6 +100,8 @@ def stat_runs(stats: Sequence[Mapping]) -> list:
     runs, first = [], 0
     layout = _layout(stats[0]) if len(stats) else None
     for m in range(1, len(stats) + 1):
+        if m < len(stats) and stats[m] is stats[m - 1]:
+            continue                       # the same dict (init's shared start): same layout
         here = _layout(stats[m]) if m < len(stats) else None      # None: past the end
         if here != layout:
             runs.append((first, m, _signature(stats[first])))
@@ -221,9 +228,23 @@ def init(w0: np.ndarray, builders: Sequence, tau: float, surrogate_init: str,
     (PAPER_NOTES item 4).
     """
     w0 = np.asarray(w0, dtype=float).copy()
-    stats = tuple(b.initial_statistics(w0.size, b.tau if b.tau is not None else tau,
-                                       surrogate_init) for b in builders)
-    return SSCAState(0, w0, stats, float(penalty), np.zeros(num_constraints))
+    # the built-in builders' Fbar^(0) depends on their type and tau alone: computed once per
+    # (type, tau), the functions' statistics then new arrays in the replies' layout (a
+    # stacked run's rows together), so hundreds of constraints cost no per-function calls
+    shared, stats = {}, []
+    for b in builders:
+        t = b.tau if b.tau is not None else tau
+        key = (type(b), t) if type(b) in _PLAIN_BUILDERS else None
+        if key is None:
+            stats.append(b.initial_statistics(w0.size, t, surrogate_init))
+            continue
+        if key not in shared:
+            shared[key] = b.initial_statistics(w0.size, t, surrogate_init)
+        stats.append(shared[key])
+    runs = stat_runs(stats)
+    packed = {k: np.array(v, dtype=float) for k, v in pack_statistics(stats, runs).items()}
+    return SSCAState(0, w0, unpack_statistics(packed, stats, runs), float(penalty),
+                     np.zeros(num_constraints))
 
 
 def combine(replies: Sequence[Reply], num_samples: int) -> tuple:
