@@ -224,11 +224,14 @@ def test_statistics_read_from_replies_keep_their_layout_and_rescale_a_run_at_onc
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_run_of_plain_functions_gives_each_its_own_statistics_bit_for_bit():
+@pytest.mark.parametrize("rows", [11, 100])
+def test_a_run_of_plain_functions_gives_each_its_own_statistics_bit_for_bit(rows):
     """A client's run of plain functions with the proximal-linear builder (scalar_blocks;
     a DiagonalCurvature splits it) gives every function exactly the floats
-    ProximalLinear.statistics gives it on its own (eq. (fsmbar)), with a builder's own tau."""
-    from ssca_solver.methods.ssca.client import scalar_blocks, scalar_statistics
+    ProximalLinear.statistics gives it on its own (eq. (fsmbar)), with a builder's own tau;
+    with few rows (their values summed as one array's rows) and with many."""
+    from ssca_solver.methods.ssca.client import (SUM_ROWS_TOGETHER, scalar_blocks,
+                                                 scalar_statistics)
 
     prob = _problem(diagonal_at=3)
     fns = [prob.objective] + [c.function for c in prob.constraints]
@@ -236,8 +239,10 @@ def test_a_run_of_plain_functions_gives_each_its_own_statistics_bit_for_bit():
     builders[6] = ss.ProximalLinear(2.5)
     blocks = scalar_blocks(fns, builders)
     assert blocks == [[0, 1, 2, 3], list(range(5, M + 1))]
+    assert (rows <= SUM_ROWS_TOGETHER) == (rows == 11)
     rng = np.random.default_rng(7)
-    X, y, w = rng.standard_normal((11, D)), rng.standard_normal(11), rng.standard_normal(D)
+    X, y = rng.standard_normal((rows, D)), rng.standard_normal(rows)
+    w = rng.standard_normal(D)
     got = scalar_statistics(blocks, fns, builders, w, X, y, 0.7)
     assert sorted(got) == [0, 1, 2, 3] + list(range(5, M + 1))
     for m, st in got.items():
@@ -285,10 +290,11 @@ def test_runs_of_plain_functions_give_the_iterates_of_one_by_one(monkeypatch):
 
 
 def test_a_reply_packed_from_its_pieces_is_the_reply_packed_function_by_function():
-    """pack_pieces (a stacked run's rows sliced from the runs computed at once) gives the
-    arrays pack_statistics gives from the functions' own statistics: the same names in the
-    same order, shapes, dtypes and floats; with a DiagonalCurvature splitting the layout and
-    a function outside any piece inside a stacked run."""
+    """pack_pieces (a run's rows sliced from the statistics computed at once, no dict per
+    function) gives the arrays pack_statistics gives from each function's own statistics
+    (ProximalLinear.statistics one by one): the same names in the same order, shapes, dtypes
+    and floats; with a DiagonalCurvature splitting the layout, a piece inside a run too short
+    to be stacked, and a function outside any piece inside a stacked run."""
     from ssca_solver.methods.ssca.client import pack_pieces, scalar_blocks, scalar_statistics
 
     prob = _problem(diagonal_at=3)
@@ -297,17 +303,18 @@ def test_a_reply_packed_from_its_pieces_is_the_reply_packed_function_by_function
     builders[6] = ss.ProximalLinear(2.5)
     rng = np.random.default_rng(8)
     X, y, w = rng.standard_normal((11, D)), rng.standard_normal(11), rng.standard_normal(D)
+    own = [b.statistics(fn, w, X, y, b.tau if b.tau is not None else 0.7, "here")
+           for fn, b in zip(fns, builders)]
+    blocks = [[m for m in ms if m != 9] for ms in scalar_blocks(fns, builders)]
+    assert blocks == [[0, 1, 2, 3], [5, 6, 7, 8, 10, 11, 12]]
     pieces = []
-    read = scalar_statistics(scalar_blocks(fns, builders), fns, builders, w, X, y, 0.7, pieces)
-    del read[9]            # function 9 computed on its own, inside the stacked run 4..12
-    stats = [read[m] if m in read else b.statistics(fn, w, X, y, 0.7, "here")
-             for m, (fn, b) in enumerate(zip(fns, builders))]
-    pieces = [([m for m in ms if m != 9], {k: np.delete(v, ms.index(9), axis=0)
-                                           if 9 in ms else v for k, v in arrays.items()})
-              for ms, arrays in pieces]
-    runs = ssca_step.stat_runs(stats)
-    assert any(ssca_step.stacked_run(r) and r[0] < 9 < r[1] for r in runs)
-    ref = ssca_step.pack_statistics(stats, runs)
+    read = scalar_statistics(blocks, fns, builders, w, X, y, 0.7, pieces)
+    assert sorted(read) == blocks[0] + blocks[1] and all(v is None for v in read.values())
+    stats = [None if m in read else own[m] for m in range(len(fns))]
+    runs = ssca_step.stat_runs(own)
+    assert [r[:2] for r in runs] == [(0, 4), (4, 5), (5, 13)]
+    assert ssca_step.stacked_run(runs[2]) and not ssca_step.stacked_run(runs[0])
+    ref = ssca_step.pack_statistics(own, runs)
     got = pack_pieces(stats, runs, pieces)
     assert list(got) == list(ref)
     for k in ref:

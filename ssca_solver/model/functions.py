@@ -347,16 +347,19 @@ HESSIAN_STEP = float(np.cbrt(np.finfo(float).eps))
 
 
 def vector_groups(fns) -> list:
-    """[(vector, [i, ...], [k, ...])]: the positions i in ``fns`` of the components k of each
-    VectorSampleFunction with at least two of its components there."""
+    """[(vector, i, k)]: the positions i in ``fns`` (an integer array) of the components k (an
+    integer array) of each VectorSampleFunction with at least two of its components there."""
     by = {}
     for i, fn in enumerate(fns):
         of = getattr(fn, "component_of", None)
         if of is not None:
-            by.setdefault(id(of[0]), (of[0], [], []))
-            by[id(of[0])][1].append(i)
-            by[id(of[0])][2].append(of[1])
-    return [g for g in by.values() if len(g[1]) >= 2]
+            group = by.get(id(of[0]))
+            if group is None:
+                group = by[id(of[0])] = (of[0], [], [])
+            group[1].append(i)
+            group[2].append(of[1])
+    return [(vec, np.array(idx, dtype=np.intp), np.array(ks, dtype=np.intp))
+            for vec, idx, ks in by.values() if len(idx) >= 2]
 
 
 def _gradients_or_none(fns, groups, w, X, y, d: int) -> tuple:
@@ -377,16 +380,18 @@ def _gradients_or_none(fns, groups, w, X, y, d: int) -> tuple:
             continue                         # every component fails at w
         G[idx] = J[ks]
         ok[idx] = np.all(np.isfinite(G[idx]), axis=1)
-    for i in np.flatnonzero(~done):
+    rest = np.flatnonzero(~done)
+    for i in rest.tolist():
         # checked inline (hundreds of constraints, 2 d points each): a failure of the
-        # user's call, a wrong shape or a non-finite entry is not ok
+        # user's call or a wrong shape is not ok; a non-finite entry below, for all at once
         try:
             g = np.asarray(fns[i].grad(w, X, y), dtype=float)
         except Exception:
             continue
-        if g.shape == (d,) and (math.isfinite(float(np.add.reduce(g)))
-                                or np.all(np.isfinite(g))):
+        if g.shape == (d,):
             G[i], ok[i] = g, True
+    if rest.size:
+        ok[rest] &= np.isfinite(G[rest]).all(axis=1)
     G[~ok] = 0.0
     return G, ok
 

@@ -37,7 +37,7 @@ from ...errors import UserFunctionError
 from ...federated.messages import aggregation_weight, array, secagg_active
 from ...model.functions import (DIFFERENCE_STEPS, central_difference, checked_grad,
                                 checked_value_and_grad, checked_values, mean_value_or_nan,
-                                step_scale)
+                                step_scale, vector_groups)
 from ...model.surrogates import DiagonalCurvature, Linearization, ProximalLinear
 
 START_BATCH = 32        # rows per client in the first rounds of a growing schedule
@@ -205,6 +205,27 @@ class ProbeTask:
 
     def __init__(self, functions):
         self.functions = tuple(functions)
+        # the components of each VectorSampleFunction: their values and gradients at w from
+        # one evaluation of it
+        self.groups = vector_groups(self.functions)
+
+    def _at_point(self, w, X, y) -> dict:
+        """{m: (per-sample values, gradient)} at ``w`` of the components of the vector
+        functions (:attr:`groups`) whose one evaluation there is finite (the others are
+        evaluated one by one, whose errors name the component): the floats
+        :func:`checked_value_and_grad` gives each."""
+        out = {}
+        for vec, idx, ks in self.groups:
+            try:
+                v, J = vec.evaluate(w, X, y)
+            except Exception:
+                continue
+            V, G = v[:, ks], J[ks]
+            if not (np.all(np.isfinite(V)) and np.all(np.isfinite(G))):
+                continue
+            for i, k in zip(idx.tolist(), ks.tolist()):
+                out[i] = (v[:, k], J[k])
+        return out
 
     def __call__(self, client, request):
         X, y, b = client.batch(0, request.config.get("batch_size"))
@@ -215,8 +236,9 @@ class ProbeTask:
         # checked along (.probe._recheck_elsewhere)
         fixed = [int(i) for i in str(request.config.get("fixed") or "").split(",") if i]
         arrays, rows = {}, np.zeros((len(self.functions), 4))
+        known = self._at_point(w, X, y)
         for m, fn in enumerate(self.functions):
-            v, g = checked_value_and_grad(fn, w, X, y, where)
+            v, g = known[m] if m in known else checked_value_and_grad(fn, w, X, y, where)
             if fixed:
                 g = g.copy()
                 g[fixed] = 0.0

@@ -113,6 +113,11 @@ def scalar_blocks(functions, builders) -> list:
     return blocks
 
 
+#: up to this many rows in a batch, :func:`scalar_statistics` sums a run's values as the rows
+#: of one (functions, rows) array (its memory: this many floats per function)
+SUM_ROWS_TOGETHER = 64
+
+
 def scalar_statistics(blocks, functions, builders, w, X, y, tau: float,
                       pieces=None) -> dict:
     """{m: q_m} for the functions of ``blocks`` (:func:`scalar_blocks`): the proximal-linear
@@ -125,18 +130,27 @@ def scalar_statistics(blocks, functions, builders, w, X, y, tau: float,
     out = {}
     n, d = X.shape[0], w.size
     ww = w @ w
+    # a few rows: the functions' values summed as one array's rows (the same floats as
+    # each one's own sum), not one reduction per function
+    together = n <= SUM_ROWS_TOGETHER
     for ms in blocks:
         sums, grads = np.empty(len(ms)), np.empty((len(ms), d))
+        values = np.empty((len(ms), n)) if together else None
         try:
             for i, m in enumerate(ms):
                 v, g = raw_value_and_grad(functions[m], w, X, y)
                 v, g = np.asarray(v, dtype=float), np.asarray(g, dtype=float)
                 if v.shape != (n,) or g.shape != (d,):
                     raise ValueError("shape")
-                sums[i] = v.sum()
+                if together:
+                    values[i] = v
+                else:
+                    sums[i] = v.sum()
                 grads[i] = g
         except Exception:
             continue
+        if together:
+            sums = values.sum(axis=1)
         if not (np.all(np.isfinite(sums)) and np.all(np.isfinite(grads))):
             continue
         _split_statistics(out, ms, proximal_linear_statistics(
@@ -177,15 +191,30 @@ def _taus(builders, ms, tau: float) -> np.ndarray:
 
 def _split_statistics(out: dict, ms, stats, pieces=None) -> None:
     """out[m] = function m's statistics, rows of K functions' (const, lin, quad); with
-    ``pieces`` (a list) the K functions' stacked arrays are also added to it, as
-    (ms, {"const": (K,), "lin": (K, d), "quad": (K,)}), for :func:`pack_pieces`."""
+    ``pieces`` (a list) the K functions' stacked arrays are added to it instead, as
+    (ms, {"const": (K,), "lin": (K, d), "quad": (K,)}), for :func:`pack_pieces`, and out[m]
+    is None (:func:`piece_statistics` makes the dict where one is needed)."""
     const, lin, quad = stats
-    for i, m in enumerate(ms):
-        out[m] = {"const": np.asarray(const[i]), "lin": lin[i], "quad": np.asarray(quad[i])}
     if pieces is not None:
         pieces.append((list(ms), {"const": np.asarray(const, dtype=float),
                                   "lin": np.asarray(lin, dtype=float),
                                   "quad": np.asarray(quad, dtype=float)}))
+        out.update(dict.fromkeys(ms))
+        return
+    for i, m in enumerate(ms):
+        out[m] = {"const": np.asarray(const[i]), "lin": lin[i], "quad": np.asarray(quad[i])}
+
+
+def piece_statistics(pieces, only=None) -> dict:
+    """{m: function m's statistics} of the functions whose rows the ``pieces`` hold (those of
+    ``only``, a set, when given): the dicts :func:`_split_statistics` makes without them."""
+    out = {}
+    for ms, arrays in pieces:
+        for i, m in enumerate(ms):
+            if only is None or m in only:
+                out[m] = {"const": np.asarray(arrays["const"][i]), "lin": arrays["lin"][i],
+                          "quad": np.asarray(arrays["quad"][i])}
+    return out
 
 
 def pack_pieces(stats, runs, pieces) -> dict:
@@ -193,7 +222,8 @@ def pack_pieces(stats, runs, pieces) -> dict:
     with a stacked run's rows taken as slices of the ``pieces`` that hold them
     (:func:`_split_statistics`: consecutive functions of one piece are one slice) instead of
     copied one function at a time: with hundreds of constraints read at once a reply is
-    packed in a few array operations."""
+    packed in a few array operations. ``stats[m]`` is None for a function whose row a piece
+    holds."""
     where = {}
     for p, (ms, _) in enumerate(pieces):
         for i, m in enumerate(ms):
@@ -204,8 +234,11 @@ def pack_pieces(stats, runs, pieces) -> dict:
     for run in runs:
         first, stop, sig = run
         if not stacked_run(run):
+            missing = {m for m in range(first, stop) if stats[m] is None}
+            rows = piece_statistics(pieces, missing) if missing else {}
             for m in range(first, stop):
-                for name, v in stats[m].items():
+                st = stats[m] if stats[m] is not None else rows[m]
+                for name, v in st.items():
                     out[stat_key(m, name)] = v
             continue
         # segments [(piece or None, start row, count, first function)]
@@ -371,6 +404,9 @@ class SSCARoundTask:
                 raise
             return {NONFINITE: np.ones(1)}
         if self._runs is None or self._runs[0] != len(stats):
+            # the layout from every function's dict, the first time (the pieces' rows too)
+            rows = piece_statistics(pieces)
+            stats = [st if st is not None else rows[m] for m, st in enumerate(stats)]
             self._runs = (len(stats), stat_runs(stats))
         arrays = pack_pieces(stats, self._runs[1], pieces)
         if curvature:

@@ -80,7 +80,8 @@ class FormsCache:
             if held is stats:
                 return forms
         forms = make()
-        if isinstance(stats, tuple):
+        if isinstance(stats, tuple) or getattr(stats, "packed", None) is not None:
+            # (not a list: the forms of an immutable sequence, a tuple or .step.Statistics)
             self._held = [(stats, forms)] + self._held[:self.KEEP - 1]
         return forms
 

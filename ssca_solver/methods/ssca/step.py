@@ -15,6 +15,8 @@ is a loop over c_1 < c_2 < ... around the same step, warm-started from the last 
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence as SequenceBase
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -52,20 +54,64 @@ def run_key(first: int, last: int, name: str) -> str:
     return f"{first}..{last}:{name}"
 
 
-class Statistics(tuple):
-    """Every function's statistics (a tuple of dicts, one per function: eqs.
+class Statistics(SequenceBase):
+    """Every function's statistics (a sequence of dicts, one per function: eqs.
     (Fs0bar)/(Fsmbar)'s averaged statistics) that also carries
     their layout's runs (:func:`stat_runs`) and the arrays they were read from in that layout
     (:func:`pack_statistics`'s, ``packed``: the dicts hold views of its stacked rows). The
     server's statistics are this from the replies' average on: with hundreds of constraints
     a round then neither derives the runs again nor restacks the rows, and
-    :func:`.adaptive.rescale_all` scales a stacked run as one array. A plain tuple of the same
-    dicts means the same statistics (the attributes only save work)."""
+    :func:`.adaptive.rescale_all` scales a stacked run as one array. Read from packed arrays
+    (:func:`unpack_statistics`), a function's dict is made when it is first read: a round that
+    reads the stacked arrays alone makes none. A tuple of the same dicts means the same
+    statistics (the attributes only save work); ``tuple(stats)`` gives one."""
 
-    def __new__(cls, items=(), runs=None, packed=None):
-        obj = super().__new__(cls, items)
-        obj.runs, obj.packed = runs, packed
+    __slots__ = ("_items", "runs", "packed", "_starts")
+
+    def __init__(self, items=(), runs=None, packed=None):
+        self._items = list(items)
+        self.runs, self.packed, self._starts = runs, packed, None
+
+    @classmethod
+    def from_packed(cls, packed: Mapping, runs, count: int) -> "Statistics":
+        """The statistics of ``count`` functions laid out in ``runs`` (:func:`stat_runs`),
+        read from ``packed`` (:func:`pack_statistics`'s arrays, which must hold every key of
+        the layout) when each function is first read."""
+        obj = cls((), runs, packed)
+        obj._items = [None] * count
         return obj
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self._items))))
+        item = self._items[i]
+        if item is None:
+            m = range(len(self._items))[i]              # a negative index, and IndexError
+            item = self._items[m] = self._read(m)
+        return item
+
+    def __iter__(self):
+        for m in range(len(self._items)):
+            yield self[m]
+
+    def _read(self, m: int) -> dict:
+        """Function m's dict from the packed arrays (a stacked run's rows as views)."""
+        if self._starts is None:
+            self._starts = [run[0] for run in self.runs]
+        first, stop, sig = self.runs[bisect.bisect_right(self._starts, m) - 1]
+        if stacked_run((first, stop, sig)):
+            return {name: self.packed[run_key(first, stop - 1, name)][m - first, ...]
+                    for name, _ in sig}
+        return {name: self.packed[stat_key(m, name)] for name, _ in sig}
+
+    def __reduce__(self):
+        return (Statistics, (tuple(self), self.runs, self.packed))
+
+    def __repr__(self) -> str:
+        return f"Statistics({tuple(self)!r})"
 
     def stacked(self, name: str):
         """Statistic ``name`` of every function as one new array whose rows are the
@@ -165,23 +211,11 @@ def unpack_statistics(arrays: Mapping, template: Sequence[Mapping], runs=None) -
     """Every function's statistics (a :class:`Statistics`; stacked ones as views of their
     rows) from a reply's ``arrays`` packed in the layout of ``template``
     (:func:`pack_statistics`); a missing array raises KeyError naming it."""
-    out, packed = [dict() for _ in template], {}
     if runs is None:
         runs = stat_runs(template)
-    for run in runs:
-        first, stop, sig = run
-        if stacked_run(run):
-            for name, _ in sig:
-                key = run_key(first, stop - 1, name)
-                block = packed[key] = arrays[key]
-                for m in range(first, stop):
-                    out[m][name] = block[m - first, ...]      # a view, 0-d for a scalar
-        else:
-            for m in range(first, stop):
-                for name, _ in sig:
-                    key = stat_key(m, name)
-                    out[m][name] = packed[key] = arrays[key]
-    return Statistics(out, runs, packed)
+    packed = {key: arrays[key] for key in stat_keys(template, runs)}
+    # each function's dict (a stacked run's rows as views, 0-d for a scalar) when first read
+    return Statistics.from_packed(packed, runs, len(template))
 
 
 class StepInfo(NamedTuple):
