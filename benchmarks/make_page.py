@@ -545,20 +545,27 @@ def r_rounds_constraints(d: dict) -> str:
     recs = d.get("constraints") or []
     vector = bool(recs) and all("ssca_vector" in r for r in recs)
     growth = bool(recs) and all("growth" in r for r in recs)
+    calls = vector and all("user_calls_per_round" in r[k] for r in recs
+                           for k in ("ssca", "ssca_vector"))
     rows = [[r.get("n", 300), r["m"], r["active"], f"{r['ssca']['status']} {r['ssca']['rounds']}",
              ms(r["ssca"]["round_s"])]
             + ([ms(r["ssca_vector"]["round_s"])] if vector else [])
             + [r["slsqp"]["iterations"], ms(r["slsqp"]["iteration_s"]),
                num(r["round_over_iteration"])]
             + ([" / ".join(num(r["growth"][k]) for k in ("ssca", "ssca_vector", "slsqp"))]
-               if growth else []) for r in recs]
+               if growth else [])
+            + ([" / ".join(f"{r[k]['user_calls_per_round']:.0f}"
+                           for k in ("ssca", "ssca_vector"))] if calls else [])
+            for r in recs]
     if not rows:
         return ""
     head = (["n", "m", "active at the optimum", "SSCA", "a round"]
             + (["a round, one vector function"] if vector else [])
             + ["SLSQP iterations", "an iteration", "round / iteration"]
             + (["growth since the smallest m (round / vector round / iteration)"]
-               if growth else []))
+               if growth else [])
+            + (["calls of the user's functions a round (separate / vector)"]
+               if calls else []))
     return ("\nA round's cost against the number of constraints m: min |w|^2 / 2 + c.w s.t. "
             "(a_m.w)^2 <= b_m, each constraint its own function, one client, the default "
             "options (at n = 9 the Newton model, its Hessians differenced by the client; at "
@@ -567,6 +574,10 @@ def r_rounds_constraints(d: dict) -> str:
             + (" \"One vector function\": the same constraints as one "
                "`VectorSampleFunction` (one call of the user's function per round instead of "
                "m, and the clients' statistics of all m components at once)." if vector else "")
+            + (" The calls of the user's functions a round are counted in a solve of their own:"
+               " with one function per constraint they grow with m (the Newton model's Hessians"
+               " are differenced, 2n gradient calls for each function whose curvature the "
+               "round asks for), with one vector function they do not." if calls else "")
             + " Target: a round within 5x an iteration at n = m = 300, and nearly flat in m.\n\n"
             + table(head, rows))
 

@@ -316,7 +316,9 @@ def constraints_case() -> list:
                 f"{rec['slsqp']['iteration_s'] * 1e3:.2f} ms each; ratio "
                 f"{rec['round_over_iteration']:.1f}; growth since m = {CONS_MS[0]}: "
                 f"{rec['growth']['ssca']:.1f}x (vector {rec['growth']['ssca_vector']:.1f}x, "
-                f"SLSQP {rec['growth']['slsqp']:.1f}x)")
+                f"SLSQP {rec['growth']['slsqp']:.1f}x); calls of the user's functions a round "
+                f"{rec['ssca']['user_calls_per_round']:.0f} (vector "
+                f"{rec['ssca_vector']['user_calls_per_round']:.0f})")
             out.append(rec)
     top = max(CONS_NS)
     for rec in out:
@@ -331,19 +333,35 @@ def _constraints_record(n: int, m: int) -> dict:
     from scipy.optimize import minimize
 
     A, b, c0 = constraints_rows(n, m)
-    f = ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], 0.5 * w @ w + c0 @ w),
-                          lambda w, X, y: w + c0, name="f", convexity="convex")
-    cons = [ss.SampleFunction((lambda a: lambda w, X, y: np.full(X.shape[0],
-                                                                   (a @ w) ** 2))(A[i]),
-                              (lambda a: lambda w, X, y: 2.0 * (a @ w) * a)(A[i]),
-                              name=f"c{i}", convexity="convex") <= b[i] for i in range(m)]
-    # the same constraints as one VectorSampleFunction: one call of the user's function
-    # per round instead of m (the library's per-constraint work is the same)
-    vec = ss.VectorSampleFunction(
-        lambda w, X, y: np.tile((A @ w) ** 2, (X.shape[0], 1)),
-        lambda w, X, y: 2.0 * (A @ w)[:, None] * A, m, name="c", convexity="convex")
     data = ss.FederatedData([np.zeros((1, 1))])
     x0 = np.zeros(n)
+
+    def problems(calls=None):
+        """The problem with one function per constraint, and with the constraints as one
+        VectorSampleFunction (one call of the user's function per round instead of m); with
+        ``calls`` (a one-element list) every call of a user's function counted in it."""
+        def counted(fn):
+            if calls is None:
+                return fn
+
+            def call(*args):
+                calls[0] += 1
+                return fn(*args)
+            return call
+
+        f = ss.SampleFunction(
+            counted(lambda w, X, y: np.full(X.shape[0], 0.5 * w @ w + c0 @ w)),
+            counted(lambda w, X, y: w + c0), name="f", convexity="convex")
+        cons = [ss.SampleFunction(counted((lambda a: lambda w, X, y: np.full(
+                    X.shape[0], (a @ w) ** 2))(A[i])),
+                    counted((lambda a: lambda w, X, y: 2.0 * (a @ w) * a)(A[i])),
+                    name=f"c{i}", convexity="convex") <= b[i] for i in range(m)]
+        vec = ss.VectorSampleFunction(
+            counted(lambda w, X, y: np.tile((A @ w) ** 2, (X.shape[0], 1))),
+            counted(lambda w, X, y: 2.0 * (A @ w)[:, None] * A), m, name="c",
+            convexity="convex")
+        return (ss.Problem(f, cons, dim=n, data=data),
+                ss.Problem(f, vec <= b, dim=n, data=data))
 
     def fastest(prob):
         prob.solve(seed=0, x0=x0, max_iter=2)      # Numba's cache loaded outside the clock
@@ -354,8 +372,16 @@ def _constraints_record(n: int, m: int) -> dict:
             walls.append(time.perf_counter() - t0)
         return res, min(walls)
 
-    res, wall = fastest(ss.Problem(f, cons, dim=n, data=data))
-    vres, vwall = fastest(ss.Problem(f, vec <= b, dim=n, data=data))
+    separate, together = problems()
+    res, wall = fastest(separate)
+    vres, vwall = fastest(together)
+    # the calls of the user's functions a round makes (a solve apart, off the clock: the
+    # counting wraps every call)
+    user_calls, calls = [], [0]
+    for prob in problems(calls):
+        calls[0] = 0
+        counted_res = prob.solve(seed=0, x0=x0)
+        user_calls.append(calls[0] / max(counted_res.nit, 1))
 
     def slsqp(maxiter):
         return minimize(lambda w: 0.5 * w @ w + c0 @ w, x0, jac=lambda w: w + c0,
@@ -371,10 +397,12 @@ def _constraints_record(n: int, m: int) -> dict:
     ref_wall = min(ref_walls)
     rec = {"n": n, "m": m, "active": int(np.sum(b - (A @ ref.x) ** 2 <= 1e-6)),
            "ssca": {"status": res.status, "rounds": int(res.nit), "wall": wall,
-                    "round_s": wall / max(res.nit, 1), "objective": float(res.fun)},
+                    "round_s": wall / max(res.nit, 1), "objective": float(res.fun),
+                    "user_calls_per_round": user_calls[0]},
            "ssca_vector": {"status": vres.status, "rounds": int(vres.nit), "wall": vwall,
                            "round_s": vwall / max(vres.nit, 1),
-                           "objective": float(vres.fun)},
+                           "objective": float(vres.fun),
+                           "user_calls_per_round": user_calls[1]},
            "slsqp": {"iterations": int(ref.nit), "wall": ref_wall,
                      "iteration_s": ref_wall / max(ref.nit, 1), "objective": float(ref.fun),
                      "message": str(ref.message)}}
