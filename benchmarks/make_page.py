@@ -570,7 +570,8 @@ def r_rounds_constraints(d: dict) -> str:
             "(a_m.w)^2 <= b_m, each constraint its own function, one client, the default "
             "options (at n = 9 the Newton model, its Hessians differenced by the client; at "
             "n = 300 the quasi-Newton model), beside an SLSQP iteration on the same problem "
-            "(the constraints as one vector function); each wall time the fastest of 5 runs."
+            "(the constraints as one vector function); each wall time the fastest of 5 runs "
+            "in each of two passes over the sizes."
             + (" \"One vector function\": the same constraints as one "
                "`VectorSampleFunction` (one call of the user's function per round instead of "
                "m, and the clients' statistics of all m components at once)." if vector else "")

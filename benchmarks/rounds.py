@@ -282,6 +282,8 @@ def multinomial_case() -> list:
 
 
 CONS_NS, CONS_MS, TARGET_CONS_RATIO, CONS_REPEATS = (9, 300), (10, 30, 100, 300), 5.0, 5
+#: passes over the constraints case's sizes (:func:`constraints_case`)
+CONS_PASSES = 2
 
 
 def constraints_rows(n: int, m: int, seed: int = 0):
@@ -297,14 +299,20 @@ def constraints_case() -> list:
     client holding one row, default options) beside an SLSQP iteration on the same problem
     (exact gradients, the constraints as one vector function), at n = 9 (the Newton model,
     its Hessians differenced) and n = 300 (the quasi-Newton model); each solve's wall time
-    the fastest of CONS_REPEATS runs (the solves take milliseconds to a second). Each
+    the fastest of CONS_REPEATS runs (the solves take milliseconds to a second) in each of
+    CONS_PASSES passes over the sizes, and the fastest pass kept. Each
     record's ``growth``: its round's time over the same n's at the smallest m (SLSQP's
     iteration's beside it)."""
+    # every (n, m) measured in CONS_PASSES passes over the sizes, the fastest kept: a pause
+    # of the machine (the benchmark's earlier cases' memory given back, another process) then
+    # costs one pass's figure, not the smallest m's, which every growth is relative to
+    passes = [{(n, m): _constraints_record(n, m) for n in CONS_NS for m in CONS_MS}
+              for _ in range(CONS_PASSES)]
     out = []
     for n in CONS_NS:
         first = None
         for m in CONS_MS:
-            rec = _constraints_record(n, m)
+            rec = _fastest_record([p[(n, m)] for p in passes])
             first = first or rec
             rec["growth"] = {k: rec[k][key] / first[k][key] for k, key in
                              (("ssca", "round_s"), ("ssca_vector", "round_s"),
@@ -325,6 +333,18 @@ def constraints_case() -> list:
         rec["target_met"] = (rec["n"] != top or rec["m"] != max(CONS_MS)
                              or rec["round_over_iteration"] <= TARGET_CONS_RATIO)
     return out
+
+
+def _fastest_record(recs: list) -> dict:
+    """One (n, m)'s record from its passes: SSCA's, the vector function's and SLSQP's parts
+    each from the pass where it was fastest (the rounds and iterations are the same in
+    every pass)."""
+    rec = dict(recs[0])
+    for key, time_key in (("ssca", "round_s"), ("ssca_vector", "round_s"),
+                          ("slsqp", "iteration_s")):
+        rec[key] = min((r[key] for r in recs), key=lambda part: part[time_key])
+    rec["round_over_iteration"] = rec["ssca"]["round_s"] / rec["slsqp"]["iteration_s"]
+    return rec
 
 
 def _constraints_record(n: int, m: int) -> dict:
