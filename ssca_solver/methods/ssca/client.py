@@ -405,8 +405,8 @@ class SSCARoundTask:
             return {NONFINITE: np.ones(1)}
         if self._runs is None or self._runs[0] != len(stats):
             # the layout from every function's dict, the first time (the pieces' rows too)
-            rows = piece_statistics(pieces)
-            stats = [st if st is not None else rows[m] for m, st in enumerate(stats)]
+            held = piece_statistics(pieces)
+            stats = [st if st is not None else held[m] for m, st in enumerate(stats)]
             self._runs = (len(stats), stat_runs(stats))
         arrays = pack_pieces(stats, self._runs[1], pieces)
         if curvature:
