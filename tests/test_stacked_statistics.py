@@ -339,3 +339,35 @@ def test_the_initial_statistics_are_each_builders_own_in_the_stacked_layout():
     arrays = [(m, np.asarray(v)) for m, st in enumerate(state.stats) for v in st.values()]
     for (m, a), (k, b) in itertools.combinations(arrays, 2):
         assert m == k or not np.shares_memory(a, b), (m, k)
+
+
+def test_statistics_read_from_packed_arrays_make_a_dict_only_when_read():
+    """unpack_statistics makes no per-function dict: a function's is made when first read
+    (views of a stacked run's rows, a short run's own arrays), the same as the dict it was
+    packed from; negative indices, slices, iteration and pickling behave as a tuple's; a
+    missing array is a KeyError naming it."""
+    import pickle
+
+    prob = _problem(diagonal_at=3)
+    rng = np.random.default_rng(9)
+    stats = [{k: rng.standard_normal(np.shape(v)) for k, v in
+              b.initial_statistics(D, 1.0, "tau").items()} for b in prob.builders]
+    packed = ssca_step.pack_statistics(stats)
+    got = ssca_step.unpack_statistics(packed, stats)
+    assert got._items == [None] * len(stats)          # nothing made yet
+    st = got[7]                                        # in the stacked run 5..12
+    assert sum(x is not None for x in got._items) == 1 and got[7] is st
+    run = ssca_step.run_key(5, 12, "lin")
+    assert np.shares_memory(st["lin"], packed[run])
+    for m, (a, b) in enumerate(zip(got, stats)):
+        assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in b), m
+    assert got[-1] is got[len(stats) - 1] and got[1:3] == (got[1], got[2])
+    with pytest.raises(IndexError):
+        got[len(stats)]
+    back = pickle.loads(pickle.dumps(got))
+    assert isinstance(back, ssca_step.Statistics) and back.runs == got.runs
+    assert all(np.array_equal(back[m][k], got[m][k]) for m in range(len(stats))
+               for k in got[m])
+    del packed[run]
+    with pytest.raises(KeyError, match=r"5\.\.12:lin"):
+        ssca_step.unpack_statistics(packed, stats)
