@@ -326,6 +326,22 @@ def check_strongly_convex(builder: SurrogateBuilder, stats: Mapping[str, np.ndar
                              "subproblem is unbounded.")
 
 
+def check_all_strongly_convex(builders, stats, dim: int, names) -> None:
+    """:func:`check_strongly_convex` (Assumption 2) of every function whose surrogate must be
+    strongly convex (not an equality's affine one): the proximal-linear builders' curvature
+    ``quad`` read for all of them at once where ``stats`` carry it stacked (a ``stacked``
+    method, :class:`ssca_solver.methods.ssca.step.Statistics`: one number per function),
+    the others (and any whose quad is not positive, for its error) one by one."""
+    quad = stats.stacked("quad") if hasattr(stats, "stacked") else None
+    fine = np.zeros(len(builders), dtype=bool)
+    if quad is not None and quad.shape == (len(builders),):
+        fine = np.fromiter((type(b) is ProximalLinear for b in builders), bool,
+                           len(builders)) & (quad > 0)
+    for m, (b, name) in enumerate(zip(builders, names)):
+        if b.strongly_convex and not fine[m]:
+            check_strongly_convex(b, stats[m], dim, name)
+
+
 def builder_of(fn: SampleFunction, equality: bool = False) -> SurrogateBuilder:
     """The builder a function uses: its own, or the proximal-linear default; for an equality
     constraint the :class:`Linearization` (a surrogate of its own is refused there, since it

@@ -25,7 +25,7 @@ from ...engine.method import Method
 from ...engine.options import describe_schedule
 from ...federated.accounting import DP_EXEMPT, DP_NOISE
 from ...federated.messages import AGGREGATE, SELECTS, Request, aggregation_weight, array
-from ...model.surrogates import ProximalLinear, check_strongly_convex
+from ...model.surrogates import check_all_strongly_convex
 from ...schedules import check_schedules, resolve
 from ...subproblems import make_subproblem
 from . import acceptance
@@ -334,12 +334,8 @@ class SSCA(Method):
                 except KeyError as exc:
                     array(reply, exc.args[0])          # the client's fault: ReplyError
                     raise
-                plain = _plain_curvature_positive(cfg.builders, first)
-                for m, (fn, b) in enumerate(zip(p.functions, cfg.builders)):
-                    # not an equality's affine surrogate; a proximal-linear one whose
-                    # curvature (quad) the stacked check found positive needs no more
-                    if b.strongly_convex and not (plain is not None and plain[m]):
-                        check_strongly_convex(b, first[m], p.dim, fn.name)
+                check_all_strongly_convex(cfg.builders, first, p.dim,
+                                          [fn.name for fn in p.functions])
             yield reply
             del reply
 
@@ -552,14 +548,3 @@ def round_evaluation_exact(cfg: Settings, stats, w, values, grads) -> bool:
             return False
     return True
 
-
-def _plain_curvature_positive(builders, stats):
-    """Per function, whether its builder is the proximal-linear one itself and its statistic
-    ``quad`` (a |w|^2's a, which :func:`~ssca_solver.model.surrogates.check_strongly_convex`
-    reads for it) is positive, judged for all functions at once from the stacked
-    statistics; None when they carry no stacked ``quad`` of one number per function."""
-    quad = stats.stacked("quad") if hasattr(stats, "stacked") else None
-    if quad is None or quad.shape != (len(builders),):
-        return None
-    plain = np.fromiter((type(b) is ProximalLinear for b in builders), bool, len(builders))
-    return plain & (quad > 0)

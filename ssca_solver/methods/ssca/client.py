@@ -202,7 +202,12 @@ def _split_statistics(out: dict, ms, stats, pieces=None) -> None:
         out.update(dict.fromkeys(ms))
         return
     for i, m in enumerate(ms):
-        out[m] = {"const": np.asarray(const[i]), "lin": lin[i], "quad": np.asarray(quad[i])}
+        out[m] = _row_statistics(const, lin, quad, i)
+
+
+def _row_statistics(const, lin, quad, i: int) -> dict:
+    """Row i of K functions' stacked (const, lin, quad) as one function's statistics."""
+    return {"const": np.asarray(const[i]), "lin": lin[i], "quad": np.asarray(quad[i])}
 
 
 def piece_statistics(pieces, only=None) -> dict:
@@ -212,8 +217,7 @@ def piece_statistics(pieces, only=None) -> dict:
     for ms, arrays in pieces:
         for i, m in enumerate(ms):
             if only is None or m in only:
-                out[m] = {"const": np.asarray(arrays["const"][i]), "lin": arrays["lin"][i],
-                          "quad": np.asarray(arrays["quad"][i])}
+                out[m] = _row_statistics(arrays["const"], arrays["lin"], arrays["quad"], i)
     return out
 
 
