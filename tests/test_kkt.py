@@ -778,3 +778,62 @@ def test_the_fits_gram_blocks_are_the_whole_matrix_entries():
     np.testing.assert_array_equal(lazy.block(idx), H[np.ix_(idx, idx)])
     np.testing.assert_array_equal(lazy.dense(), H)
     np.testing.assert_array_equal(GG, G.T @ G)            # the shared matrix is untouched
+
+
+def _screen_case(rng, tol_exponent):
+    """A random point (n coordinates, M constraints, some equalities) near a KKT point: g
+    balanced by the near-active constraints' gradients up to a perturbation of random size,
+    the others inactive (below their bounds) or within ``10**tol_exponent`` of them; in half
+    the cases the inactive ones carry forces of that size too."""
+    from ssca_solver.diagnostics.evaluation import Evaluation
+
+    n, M = int(rng.integers(2, 9)), int(rng.integers(1, 31))
+    G = rng.standard_normal((n, M)) * np.exp(rng.uniform(-2, 2, M))
+    eq = rng.random(M) < 0.2
+    bounds = rng.choice([0.0, 1.0, -3.0, 20.0], M)
+    kind = rng.integers(0, 3, M)          # 0: active, 1: within the tolerance, 2: inactive
+    cons = np.where(kind == 0, 0.0, np.where(
+        kind == 1, -rng.uniform(0, 10.0 ** tol_exponent, M) * np.maximum(1.0, np.abs(bounds)),
+        -rng.uniform(1e-3, 1.0, M)))
+    cons[eq] = 0.0
+    active = (kind < 2) | eq
+    mu = np.where(active, rng.uniform(0, 2, M), 0.0) * (rng.random(M) < 0.8)
+    mu[eq] = rng.standard_normal(int(eq.sum()))
+    if rng.random() < 0.5:
+        # the inactive ones with forces within the tolerance: complementarity lets a fit
+        # use them, and the screen's bound must allow for them
+        col = np.linalg.norm(G, axis=0)
+        mu = np.where(active, mu, 10.0 ** tol_exponent * rng.uniform(0, 1, M) / col)
+    g0 = -G @ mu + 10.0 ** rng.uniform(-10, 0) * rng.standard_normal(n)
+    values = np.concatenate([[0.0], cons + bounds])
+    ev = Evaluation(values, np.vstack([g0, G.T]), 0, 0)
+    det = ss.Problem(lambda w: 0 * cp.sum_squares(w), dim=n, data=None).deterministic
+    terms = ProblemTerms(True, bounds, det, equality=eq if eq.any() else None)
+    return rng.standard_normal(n), ev, terms
+
+
+def test_the_stationarity_screen_never_refuses_a_report_that_passes():
+    """:func:`stationarity_exceeds` lets the stop test skip the multiplier fit where no
+    multipliers can pass: on 400 random points near KKT points (equalities, active, nearly
+    active and inactive inequalities), at every tolerance at which the report itself passes
+    (stationarity and every complementarity within it) the screen says it may pass; and the
+    screen is no stand-in that never skips: it refuses most of the points at tolerances a
+    hundred times below the report's."""
+    from ssca_solver.diagnostics.kkt import stationarity_exceeds
+
+    rng = np.random.default_rng(7)
+    refused = tried = 0
+    for _ in range(400):
+        w, ev, terms = _screen_case(rng, rng.uniform(-9, -3))
+        floor = float(10.0 ** rng.uniform(-12, 0))
+        rep = kkt_report(w, ev, terms, floor=floor)
+        assert not rep.failed
+        needed = max(rep.stationarity_rel, float(np.max(rep.complementarity_rel, initial=0)))
+        for factor in (1.0, 1.5, 10.0, 1e3):
+            tol = needed * factor
+            assert rep.stationarity_rel <= tol and np.all(rep.complementarity_rel <= tol)
+            assert not stationarity_exceeds(w, ev, terms, tol, floor), (tol, needed)
+        if needed > 1e-12:
+            tried += 1
+            refused += stationarity_exceeds(w, ev, terms, needed / 100.0, floor)
+    assert tried > 100 and refused > 0.5 * tried, (refused, tried)

@@ -166,6 +166,8 @@ def test_the_fit_is_skipped_where_the_violation_alone_fails_the_test(monkeypatch
         return real(w, ev, terms, *args, **kwargs)
 
     monkeypatch.setattr(session, "kkt_report", counted)
+    # this skip alone (the stationarity screen skips some of the same fits)
+    monkeypatch.setattr(session, "stationarity_exceeds", lambda *args: False)
     c = CLASSICAL[name]
     runs = []
     for skip in (True, False):
@@ -184,3 +186,56 @@ def test_the_fit_is_skipped_where_the_violation_alone_fails_the_test(monkeypatch
     # the runs that fit every round met violated points; the skipping run fitted fewer
     assert any(fits_full)
     assert len(fits_skipped) < len(fits_full)
+
+
+def _many_constraints(n=5, m=40):
+    """min |w|^2 / 2 + c.w s.t. (a_m.w)^2 <= b_m, m = 1..M, one function per constraint
+    (benchmarks/rounds.py's constraints case, smaller)."""
+    rng = np.random.default_rng(0)
+    A, b, c0 = rng.standard_normal((m, n)) / np.sqrt(n), rng.uniform(0.5, 1.0, m), \
+        rng.standard_normal(n)
+    f = ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], 0.5 * w @ w + c0 @ w),
+                          lambda w, X, y: w + c0, name="f", convexity="convex")
+    cons = [ss.SampleFunction((lambda a: lambda w, X, y: np.full(X.shape[0], (a @ w) ** 2))(a),
+                              (lambda a: lambda w, X, y: 2.0 * (a @ w) * a)(a),
+                              convexity="convex") <= bi for a, bi in zip(A, b)]
+    return ss.Problem(f, cons, dim=n, data=ss.FederatedData([np.zeros((1, 1))])), np.zeros(n)
+
+
+@pytest.mark.parametrize("name", ["rosenbrock_disc", "sixth_power_equality", "two_equalities",
+                                  "many_constraints"])
+def test_the_fit_is_skipped_where_no_multipliers_can_pass_stationarity(monkeypatch, name):
+    """Where a round's report would not join the method's evidence and a lower bound on the
+    relative stationarity of every multipliers that pass complementarity exceeds kkt_tol
+    (:func:`stationarity_exceeds`), the multiplier fit is not computed: fewer fits, the
+    same iterates, the same status and final report as runs that fit at every round."""
+    from ssca_solver.engine import session
+
+    fits = []
+    real = session.kkt_report
+
+    def counted(*args, **kwargs):
+        fits.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(session, "kkt_report", counted)
+    if name == "many_constraints":
+        prob, x0 = _many_constraints()
+    else:
+        c = CLASSICAL[name]
+        prob, x0 = problem(c), c.x0
+    runs = []
+    for skip in (True, False):
+        if not skip:
+            monkeypatch.setattr(session, "stationarity_exceeds", lambda *args: False)
+        fits.clear()
+        res = prob.solve(seed=0, x0=x0, max_iter=300)
+        runs.append((res, len(fits)))
+    (skipped, n_skipped), (full, n_full) = runs
+    assert skipped.status == full.status == "converged"
+    assert skipped.nit == full.nit
+    np.testing.assert_array_equal(skipped.history.step_norm, full.history.step_norm)
+    np.testing.assert_array_equal(skipped.x, full.x)
+    np.testing.assert_array_equal(skipped.kkt.multipliers, full.kkt.multipliers)
+    assert skipped.kkt.stationarity_rel == full.kkt.stationarity_rel
+    assert n_skipped < n_full

@@ -11,9 +11,11 @@ The rules, all here:
   report that could not be computed);
 * when it runs: at every full-data evaluation of a method that declares ``certifies``
   (:class:`Certificate`, the runner's stop test), never on an evaluation some client missed;
-  its multiplier fit is skipped where a constraint's violation alone exceeds ``feas_tol``
-  and the report would not feed the method's evidence
-  (:func:`ssca_solver.diagnostics.kkt.feasibility_exceeds`: the test cannot pass there);
+  its multiplier fit is skipped where the report would not feed the method's evidence and
+  the test cannot pass whatever the multipliers: a constraint's violation alone exceeds
+  ``feas_tol`` (:func:`ssca_solver.diagnostics.kkt.feasibility_exceeds`), or a lower bound
+  on the stationarity of every multipliers that pass complementarity exceeds ``kkt_tol``
+  (:func:`ssca_solver.diagnostics.kkt.stationarity_exceeds`);
 * the end of a run: a run that used its rounds (or settled) between two tests is promoted to
   "converged" when the test passes at the returned point (:meth:`Certificate.promote`);
 * the final word: "converged" is never claimed against the report the Result carries

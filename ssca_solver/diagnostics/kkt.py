@@ -155,6 +155,74 @@ def feasibility_exceeds(ev: Evaluation, terms: ProblemTerms, feas_tol: float) ->
     return bool(np.all(np.isfinite(relative)) and np.max(relative) > feas_tol)
 
 
+#: :func:`stationarity_exceeds` says "cannot pass" only when its lower bound exceeds the
+#: tolerance by this factor (room for the rounding of its small least-squares fit)
+SCREEN_MARGIN = 10.0
+
+
+def stationarity_exceeds(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, kkt_tol: float,
+                         floor: float) -> bool:
+    """Whether no multipliers can make :func:`kkt_report`'s relative stationarity and every
+    complementarity (the KKT conditions of Problem 3) at ``w`` pass ``kkt_tol`` (``floor``: the stationarity floor
+    :func:`kkt_report` would be given): its multiplier fit need not be computed. Decided only
+    where the report's stationarity is |g + G mu| / scale (no domain, a smooth deterministic
+    part; g = grad (F_0 + R), G the constraints' gradients as columns) and with fewer
+    near-active constraints than coordinates; False elsewhere and where a value or gradient
+    is not finite.
+
+    The bound. Let A be the equalities and the inequalities within ``kkt_tol`` of their
+    bound (|F_m - U_m| / max(1, |U_m|) <= kkt_tol); any other inequality passes its
+    complementarity test only with mu_m |grad F_m| <= kkt_tol scale. Let r = g + G_A mu_A
+    with mu_A minimising |g + G_A mu_A| (mu_m >= 0 on A's inequalities, a nonnegative least
+    squares problem in |A| unknowns) and v = r / |r|: G_m'v >= 0 on A's inequalities and
+    G_m'v = 0 on its equalities (the fit's optimality conditions), so for every mu that
+    passes complementarity,
+
+        |g + G mu| >= v'(g + G mu) >= v'g - kkt_tol scale sum_{m not in A} max(0, -cos_m),
+
+    cos_m the cosine of grad F_m and v. The fit is skipped when that bound, over scale,
+    exceeds SCREEN_MARGIN kkt_tol (and where the fit's conditions hold on A to rounding)."""
+    det = terms.deterministic
+    if det.has_domain or not det.smooth:
+        return False
+    _, cons, g0, G = _parts(w, ev, terms)
+    M = cons.size
+    if not M:
+        return False
+    eq = (np.zeros(M, dtype=bool) if terms.equality is None
+          else np.asarray(terms.equality, dtype=bool).reshape(M))
+    g = g0 + det.grad(w)
+    col = np.linalg.norm(G, axis=0)
+    if not (np.all(np.isfinite(g)) and np.all(np.isfinite(col)) and np.all(np.isfinite(cons))):
+        return False
+    scale = max(float(np.linalg.norm(det.free(g))), floor, 1e-300)
+    near = np.abs(cons) / np.maximum(1.0, np.abs(terms.bounds))
+    A = eq | (near <= kkt_tol)
+    if int(np.count_nonzero(A)) >= w.size:
+        return False             # the near-active gradients may span R^d: no bound
+    r = g
+    if A.any():
+        ineq, equal = np.flatnonzero(A & ~eq), np.flatnonzero(eq)
+        cols = np.hstack([G[:, ineq], G[:, equal], -G[:, equal]])
+        try:
+            x = nnls(cols, -g, maxiter=NNLS_ITERATIONS * max(1, cols.shape[1]))[0]
+        except RuntimeError:
+            return False
+        r = g + cols @ x
+    size = float(np.linalg.norm(r))
+    if not size > 0.0:
+        return False
+    v = r / size
+    cos = (G.T @ v) / np.where(col > 0.0, col, 1.0)
+    # the fit's conditions on A, to rounding: otherwise an unbounded multiplier there could
+    # lower the bound
+    rounding = 1e-10
+    if np.any(cos[A & ~eq] < -rounding) or np.any(np.abs(cos[eq]) > rounding):
+        return False
+    lower = float(v @ g) - kkt_tol * scale * float(np.sum(np.maximum(0.0, -cos[~A])))
+    return bool(lower > SCREEN_MARGIN * kkt_tol * scale)
+
+
 def _violation(cons: np.ndarray, terms: ProblemTerms) -> tuple:
     """(max(F_m - U_m, 0), |F_m - U_m| for an equality; max(1, |U_m|)): each constraint's
     violation and the scale of its relative one."""

@@ -214,8 +214,8 @@ class Runner:
                     evaluated = (new.t, *self.evaluator.split(ev.values, point.w))
                     # tested at every such round: the test costs the server a fit (a CVXPY
                     # solve with a domain), no exchange, and the run ends at the first point
-                    # that passes, not at the next short step (the fit is skipped where a
-                    # constraint's violation alone fails the test). Its multipliers join the
+                    # that passes, not at the next short step (the fit is skipped where the
+                    # test cannot pass: Session._stop_test). Its multipliers join the
                     # continuation's evidence only at every eval_every-th round and once the
                     # step is short, so the iterates do not depend on the tolerances (a
                     # report from every round moves the penalty's stages: on S2MPJ some runs

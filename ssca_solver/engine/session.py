@@ -20,7 +20,7 @@ from .. import status as st
 from ..errors import CheckpointError, ModelError, SSCAError, SubproblemError
 from ..diagnostics.evaluation import Evaluator
 from ..diagnostics.kkt import (StationarityFloor, feasibility_exceeds, kkt_report,
-                                objective_gap)
+                                objective_gap, stationarity_exceeds)
 from ..diagnostics.certificate import Certificate, KKTReport
 from ..diagnostics.result import Communication
 from ..federated import build_clients, make_transport
@@ -339,17 +339,33 @@ class Session:
 
     def _stop_test(self, state, ev, evidence: bool = True):
         """The runner's stop test: the KKT report at the state, judged by the certificate.
-        Where the report is no evidence for the method (``evidence`` False) and a constraint's
-        relative violation already exceeds ``feas_tol`` (:func:`feasibility_exceeds`: the test
-        cannot pass), (False, None): the multiplier fit, a CVXPY solve with a domain, is not
-        computed. The stationarity floor still sees the point, as when the report is
-        computed, so that later reports do not depend on the skipped ones."""
-        if not evidence and feasibility_exceeds(ev, self.evaluator.terms,
-                                                self.certificate.feas_tol):
-            self._floor(state.w, ev)
-            return False, None
-        report = self.kkt(state, ev)
+        Where the report is no evidence for the method (``evidence`` False) and the test
+        cannot pass whatever the multipliers -- a constraint's relative violation exceeds
+        ``feas_tol`` (:func:`feasibility_exceeds`), or a lower bound on the relative
+        stationarity of every multipliers that pass complementarity exceeds ``kkt_tol``
+        (:func:`stationarity_exceeds`) -- (False, None): the multiplier fit (hundreds of
+        columns with hundreds of constraints; a CVXPY solve with a domain) is not computed.
+        The stationarity floor still sees the point, as when the report is computed, so that
+        later reports do not depend on the skipped ones."""
+        if not evidence:
+            terms, cert = self.evaluator.terms, self.certificate
+            floor = self._floor(state.w, ev)
+            if (feasibility_exceeds(ev, terms, cert.feas_tol)
+                    or self._stationarity_exceeds(state.w, ev, floor)):
+                return False, None
+            report = self.kkt(state, ev, floor)
+        else:
+            report = self.kkt(state, ev)
         return self.certificate.passes(report), report
+
+    def _stationarity_exceeds(self, w, ev, floor: float) -> bool:
+        """:func:`stationarity_exceeds` at the certificate's ``kkt_tol``; False where it
+        fails (the report, computed then, says why)."""
+        try:
+            return stationarity_exceeds(w, ev, self.evaluator.terms, self.certificate.kkt_tol,
+                                        floor)
+        except (ValueError, ArithmeticError, np.linalg.LinAlgError):
+            return False
 
     def _inside_domain(self, x0):
         """x0, or its projection onto the domain (:meth:`DeterministicPart.project`) with a
@@ -395,7 +411,7 @@ class Session:
         self.runner.meta.update(self.floor.meta())
         return floor
 
-    def kkt(self, state, ev):
+    def kkt(self, state, ev, floor: Optional[float] = None):
         """The KKT report at ``state.w`` from a full-data evaluation with gradients; a report
         marked failed (:meth:`KKTReport.failed_at`: NaN stationarity and multipliers, the
         failure named in ``multiplier_source``) when the library's own solver failed on it
@@ -406,7 +422,7 @@ class Session:
                               metric=self.algorithm.kkt_metric(state),
                               hessian=self.algorithm.kkt_hessian(state),
                               model_hessian=self.algorithm.kkt_model_hessian(state),
-                              floor=self._floor(state.w, ev),
+                              floor=self._floor(state.w, ev) if floor is None else floor,
                               feas_tol=self.certificate.feas_tol if self.certificate
                               else None)
         except Exception as exc:
