@@ -438,7 +438,8 @@ def test_the_linearised_step_survives_an_exponentially_flat_objective():
 def test_passed_is_every_listed_residual_within_its_tolerance():
     """KKTReport.passed is the rule its residuals() lists: every relative residual at most its
     tolerance, a NaN (a failed report) never; on reports with 0 to 3 constraints whose
-    residuals sit below, at and above the tolerances, some NaN, zero tolerances too."""
+    residuals sit below, at and above the tolerances, some NaN, zero tolerances too; and
+    largest() is that list's first row."""
     from ssca_solver.diagnostics.certificate import KKTReport
 
     rng = np.random.default_rng(0)
@@ -453,5 +454,10 @@ def test_passed_is_every_listed_residual_within_its_tolerance():
                            feasibility_rel=rng.choice(values, size=M),
                            complementarity_rel=rng.choice(values, size=M))
         feas_tol, kkt_tol = float(rng.choice([1e-4, 1e-5, 0.0])), float(rng.choice([1e-4, 0.0]))
-        listed = all(v <= tol for _, v, tol in report.residuals(feas_tol, kkt_tol))
+        rows = report.residuals(feas_tol, kkt_tol)
+        listed = all(v <= tol for _, v, tol in rows)
         assert report.passed(feas_tol, kkt_tol) == listed
+        # the messages' largest residual: the sorted list's first row, found without it
+        name, value, tol = report.largest(feas_tol, kkt_tol)
+        assert (name, tol) == (rows[0][0], rows[0][2])
+        assert value == rows[0][1] or (np.isnan(value) and np.isnan(rows[0][1]))

@@ -283,9 +283,9 @@ def test_no_point_is_fitted_twice(cancer_data, monkeypatch):
     from ssca_solver.engine.session import Session
     original, points = Session.kkt, []
 
-    def kkt(self, state, ev):
+    def kkt(self, state, ev, *args):
         points.append(np.array(state.w))
-        return original(self, state, ev)
+        return original(self, state, ev, *args)
 
     monkeypatch.setattr(Session, "kkt", kkt)
     res = _box_problem(cancer_data).solve(seed=0)

@@ -254,7 +254,7 @@ def gather(outcome, cfg, stages) -> Evidence:
     stationarity and curvature at the returned point are measured (full-data evaluations,
     counted) only when everything else "infeasible" needs holds."""
     o, state, kkt, history = cfg.options, outcome.state, outcome.kkt, outcome.history
-    name, value, tol = kkt.residuals(o.feas_tol, o.kkt_tol)[0]
+    name, value, tol = kkt.largest(o.feas_tol, o.kkt_tol)
     M = cfg.M
     evaluated = (excess(history.constraints, cfg.equality) / cfg.bound_scale if M
                  else np.zeros((0, 0)))
