@@ -206,7 +206,7 @@ def _many_constraints(n=5, m=40):
                                   "many_constraints"])
 def test_the_fit_is_skipped_where_no_multipliers_can_pass_stationarity(monkeypatch, name):
     """Where a round's report would not join the method's evidence and a lower bound on the
-    relative stationarity of every multipliers that pass complementarity exceeds kkt_tol
+    relative stationarity of any multipliers that pass complementarity exceeds kkt_tol
     (:func:`stationarity_exceeds`), the multiplier fit is not computed: fewer fits, the
     same iterates, the same status and final report as runs that fit at every round."""
     from ssca_solver.engine import session

@@ -14,7 +14,7 @@ The rules, all here:
   its multiplier fit is skipped where the report would not feed the method's evidence and
   the test cannot pass whatever the multipliers: a constraint's violation alone exceeds
   ``feas_tol`` (:func:`ssca_solver.diagnostics.kkt.feasibility_exceeds`), or a lower bound
-  on the stationarity of every multipliers that pass complementarity exceeds ``kkt_tol``
+  on the stationarity of any multipliers that pass complementarity exceeds ``kkt_tol``
   (:func:`ssca_solver.diagnostics.kkt.stationarity_exceeds`);
 * the end of a run: a run that used its rounds (or settled) between two tests is promoted to
   "converged" when the test passes at the returned point (:meth:`Certificate.promote`);

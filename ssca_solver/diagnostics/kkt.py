@@ -163,8 +163,9 @@ SCREEN_MARGIN = 10.0
 def stationarity_exceeds(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, kkt_tol: float,
                          floor: float) -> bool:
     """Whether no multipliers can make :func:`kkt_report`'s relative stationarity and every
-    complementarity (the KKT conditions of Problem 3) at ``w`` pass ``kkt_tol`` (``floor``: the stationarity floor
-    :func:`kkt_report` would be given): its multiplier fit need not be computed. Decided only
+    complementarity (the KKT conditions of Problem 3) at ``w`` pass ``kkt_tol`` (``floor``:
+    the stationarity floor :func:`kkt_report` would be given): its multiplier fit need not be
+    computed. Decided only
     where the report's stationarity is |g + G mu| / scale (no domain, a smooth deterministic
     part; g = grad (F_0 + R), G the constraints' gradients as columns) and with fewer
     near-active constraints than coordinates; False elsewhere and where a value or gradient

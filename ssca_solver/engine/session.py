@@ -342,7 +342,7 @@ class Session:
         Where the report is no evidence for the method (``evidence`` False) and the test
         cannot pass whatever the multipliers -- a constraint's relative violation exceeds
         ``feas_tol`` (:func:`feasibility_exceeds`), or a lower bound on the relative
-        stationarity of every multipliers that pass complementarity exceeds ``kkt_tol``
+        stationarity of any multipliers that pass complementarity exceeds ``kkt_tol``
         (:func:`stationarity_exceeds`) -- (False, None): the multiplier fit (hundreds of
         columns with hundreds of constraints; a CVXPY solve with a domain) is not computed.
         The stationarity floor still sees the point, as when the report is computed, so that
