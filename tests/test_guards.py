@@ -416,6 +416,7 @@ def test_converged_is_never_claimed_against_the_report_the_result_carries():
     def report(passed, residual):
         return SimpleNamespace(passed=lambda f, k: passed,
                                residuals=lambda f, k: [residual],
+                               largest=lambda f, k: residual,
                                passed_message=lambda t, f, k: f"the full-data KKT test passed "
                                                               f"at round {t}")
 
