@@ -190,8 +190,7 @@ def stationarity_exceeds(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, kkt
     M = cons.size
     if not M:
         return False
-    eq = (np.zeros(M, dtype=bool) if terms.equality is None
-          else np.asarray(terms.equality, dtype=bool).reshape(M))
+    eq = _equalities(terms, M)
     g = g0 + det.grad(w)
     col = np.linalg.norm(G, axis=0)
     if not (np.all(np.isfinite(g)) and np.all(np.isfinite(col)) and np.all(np.isfinite(cons))):
@@ -222,6 +221,12 @@ def stationarity_exceeds(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, kkt
         return False
     lower = float(v @ g) - kkt_tol * scale * float(np.sum(np.maximum(0.0, -cos[~A])))
     return bool(lower > SCREEN_MARGIN * kkt_tol * scale)
+
+
+def _equalities(terms: ProblemTerms, M: int) -> np.ndarray:
+    """M booleans: which constraints are equalities."""
+    return (np.zeros(M, dtype=bool) if terms.equality is None
+            else np.asarray(terms.equality, dtype=bool).reshape(M))
 
 
 def _violation(cons: np.ndarray, terms: ProblemTerms) -> tuple:
@@ -290,8 +295,7 @@ def kkt_report(w: np.ndarray, ev: Evaluation, terms: ProblemTerms, solver: str =
     det = terms.deterministic
     _, cons, g0, G = _parts(w, ev, terms)
     M = cons.size
-    eq = (np.zeros(M, dtype=bool) if terms.equality is None
-          else np.asarray(terms.equality, dtype=bool).reshape(M))
+    eq = _equalities(terms, M)
     domain_duals: tuple = ()
     g = g0 + (det.grad(w) if det.smooth else 0.0)
     col = np.linalg.norm(G, axis=0) if M else np.zeros(0)
@@ -1034,8 +1038,7 @@ def violation_stationarity(w: np.ndarray, ev: Evaluation, terms: ProblemTerms,
     violated, near = rel > feas_tol, np.abs(rel) <= feas_tol
     g = G[violated].sum(axis=0)
     if np.any(near):
-        eq = (np.zeros(len(cons), dtype=bool) if terms.equality is None
-              else np.asarray(terms.equality, dtype=bool))
+        eq = _equalities(terms, len(cons))
         lam = lsq_linear(G[near].T, -g, bounds=(np.where(eq[near], -1.0, 0.0), 1.0)).x
         g = g + lam @ G[near]
     if not terms.deterministic.has_domain:
