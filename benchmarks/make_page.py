@@ -674,8 +674,12 @@ def r_many_clients(d: dict) -> str:
                   ms(e["round_s"]) if "round_s" in e else e.get("error", "")[:90],
                   num(e["ratio_to_in_process"]) if e.get("ratio_to_in_process") else "",
                   f"{e['total_s']:.0f} s"] for e in eng]
+        run = d.get("engines_run") or {}
+        again = (f" (measured again by `python {run['command']}` on {machine_of(run)})"
+                 if run.get("command") else "")
         out += ("\n\nOther engines, the same round (median), against the in-process shards' "
-                "round at the same I (target for 2 workers at I = 10,000: within 2x):\n\n"
+                f"round at the same I{again} (target for 2 workers at I = 10,000: within "
+                "2x):\n\n"
                 + table(["engine", "clients I", "round", "/ in process", "run in all"], erows))
     net = d.get("network") or {}
     if net and "skipped" not in net:

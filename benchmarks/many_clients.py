@@ -42,9 +42,10 @@ Algorithm 2 with shards on mini-batches of 5 rows (``batch_size=5``, the default
 gamma schedules): the target "without running out of memory" is recorded as the child's
 peak memory beside the rows' own size.
 
-Usage: ``python benchmarks/many_clients.py [--quick | --big-only] [--publish | --results-dir
-DIR]`` (``--quick``: I in {10, 100, 1000}; ``--big-only``: the 100,000 clients again, into
-the existing results file, with its own command and machine). Writes many_clients.json and
+Usage: ``python benchmarks/many_clients.py [--quick | --big-only | --engines-only] [--publish |
+--results-dir DIR]`` (``--quick``: I in {10, 100, 1000}; ``--big-only``: the 100,000 clients
+again, into the existing results file, with its own command and machine; ``--engines-only``:
+the other engines again, beside the in-process shards' round at the same I, likewise). Writes many_clients.json and
 many_clients.png.
 """
 
@@ -365,7 +366,29 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="I in {10, 100, 1000} only")
     ap.add_argument("--big-only", action="store_true",
                     help="measure only the 100,000 clients again, into the existing results")
+    ap.add_argument("--engines-only", action="store_true",
+                    help="measure only the other engines again (with the in-process shards' "
+                         "round at the same I beside them), into the existing results")
     args = ap.parse_args()
+    if args.engines_only:
+        import json
+
+        import ssca_solver as ss
+
+        path = RESULTS / "many_clients.json"
+        out = json.loads(path.read_text())
+        X, y = rows()
+        t0 = time.perf_counter()
+        inproc = {}
+        for I in sorted({ENGINE_CLIENTS, *FLOWER_CLIENTS}):
+            data = ss.FederatedData.split(X, y, num_clients=I, seed=0)
+            inproc[I] = {"sharded": library_round(data, I, SHARDS)}
+        out["engines"] = engines(X, y, inproc)
+        out["engines_run"] = {"command": " ".join(sys.argv), "machine": machine(),
+                              "wall_s": time.perf_counter() - t0}
+        write_json("many_clients", out)
+        plot(out["results"], RESULTS / "many_clients.png", out["engines"])
+        return
     if args.big_only:
         import json
 

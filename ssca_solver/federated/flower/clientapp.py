@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Optional, Sequence
@@ -234,10 +235,70 @@ def _answer(message: Message, context: Context, client_for) -> Message:
         return Message(_error_record(exc, partition), reply_to=message)
 
 
+class ClientTable:
+    """The simulation's clients by ``partition-id``, as the ``ClientApp``'s closure holds them.
+
+    Flower's Ray backend passes the ``ClientApp`` (its loader, whose closure holds the app) as
+    an argument of every actor call, so whatever the app holds is pickled again for every
+    message: the clients' rows and every function of the problem (cloudpickle writes a
+    lambda's code and closure each time: 300 constraints as separate functions took 100 ms a
+    message). Pickled where Ray is running, this table instead puts the clients into Ray's
+    object store once and travels as a reference to them (:class:`SharedClientTable`), which
+    each actor process reads at its first message and keeps. Elsewhere (no Ray) it pickles as
+    the clients themselves. Keeping them is what the process engine does too: a client is
+    stateless between messages (:mod:`ssca_solver.federated.client`), and secure
+    aggregation's secrets travel in the node's ``Context`` (:func:`_restore_state`)."""
+
+    def __init__(self, clients: Sequence[Client]):
+        self.clients = {c.index: c for c in clients}
+        self.key = os.urandom(16).hex()
+        self._ref = None
+        self._lock = threading.Lock()
+
+    def __getitem__(self, partition: int) -> Client:
+        return self.clients[partition]
+
+    def __reduce__(self):
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
+            return (_plain_table, (list(self.clients.values()),))
+        with self._lock:                 # the backend may submit from more than one thread
+            if self._ref is None:
+                self._ref = ray.put(self.clients)
+        return (SharedClientTable, (self.key, self._ref))
+
+
+def _plain_table(clients) -> ClientTable:
+    return ClientTable(clients)
+
+
+#: this process's copy of the last shared table it read: key -> {partition: Client}
+_SHARED: dict = {}
+
+
+class SharedClientTable:
+    """A :class:`ClientTable` read from Ray's object store (``ref``) at its first lookup in
+    this process, and kept for the later messages of the same table (``key``; a new table,
+    i.e. a new solve, replaces it)."""
+
+    def __init__(self, key: str, ref):
+        self.key, self.ref = key, ref
+
+    def __getitem__(self, partition: int) -> Client:
+        clients = _SHARED.get(self.key)
+        if clients is None:
+            import ray
+
+            clients = ray.get(self.ref)
+            _SHARED.clear()
+            _SHARED[self.key] = clients
+        return clients[partition]
+
+
 def client_app(clients: Sequence[Client]) -> ClientApp:
     """A ``ClientApp`` whose node of ``partition-id`` i answers as ``clients[i]`` (simulation:
-    the clients travel in the app's closure)."""
-    table = {c.index: c for c in clients}
+    the clients travel in the app's closure as a :class:`ClientTable`)."""
+    table = ClientTable(clients)
 
     def client_for(partition, context, extra, content):
         return table[partition]
