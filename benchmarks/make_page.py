@@ -580,7 +580,25 @@ def r_rounds_constraints(d: dict) -> str:
                " are differenced, 2n gradient calls for each function whose curvature the "
                "round asks for), with one vector function they do not." if calls else "")
             + " Target: a round within 5x an iteration at n = m = 300, and nearly flat in m.\n\n"
-            + table(head, rows))
+            + table(head, rows) + r_rounds_constraints_flower(d))
+
+
+def r_rounds_constraints_flower(d: dict) -> str:
+    fl = d.get("constraints_flower") or {}
+    if "skipped" in fl:
+        return f"\n\nOver Flower's simulation engine: skipped ({fl['skipped']})."
+    recs = fl.get("results") or []
+    if not recs:
+        return ""
+    rows = [[r["n"], r["m"], "one function per constraint" if r["form"] == "separate"
+             else "one vector function", f"{r['status']} {r['rounds']}", ms(r["round_s"]),
+             num(r["growth"])] for r in recs]
+    return ("\n\nThe same round on a federated transport: Flower's simulation engine (the "
+            "client in a Ray actor, every request and reply a Flower message), one solve "
+            "each, the median time between successive rounds (the engine's start-up not in "
+            "it).\n\n"
+            + table(["n", "m", "constraints as", "SSCA", "a round", "growth since m = "
+                     f"{recs[0]['m']}"], rows))
 
 
 def r_rounds_fair(d: dict) -> str:

@@ -47,6 +47,7 @@ time against m beside an SLSQP iteration's); ``--quick`` runs kappa in {1e2, 1e4
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import warnings
@@ -335,6 +336,62 @@ def constraints_case() -> list:
     return out
 
 
+#: the constraints case over Flower's simulation engine: these n and m
+FLOWER_NS, FLOWER_MS = (9, 300), (10, 300)
+
+
+def constraints_flower_case() -> dict:
+    """The constraints case's round on a federated transport: Flower's simulation engine
+    (its ServerApp in a thread, the client in a Ray actor, every request and reply a Flower
+    message), one solve for each n, m and form (one function per constraint, one vector
+    function), the median of the times between successive rounds (callback timestamps: the
+    engine's start-up is not in them). Each record's ``growth``: its round over the same n's
+    and form's at the smallest m. Skipped (and said so) where Flower is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("flwr") is None:
+        log("constraints on Flower: Flower is not installed (pip install "
+            "'ssca-solver[flower]'): skipped")
+        return {"skipped": "Flower is not installed"}
+    import ssca_solver as ss
+
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    out = []
+    for n in FLOWER_NS:
+        for form in ("separate", "vector"):
+            first = None
+            for m in FLOWER_MS:
+                A, b, c0 = constraints_rows(n, m)
+                f = ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], 0.5 * w @ w + c0 @ w),
+                                      lambda w, X, y: w + c0, name="f", convexity="convex")
+                if form == "vector":
+                    cons = ss.VectorSampleFunction(
+                        lambda w, X, y: np.tile((A @ w) ** 2, (X.shape[0], 1)),
+                        lambda w, X, y: 2.0 * (A @ w)[:, None] * A, m, name="c",
+                        convexity="convex") <= b
+                else:
+                    cons = [ss.SampleFunction(
+                        (lambda a: lambda w, X, y: np.full(X.shape[0], (a @ w) ** 2))(A[i]),
+                        (lambda a: lambda w, X, y: 2.0 * (a @ w) * a)(A[i]), name=f"c{i}",
+                        convexity="convex") <= b[i] for i in range(m)]
+                prob = ss.Problem(f, cons, dim=n, data=ss.FederatedData([np.zeros((1, 1))]))
+                stamps = []
+                t0 = time.perf_counter()
+                res = prob.solve(seed=0, x0=np.zeros(n), transport="flower",
+                                 callback=lambda it: stamps.append(time.perf_counter()))
+                steps = np.diff(stamps)
+                rec = {"n": n, "m": m, "form": form, "status": res.status,
+                       "rounds": int(res.nit), "round_s": float(np.median(steps)),
+                       "wall": time.perf_counter() - t0}
+                first = first or rec
+                rec["growth"] = rec["round_s"] / first["round_s"]
+                out.append(rec)
+                log(f"constraints on Flower: n = {n}, m = {m:3d}, {form}: {res.status} "
+                    f"{res.nit} rounds, median round {rec['round_s'] * 1e3:.1f} ms "
+                    f"({rec['growth']:.2f}x m = {FLOWER_MS[0]}'s)")
+    return {"engine": "flower simulation", "results": out}
+
+
 def _fastest_record(recs: list) -> dict:
     """One (n, m)'s record from its passes: SSCA's, the vector function's and SLSQP's parts
     each from the pass where it was fastest (the rounds and iterations are the same in
@@ -509,6 +566,7 @@ def main(argv=None) -> int:
     fair = fair_case()
     neyman = [] if args.quick else np_case()
     many = constraints_case()
+    many_flower = constraints_flower_case()
     multinomial = [] if args.quick else multinomial_case()
     stem = "rounds_quick" if args.quick else "rounds"
     payload = {"description": __doc__.split("\n\n")[0],
@@ -516,7 +574,8 @@ def main(argv=None) -> int:
                "machine": machine(), "library": library_version(),
                "total_time": time.perf_counter() - t_all, "results": results,
                "fair_logistic": fair, "neyman_pearson_pooled": neyman,
-               "constraints": many, "multinomial": multinomial,
+               "constraints": many, "constraints_flower": many_flower,
+               "multinomial": multinomial,
                "targets_met": sum(all(r["targets"].values()) for r in results),
                "problems": len(results)}
     path = write_json(stem, payload)
