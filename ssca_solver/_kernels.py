@@ -29,14 +29,38 @@ def _fold5(beta, y, w0, x0, w1, x1, w2, x2, w3, x3, w4, x4, out):
         out[i] = beta * y[i] + w0 * x0[i] + w1 * x1[i] + w2 * x2[i] + w3 * x3[i] + w4 * x4[i]
 
 
-@njit(cache=True, fastmath={"reassoc"})  # reassociation lets the sum vectorise
+@njit(cache=True)
 def _convex_step5(w, gamma, c0, v0, c1, v1, c2, v2, c3, v3, c4, v4, out):
-    dist = 0.0
-    for i in range(out.size):
-        diff = c0 * v0[i] + c1 * v1[i] + c2 * v2[i] + c3 * v3[i] + c4 * v4[i] - w[i]
-        out[i] = w[i] + gamma * diff
-        dist += diff * diff
-    return dist
+    # the squared distance in four partial sums by index (i mod 4), added in a fixed order:
+    # the same floats for the same numbers, call after call (compiled with reassociation the
+    # sum's rounding varied between calls on the same numbers, and with it the step norm that
+    # decides when the iterates stopped moving); four independent chains keep the loop fast
+    n = out.size
+    s0 = s1 = s2 = s3 = 0.0
+    i = 0
+    while i + 4 <= n:
+        d0 = c0 * v0[i] + c1 * v1[i] + c2 * v2[i] + c3 * v3[i] + c4 * v4[i] - w[i]
+        d1 = (c0 * v0[i + 1] + c1 * v1[i + 1] + c2 * v2[i + 1] + c3 * v3[i + 1]
+              + c4 * v4[i + 1] - w[i + 1])
+        d2 = (c0 * v0[i + 2] + c1 * v1[i + 2] + c2 * v2[i + 2] + c3 * v3[i + 2]
+              + c4 * v4[i + 2] - w[i + 2])
+        d3 = (c0 * v0[i + 3] + c1 * v1[i + 3] + c2 * v2[i + 3] + c3 * v3[i + 3]
+              + c4 * v4[i + 3] - w[i + 3])
+        out[i] = w[i] + gamma * d0
+        out[i + 1] = w[i + 1] + gamma * d1
+        out[i + 2] = w[i + 2] + gamma * d2
+        out[i + 3] = w[i + 3] + gamma * d3
+        s0 += d0 * d0
+        s1 += d1 * d1
+        s2 += d2 * d2
+        s3 += d3 * d3
+        i += 4
+    while i < n:
+        d = c0 * v0[i] + c1 * v1[i] + c2 * v2[i] + c3 * v3[i] + c4 * v4[i] - w[i]
+        out[i] = w[i] + gamma * d
+        s0 += d * d
+        i += 1
+    return (s0 + s1) + (s2 + s3)
 
 
 def _flat(x: np.ndarray) -> np.ndarray:

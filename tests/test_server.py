@@ -163,6 +163,50 @@ def test_convex_step_from_terms(count):
     assert dist == pytest.approx(np.linalg.norm(target - w), rel=1e-12)
 
 
+@pytest.mark.parametrize("d", [4, 7, 64, 1001])
+def test_convex_step_gives_the_same_floats_for_the_same_numbers(d):
+    """The step and its distance (which decides when the iterates stopped moving) are a
+    function of the numbers alone: the same floats whether the padding terms (zero weights,
+    see convex_step) repeat the first array or are copies of it elsewhere in memory, and
+    convex_step's own (test_identical_solves_in_one_process_give_the_same_floats)."""
+    from ssca_solver._kernels import _convex_step5
+
+    rng = np.random.default_rng(d)
+    for _ in range(50):
+        w = 1.0 + 1e-3 * rng.normal(size=d)
+        v = w + 1e-4 * rng.normal(size=d)
+        gamma, c0 = (1.0, 1.0) if rng.random() < 0.5 else (rng.random(), rng.normal())
+        results = set()
+        for copies in (False, True):
+            pads = [v.copy() if copies else v for _ in range(FOLD_WIDTH - 1)]
+            out = np.empty(d)
+            dist2 = _convex_step5(w.copy() if copies else w, gamma, c0, v, 0.0, pads[0], 0.0,
+                                  pads[1], 0.0, pads[2], 0.0, pads[3], out)
+            results.add((out.tobytes(), dist2))
+        assert len(results) == 1
+        new, dist = convex_step(w, gamma, [(c0, v)])
+        (out_bytes, dist2), = results
+        assert new.tobytes() == out_bytes and dist == np.sqrt(dist2)
+
+
+def test_identical_solves_in_one_process_give_the_same_floats():
+    """Ten identical solves, one after another in this process (each allocating afresh):
+    every step norm, iterate and multiplier the same, to the last bit. The step's kernel once
+    summed the squared distance in a loop compiled with reassociation, and about every other
+    process saw one of its solves differ from the others in the last bit of a step norm."""
+    from problems.classical import CLASSICAL, problem
+
+    c = CLASSICAL["sixth_power_equality"]
+    prob = problem(c)
+    first = prob.solve(seed=0, x0=c.x0, max_iter=300)
+    for _ in range(9):
+        res = prob.solve(seed=0, x0=c.x0, max_iter=300)
+        assert res.nit == first.nit and res.status == first.status
+        np.testing.assert_array_equal(res.history.step_norm, first.history.step_norm)
+        np.testing.assert_array_equal(res.x, first.x)
+        np.testing.assert_array_equal(res.kkt.multipliers, first.kkt.multipliers)
+
+
 def test_convex_step_refuses_bad_terms():
     with pytest.raises(ValueError, match="1 to 5 terms"):
         convex_step(np.zeros(10), 0.5, [(1.0, np.zeros(10))] * (FOLD_WIDTH + 1))
