@@ -45,8 +45,8 @@ peak memory beside the rows' own size.
 Usage: ``python benchmarks/many_clients.py [--quick | --big-only | --engines-only] [--publish |
 --results-dir DIR]`` (``--quick``: I in {10, 100, 1000}; ``--big-only``: the 100,000 clients
 again, into the existing results file, with its own command and machine; ``--engines-only``:
-the other engines again, beside the in-process shards' round at the same I, likewise). Writes many_clients.json and
-many_clients.png.
+the other engines again, beside the in-process shards' round at the same I, likewise).
+Writes many_clients.json and many_clients.png.
 """
 
 from __future__ import annotations

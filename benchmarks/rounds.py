@@ -28,9 +28,10 @@ unconstrained value, 5 clients, default options, beside SLSQP on the pooled rows
 <= 2x SLSQP's iterations. ``--quick`` skips it.
 
 A round's cost against the number of constraints: min |w|^2 / 2 + c.w s.t. (a_m.w)^2 <= b_m,
-n = 300, m in {10, 30, 100, 300}, each constraint its own function, one client, the default
-options, beside an SLSQP iteration on the same problem: a round within 5x an iteration at
-n = m = 300.
+n in {9, 300}, m in {10, 30, 100, 300}, each constraint its own function and the constraints as
+one vector function, one client, the default options, beside an SLSQP iteration on the same
+problem: a round within 5x an iteration at n = m = 300, and nearly flat in m; the same round
+over Flower's simulation engine at m = 10 and 300 (skipped without Flower).
 
 And Neyman-Pearson logistic regression pooled at N d = 5e6 and 2e7 (d = 20, 10 clients, the
 synthetic rows of ``second_order.py``; class-1 loss + 1e-3 |w|^2 s.t. class-0 loss <= 0.3):
@@ -295,6 +296,37 @@ def constraints_rows(n: int, m: int, seed: int = 0):
     return A, rng.uniform(0.5, 1.0, m), rng.standard_normal(n)
 
 
+def constraints_problems(n: int, m: int, A, b, c0, calls=None) -> tuple:
+    """The constraints case's problem (:func:`constraints_rows`' A, b, c0) with one function
+    per constraint, and with the constraints as one VectorSampleFunction (one call of the
+    user's function per round instead of m); with ``calls`` (a one-element list) every call
+    of a user's function counted in it."""
+    import ssca_solver as ss
+
+    def counted(fn):
+        if calls is None:
+            return fn
+
+        def call(*args):
+            calls[0] += 1
+            return fn(*args)
+        return call
+
+    data = ss.FederatedData([np.zeros((1, 1))])
+    f = ss.SampleFunction(
+        counted(lambda w, X, y: np.full(X.shape[0], 0.5 * w @ w + c0 @ w)),
+        counted(lambda w, X, y: w + c0), name="f", convexity="convex")
+    cons = [ss.SampleFunction(counted((lambda a: lambda w, X, y: np.full(
+                X.shape[0], (a @ w) ** 2))(A[i])),
+                counted((lambda a: lambda w, X, y: 2.0 * (a @ w) * a)(A[i])),
+                name=f"c{i}", convexity="convex") <= b[i] for i in range(m)]
+    vec = ss.VectorSampleFunction(
+        counted(lambda w, X, y: np.tile((A @ w) ** 2, (X.shape[0], 1))),
+        counted(lambda w, X, y: 2.0 * (A @ w)[:, None] * A), m, name="c",
+        convexity="convex")
+    return (ss.Problem(f, cons, dim=n, data=data), ss.Problem(f, vec <= b, dim=n, data=data))
+
+
 def constraints_case() -> list:
     """A round's cost against the number of constraints (each its own SampleFunction, one
     client holding one row, default options) beside an SLSQP iteration on the same problem
@@ -353,28 +385,14 @@ def constraints_flower_case() -> dict:
         log("constraints on Flower: Flower is not installed (pip install "
             "'ssca-solver[flower]'): skipped")
         return {"skipped": "Flower is not installed"}
-    import ssca_solver as ss
-
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     out = []
     for n in FLOWER_NS:
         for form in ("separate", "vector"):
             first = None
             for m in FLOWER_MS:
-                A, b, c0 = constraints_rows(n, m)
-                f = ss.SampleFunction(lambda w, X, y: np.full(X.shape[0], 0.5 * w @ w + c0 @ w),
-                                      lambda w, X, y: w + c0, name="f", convexity="convex")
-                if form == "vector":
-                    cons = ss.VectorSampleFunction(
-                        lambda w, X, y: np.tile((A @ w) ** 2, (X.shape[0], 1)),
-                        lambda w, X, y: 2.0 * (A @ w)[:, None] * A, m, name="c",
-                        convexity="convex") <= b
-                else:
-                    cons = [ss.SampleFunction(
-                        (lambda a: lambda w, X, y: np.full(X.shape[0], (a @ w) ** 2))(A[i]),
-                        (lambda a: lambda w, X, y: 2.0 * (a @ w) * a)(A[i]), name=f"c{i}",
-                        convexity="convex") <= b[i] for i in range(m)]
-                prob = ss.Problem(f, cons, dim=n, data=ss.FederatedData([np.zeros((1, 1))]))
+                separate, together = constraints_problems(n, m, *constraints_rows(n, m))
+                prob = together if form == "vector" else separate
                 stamps = []
                 t0 = time.perf_counter()
                 res = prob.solve(seed=0, x0=np.zeros(n), transport="flower",
@@ -406,39 +424,13 @@ def _fastest_record(recs: list) -> dict:
 
 def _constraints_record(n: int, m: int) -> dict:
     """:func:`constraints_case`'s record of one (n, m)."""
-    import ssca_solver as ss
     from scipy.optimize import minimize
 
     A, b, c0 = constraints_rows(n, m)
-    data = ss.FederatedData([np.zeros((1, 1))])
     x0 = np.zeros(n)
 
     def problems(calls=None):
-        """The problem with one function per constraint, and with the constraints as one
-        VectorSampleFunction (one call of the user's function per round instead of m); with
-        ``calls`` (a one-element list) every call of a user's function counted in it."""
-        def counted(fn):
-            if calls is None:
-                return fn
-
-            def call(*args):
-                calls[0] += 1
-                return fn(*args)
-            return call
-
-        f = ss.SampleFunction(
-            counted(lambda w, X, y: np.full(X.shape[0], 0.5 * w @ w + c0 @ w)),
-            counted(lambda w, X, y: w + c0), name="f", convexity="convex")
-        cons = [ss.SampleFunction(counted((lambda a: lambda w, X, y: np.full(
-                    X.shape[0], (a @ w) ** 2))(A[i])),
-                    counted((lambda a: lambda w, X, y: 2.0 * (a @ w) * a)(A[i])),
-                    name=f"c{i}", convexity="convex") <= b[i] for i in range(m)]
-        vec = ss.VectorSampleFunction(
-            counted(lambda w, X, y: np.tile((A @ w) ** 2, (X.shape[0], 1))),
-            counted(lambda w, X, y: 2.0 * (A @ w)[:, None] * A), m, name="c",
-            convexity="convex")
-        return (ss.Problem(f, cons, dim=n, data=data),
-                ss.Problem(f, vec <= b, dim=n, data=data))
+        return constraints_problems(n, m, A, b, c0, calls)
 
     def fastest(prob):
         prob.solve(seed=0, x0=x0, max_iter=2)      # Numba's cache loaded outside the clock
