@@ -187,10 +187,6 @@ def _handler(client, request):
 PICKLED = [0]
 
 
-def _rebuild_counted():
-    return _Counted()
-
-
 class _Counted:
     """A task-table entry that counts its own pickling: Flower's Ray backend pickles the
     ClientApp (and with it every client) as an argument of each message."""
@@ -200,7 +196,7 @@ class _Counted:
 
     def __reduce__(self):
         PICKLED[0] += 1
-        return (_rebuild_counted, ())
+        return (_Counted, ())
 
 
 def _children() -> set:

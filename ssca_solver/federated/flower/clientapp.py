@@ -261,15 +261,11 @@ class ClientTable:
     def __reduce__(self):
         ray = sys.modules.get("ray")
         if ray is None or not ray.is_initialized():
-            return (_plain_table, (list(self.clients.values()),))
+            return (ClientTable, (list(self.clients.values()),))
         with self._lock:                 # the backend may submit from more than one thread
             if self._ref is None:
                 self._ref = ray.put(self.clients)
         return (SharedClientTable, (self.key, self._ref))
-
-
-def _plain_table(clients) -> ClientTable:
-    return ClientTable(clients)
 
 
 #: this process's copy of the last shared table it read: key -> {partition: Client}
